@@ -1,0 +1,19 @@
+"""spoolmq: a durable, file-based, multi-process message and task queue for one host."""
+
+from spoolmq import errors
+from spoolmq.config import StoreConfig, TopicConfig
+from spoolmq.store import Log, Message, Position, Reader, Record
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Log",
+    "Message",
+    "Position",
+    "Reader",
+    "Record",
+    "StoreConfig",
+    "TopicConfig",
+    "__version__",
+    "errors",
+]

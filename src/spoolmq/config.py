@@ -1,0 +1,204 @@
+"""Typed, frozen configuration with documented defaults; unknown keys are refused.
+
+Durations are milliseconds in code and accept ``"500ms"``, ``"30s"``, ``"15m"``,
+``"2h"``, ``"14d"`` from users; sizes are bytes and accept ``"64MiB"``-style units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from spoolmq.errors import ConfigError
+
+DAY_MS = 24 * 3600 * 1000
+MIB = 1024 * 1024
+
+CleanupPolicy = Literal["delete", "compact"]
+
+_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": DAY_MS, "w": 7 * DAY_MS}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def parse_duration_ms(text: str | int | float) -> int:
+    """``"14d"`` -> 1209600000. A bare number is seconds. ``-1``/``"never"`` means unlimited."""
+    if isinstance(text, bool):
+        raise ConfigError(f"a duration must be a number or a string like '30s', not {text!r}")
+    if isinstance(text, int | float):
+        return -1 if text < 0 else int(text * 1000)
+    value = text.strip().lower()
+    if value in ("never", "-1", "unlimited"):
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", value)
+    if not match:
+        raise ConfigError(
+            f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w (e.g. '14d')"
+        )
+    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"])
+
+
+def parse_size_bytes(text: str | int) -> int:
+    """``"64MiB"`` -> 67108864. ``-1``/``"unlimited"`` means unlimited."""
+    if isinstance(text, bool):
+        raise ConfigError(f"a size must be a number or a string like '64MiB', not {text!r}")
+    if isinstance(text, int):
+        return -1 if text < 0 else text
+    value = text.strip().lower()
+    if value in ("unlimited", "-1"):
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]i?b?|b)?", value)
+    if not match:
+        raise ConfigError(f"bad size {text!r}: use a number with a unit B, KiB, MiB or GiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], values: Mapping[str, Any], what: str) -> T:
+    """Build a dataclass from a mapping, refusing keys the class does not have."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown {what} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """Settings of one topic, kept in ``state.db``.
+
+    Attributes:
+        partitions: number of partitions (1-1024); fixed once the topic exists.
+        retention_ms: delete closed segments whose newest record is older than this
+            (default 14 days; -1 keeps forever).
+        retention_bytes: per partition, delete the oldest closed segments while the
+            partition is larger than this (default -1, unlimited).
+        cleanup_policy: ``"delete"`` (retention only) or ``"compact"`` (keep the newest
+            record per key, then retention).
+        segment_bytes: roll to a new segment file past this size (default 64 MiB).
+        segment_ms: roll a segment whose first record is older than this (default 7 days).
+        tombstone_retention_ms: on compacted topics, how long a ``None`` value (tombstone)
+            is kept so readers see the delete (default 1 day).
+    """
+
+    partitions: int = 1
+    retention_ms: int = 14 * DAY_MS
+    retention_bytes: int = -1
+    cleanup_policy: CleanupPolicy = "delete"
+    segment_bytes: int = 64 * MIB
+    segment_ms: int = 7 * DAY_MS
+    tombstone_retention_ms: int = DAY_MS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partitions, int) or not 1 <= self.partitions <= 1024:
+            raise ConfigError(
+                f"partitions must be a whole number from 1 to 1024, not {self.partitions!r}"
+            )
+        if self.cleanup_policy not in ("delete", "compact"):
+            raise ConfigError(
+                f"cleanup_policy must be 'delete' or 'compact', not {self.cleanup_policy!r}"
+            )
+        if not isinstance(self.segment_bytes, int) or self.segment_bytes < 1024:
+            raise ConfigError(f"segment_bytes must be at least 1024, not {self.segment_bytes!r}")
+        if not isinstance(self.segment_ms, int) or self.segment_ms < 1:
+            raise ConfigError(f"segment_ms must be positive, not {self.segment_ms!r}")
+        for name in ("retention_ms", "retention_bytes", "tombstone_retention_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or (value < 0 and value != -1):
+                raise ConfigError(
+                    f"{name} must be -1 (unlimited) or a non-negative number, not {value!r}"
+                )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TopicConfig:
+        """Build from user settings; durations and sizes may be strings ('14d', '64MiB')."""
+        converted = dict(values)
+        for name in ("retention_ms", "segment_ms", "tombstone_retention_ms"):
+            if name in converted and isinstance(converted[name], str):
+                converted[name] = parse_duration_ms(converted[name])
+        for name in ("retention_bytes", "segment_bytes"):
+            if name in converted and isinstance(converted[name], str):
+                converted[name] = parse_size_bytes(converted[name])
+        return _build(cls, converted, "topic")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings of a data directory's store.
+
+    Attributes:
+        max_message_bytes: largest encoded record line accepted (default 1 MiB).
+        index_interval_bytes: a sparse-index entry every this many bytes of log (default 4 KiB);
+            smaller means faster seeks and a larger index.
+        auto_create_topics: appending to a missing topic creates it with ``default_topic``.
+        default_topic: settings for topics created without explicit ones.
+        lock_timeout_s: how long to wait for a partition's file lock before failing.
+        busy_timeout_ms: SQLite's busy timeout; writers wait this long for each other.
+    """
+
+    max_message_bytes: int = MIB
+    index_interval_bytes: int = 4096
+    auto_create_topics: bool = True
+    default_topic: TopicConfig = field(default_factory=TopicConfig)
+    lock_timeout_s: float = 30.0
+    busy_timeout_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.max_message_bytes, int)
+            or not 64 <= self.max_message_bytes <= 64 * MIB
+        ):
+            raise ConfigError(
+                f"max_message_bytes must be from 64 to {64 * MIB}, not {self.max_message_bytes!r}"
+            )
+        if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 64:
+            raise ConfigError(
+                f"index_interval_bytes must be at least 64, not {self.index_interval_bytes!r}"
+            )
+        if self.lock_timeout_s <= 0 or self.busy_timeout_ms <= 0:
+            raise ConfigError("lock_timeout_s and busy_timeout_ms must be positive")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> StoreConfig:
+        converted = dict(values)
+        if "max_message_bytes" in converted and isinstance(converted["max_message_bytes"], str):
+            converted["max_message_bytes"] = parse_size_bytes(converted["max_message_bytes"])
+        if isinstance(converted.get("default_topic"), Mapping):
+            converted["default_topic"] = TopicConfig.from_mapping(converted["default_topic"])
+        return _build(cls, converted, "store")
+
+
+DATA_ENV = "SPOOLMQ_DATA"
+DEFAULT_DATA_DIR = "queue_data"
+
+
+def resolve_data_dir(data: str | os.PathLike[str] | None = None) -> Path:
+    """The data directory rule every command and client shares:
+    the explicit argument, else ``$SPOOLMQ_DATA``, else ``./queue_data``."""
+    if data is not None and str(data) != "":
+        return Path(data)
+    env = os.environ.get(DATA_ENV)
+    return Path(env) if env else Path(DEFAULT_DATA_DIR)

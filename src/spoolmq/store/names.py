@@ -1,0 +1,41 @@
+"""Topic-name validation and the paths built from names (checked before any path exists)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from spoolmq.errors import InvalidTopicError
+
+TOPIC_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DLQ_SUFFIX = ".dlq"
+
+
+def check_topic(name: object) -> str:
+    """Return ``name`` if it is a valid topic name, else raise InvalidTopicError."""
+    if not isinstance(name, str) or TOPIC_PATTERN.fullmatch(name) is None:
+        shown = repr(name)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        raise InvalidTopicError(
+            f"invalid topic name {shown}: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def dlq_topic(topic: str) -> str:
+    """The dead-letter topic of ``topic`` (``orders`` -> ``orders.dlq``)."""
+    return check_topic(topic + DLQ_SUFFIX)
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.jsonl"
+
+
+def index_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.index"
+
+
+def partition_dir(root: Path, topic: str, partition: int) -> Path:
+    return root / "logs" / check_topic(topic) / str(int(partition))

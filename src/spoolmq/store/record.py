@@ -1,0 +1,289 @@
+"""Encoding and decoding of one record line (the on-disk and on-the-wire message format).
+
+A record is one JSON object on one line, fields in this order::
+
+    {"offset":7,"timestamp":1763830000123,"key":"customer-7","value":{"order_id":1},
+     "headers":[["trace","abc"]],"tags":["vip"],"deliver_at":1763830005123,
+     "expires_at":1763830060123,"producer_id":"p-1","sequence":41,"batch_records":3,
+     "crc":2246317035}
+
+``key``/``value`` hold JSON; a raw-bytes key or value is stored as ``key_b64``/``value_b64``
+(standard base64) instead, so bytes round-trip exactly. Optional fields are left out when
+unset. ``batch_records`` is on the first record of a multi-record batch only: recovery uses
+it to keep a batch whole or drop it whole. ``crc`` is the CRC-32 (zlib) of every byte of the
+line before ``,"crc":``. See docs/FORMAT.md for the full schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import orjson
+
+from spoolmq.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    SerializationError,
+)
+
+HeaderValue = str | bytes
+Headers = list[tuple[str, HeaderValue]]
+HeadersInput = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
+
+_CRC_MARK = b',"crc":'
+_OFFSET_PREFIX = b'{"offset":'
+
+
+class Record(NamedTuple):
+    """One stored message, as a reader returns it."""
+
+    offset: int
+    timestamp: int
+    key: str | bytes | None
+    value: Any
+    headers: Headers
+    tags: tuple[str, ...] = ()
+    deliver_at: int | None = None
+    expires_at: int | None = None
+    producer_id: str | None = None
+    sequence: int | None = None
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to append: what the caller chooses; offset and timestamp come from the log."""
+
+    value: Any
+    key: str | bytes | None = None
+    headers: HeadersInput = None
+    tags: Sequence[str] | None = None
+    deliver_at: int | None = None
+    expires_at: int | None = None
+    producer_id: str | None = None
+    sequence: int | None = None
+    partition: int | None = None
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def normalize_headers(headers: HeadersInput) -> list[list[str]]:
+    """Headers as stored: ordered ``[name, text]`` or ``[name, base64, "b64"]`` lists."""
+    if not headers:
+        return []
+    pairs: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
+    stored: list[list[str]] = []
+    for pair in pairs:
+        try:
+            name, value = pair
+        except (TypeError, ValueError):
+            raise SerializationError(
+                f"a header must be a (name, value) pair, not {pair!r}"
+            ) from None
+        if not isinstance(name, str) or not name:
+            raise SerializationError(f"a header name must be a non-empty string, not {name!r}")
+        if isinstance(value, str):
+            stored.append([name, value])
+        elif isinstance(value, bytes | bytearray | memoryview):
+            stored.append([name, _b64(bytes(value)), "b64"])
+        else:
+            raise SerializationError(
+                f"header {name!r} must have a str or bytes value, not {type(value).__name__}"
+            )
+    return stored
+
+
+def message_fields(message: Message) -> dict[str, Any]:
+    """The JSON fields a message contributes (everything but offset, timestamp, batch, crc).
+
+    Raises SerializationError for a key, value, header or tag that can't be stored.
+    """
+    fields: dict[str, Any] = {}
+    key = message.key
+    if key is None or isinstance(key, str):
+        fields["key"] = key
+    elif isinstance(key, bytes | bytearray | memoryview):
+        fields["key_b64"] = _b64(bytes(key))
+    else:
+        raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
+    value = message.value
+    if isinstance(value, bytes | bytearray | memoryview):
+        fields["value_b64"] = _b64(bytes(value))
+    else:
+        fields["value"] = value
+    fields["headers"] = normalize_headers(message.headers)
+    if message.tags:
+        tags = list(message.tags) if not isinstance(message.tags, str) else [message.tags]
+        for tag in tags:
+            if not isinstance(tag, str) or not tag:
+                raise SerializationError(f"a tag must be a non-empty string, not {tag!r}")
+        fields["tags"] = tags
+    for name in ("deliver_at", "expires_at", "sequence"):
+        number = getattr(message, name)
+        if number is not None:
+            if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+                raise InvalidArgumentError(f"{name} must be a non-negative integer, not {number!r}")
+            fields[name] = number
+    if message.producer_id is not None:
+        if not isinstance(message.producer_id, str) or not message.producer_id:
+            raise InvalidArgumentError(
+                f"producer_id must be a non-empty string, not {message.producer_id!r}"
+            )
+        fields["producer_id"] = message.producer_id
+    return fields
+
+
+class EncodedMessage(NamedTuple):
+    """A message whose fields are already JSON: ``body`` is the line between the
+    timestamp and the batch/crc fields. ``producer_id``/``sequence`` are kept beside it
+    for deduplication."""
+
+    body: bytes
+    producer_id: str | None = None
+    sequence: int | None = None
+
+
+def encode_message(message: Message, *, max_bytes: int | None = None) -> EncodedMessage:
+    """Validate and serialise a message once; SerializationError / MessageTooLargeError."""
+    fields = message_fields(message)
+    try:
+        body = orjson.dumps(fields)
+    except TypeError as exc:
+        raise SerializationError(f"value can't be stored as JSON: {exc}") from None
+    # orjson writes NaN and infinities as null; refuse them instead of changing the data.
+    if b"null" in body and _has_non_finite(fields.get("value")):
+        raise SerializationError("value contains NaN or infinity, which JSON can't represent")
+    if max_bytes is not None and len(body) + RECORD_OVERHEAD > max_bytes:
+        raise MessageTooLargeError(
+            f"message encodes to about {len(body) + RECORD_OVERHEAD} bytes, over the limit of "
+            f"{max_bytes} bytes (max_message_bytes)"
+        )
+    return EncodedMessage(body[1:-1], message.producer_id, message.sequence)
+
+
+# The most a record line adds around the message's own fields (offset, timestamp,
+# batch_records and crc at their widest).
+RECORD_OVERHEAD = len(b'{"offset":,"timestamp":,"batch_records":,"crc":}\n') + 19 + 19 + 19 + 10
+
+
+def frame_record(offset: int, timestamp: int, body: bytes, batch_records: int = 1) -> bytes:
+    """One complete record line, newline included."""
+    if batch_records > 1:
+        head = b'{"offset":%d,"timestamp":%d,%s,"batch_records":%d' % (
+            offset,
+            timestamp,
+            body,
+            batch_records,
+        )
+    else:
+        head = b'{"offset":%d,"timestamp":%d,%s' % (offset, timestamp, body)
+    return b'%s,"crc":%d}\n' % (head, zlib.crc32(head))
+
+
+_TIMESTAMP_MARK = b',"timestamp":'
+
+
+def record_offset(line: bytes) -> int:
+    """The offset of a record line, read without parsing the whole line."""
+    if not line.startswith(_OFFSET_PREFIX):
+        raise ValueError("not a record line")
+    end = line.index(b",", len(_OFFSET_PREFIX))
+    return int(line[len(_OFFSET_PREFIX) : end])
+
+
+def record_offset_and_timestamp(line: bytes) -> tuple[int, int]:
+    """Offset and timestamp of a record line, read from its fixed head."""
+    if not line.startswith(_OFFSET_PREFIX):
+        raise ValueError("not a record line")
+    comma = line.index(b",", len(_OFFSET_PREFIX))
+    if not line.startswith(_TIMESTAMP_MARK, comma):
+        raise ValueError("not a record line")
+    start = comma + len(_TIMESTAMP_MARK)
+    end = line.index(b",", start)
+    return int(line[len(_OFFSET_PREFIX) : comma]), int(line[start:end])
+
+
+def check_line(line: bytes, *, path: str = "", position: int = -1) -> dict[str, Any]:
+    """Parse a record line and verify its checksum; CorruptRecordError if either fails."""
+    mark = line.rfind(_CRC_MARK)
+    where = f"{path} at byte {position}" if path else f"byte {position}"
+    if mark < 0 or not line.endswith(b"}\n"):
+        raise CorruptRecordError(
+            f"record at {where} is not a complete record line", path=path, position=position
+        )
+    try:
+        stored_crc = int(line[mark + len(_CRC_MARK) : -2])
+    except ValueError:
+        raise CorruptRecordError(
+            f"record at {where} has an unreadable checksum", path=path, position=position
+        ) from None
+    if zlib.crc32(memoryview(line)[:mark]) != stored_crc:
+        raise CorruptRecordError(
+            f"record at {where} failed its checksum", path=path, position=position
+        )
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:  # checksum matched but JSON is bad: a writer bug
+        raise CorruptRecordError(
+            f"record at {where} is not valid JSON: {exc}", path=path, position=position
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("offset"), int):
+        raise CorruptRecordError(f"record at {where} has no offset", path=path, position=position)
+    return data
+
+
+def _unb64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise CorruptRecordError(f"record has invalid base64 in {what}") from None
+
+
+def record_from_fields(data: Mapping[str, Any]) -> Record:
+    """Build a Record from a parsed line."""
+    if "key_b64" in data:
+        key: str | bytes | None = _unb64(data["key_b64"], "key_b64")
+    else:
+        key = data.get("key")
+    value = _unb64(data["value_b64"], "value_b64") if "value_b64" in data else data.get("value")
+    headers: Headers = []
+    for entry in data.get("headers") or ():
+        if len(entry) == 3 and entry[2] == "b64":
+            headers.append((entry[0], _unb64(entry[1], "a header")))
+        else:
+            headers.append((entry[0], entry[1]))
+    return Record(
+        offset=data["offset"],
+        timestamp=data["timestamp"],
+        key=key,
+        value=value,
+        headers=headers,
+        tags=tuple(data.get("tags") or ()),
+        deliver_at=data.get("deliver_at"),
+        expires_at=data.get("expires_at"),
+        producer_id=data.get("producer_id"),
+        sequence=data.get("sequence"),
+    )
+
+
+def decode_line(line: bytes, *, path: str = "", position: int = -1) -> Record:
+    """Verify and decode one record line."""
+    return record_from_fields(check_line(line, path=path, position=position))

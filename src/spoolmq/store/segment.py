@@ -1,0 +1,299 @@
+"""Segment files and their sparse index, and the scan that finds whole batches.
+
+A segment is ``<base offset, 20 digits>.jsonl``: record lines in offset order. Beside it,
+``<base>.index`` holds 24-byte little-endian entries ``(offset, byte position, timestamp)``,
+one at the start of the segment's first batch and then at the first batch starting at least
+``index_interval_bytes`` after the previous entry. Entries always point at a batch start, so
+a scan from any entry reads whole batches. The index is derived data: it is checked against
+the segment on load and rebuilt from the segment when it is short or wrong.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import sys
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spoolmq.errors import CorruptRecordError
+from spoolmq.store.record import check_line, record_offset
+
+INDEX_ENTRY = struct.Struct("<qqq")
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+_READ_CHUNK = 1 << 20
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a created, renamed or deleted entry in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents with mode 0700."""
+    if path.is_dir():
+        return
+    make_private_dirs(path.parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        return
+    os.chmod(path, DIR_MODE)  # the umask may have narrowed it further; never widened
+
+
+def list_segment_bases(directory: Path) -> list[int]:
+    """Base offsets of the segment files in a partition directory, ascending."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    bases = []
+    for name in names:
+        if len(name) == 26 and name.endswith(".jsonl") and name[:20].isdigit():
+            bases.append(int(name[:20]))
+    bases.sort()
+    return bases
+
+
+def pread_all(fd: int, length: int, position: int) -> bytes:
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, min(length, _READ_CHUNK * 16), position)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        position += len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class SparseIndex:
+    """The entries of one segment's index, as three parallel ascending arrays."""
+
+    __slots__ = ("offsets", "positions", "timestamps")
+
+    def __init__(self) -> None:
+        self.offsets = array("q")
+        self.positions = array("q")
+        self.timestamps = array("q")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SparseIndex:
+        """Entries from raw index bytes (a torn last entry is ignored)."""
+        flat = array("q")
+        flat.frombytes(data[: len(data) - len(data) % INDEX_ENTRY.size])
+        if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+            flat.byteswap()
+        index = cls()
+        index.offsets = flat[0::3]
+        index.positions = flat[1::3]
+        index.timestamps = flat[2::3]
+        return index
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, offset: int, position: int, timestamp: int) -> None:
+        self.offsets.append(offset)
+        self.positions.append(position)
+        self.timestamps.append(timestamp)
+
+    def truncate(self, count: int) -> None:
+        del self.offsets[count:], self.positions[count:], self.timestamps[count:]
+
+    def floor_for_offset(self, offset: int) -> int:
+        """Index of the last entry at or before ``offset`` (-1 if none)."""
+        return bisect.bisect_right(self.offsets, offset) - 1
+
+    def floor_for_timestamp(self, timestamp: int) -> int:
+        """Index of the last entry whose timestamp is below ``timestamp`` (-1 if none).
+
+        Timestamps never decrease within a partition, so every record before that
+        entry is older than ``timestamp`` and a scan can start there.
+        """
+        return bisect.bisect_left(self.timestamps, timestamp) - 1
+
+    def encode_from(self, start: int) -> bytes:
+        return b"".join(
+            INDEX_ENTRY.pack(self.offsets[i], self.positions[i], self.timestamps[i])
+            for i in range(start, len(self.offsets))
+        )
+
+
+def entry_matches(fd: int, offset: int, position: int) -> bool:
+    """Does the segment have the record ``offset`` starting at byte ``position``?"""
+    head = os.pread(fd, 40, position)
+    try:
+        return (position == 0 or os.pread(fd, 1, position - 1) == b"\n") and record_offset(
+            head + b","
+        ) == offset
+    except ValueError:
+        return False
+
+
+def load_index(index_path: Path, segment_fd: int, segment_size: int) -> tuple[SparseIndex, int]:
+    """Load and check an index against its segment.
+
+    Returns the index and how many entries of the file were usable: entries past the
+    segment's size, out of order, or not pointing at their record are dropped (they can
+    exist after a crash or a lost write-back), so the caller can cut the file to match.
+    """
+    try:
+        data = index_path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    index = SparseIndex.from_bytes(data)
+    usable = len(index)
+    # Entries are appended in order, so the usable ones are a prefix.
+    for i in range(len(index)):
+        if index.positions[i] >= segment_size or (
+            i
+            and (
+                index.offsets[i] <= index.offsets[i - 1]
+                or index.positions[i] <= index.positions[i - 1]
+            )
+        ):
+            usable = i
+            break
+    index.truncate(usable)
+    # Entries are written after their batch, so only the newest few can be wrong.
+    while index.offsets and not entry_matches(segment_fd, index.offsets[-1], index.positions[-1]):
+        index.truncate(len(index) - 1)
+    return index, len(index)
+
+
+@dataclass(slots=True)
+class BatchInfo:
+    position: int
+    first_offset: int
+    timestamp: int
+    end: int
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a scan from a batch start found.
+
+    ``end`` is the byte after the last whole batch; ``next_offset`` the offset after it.
+    ``bad_position`` is where the first incomplete or corrupt batch starts (-1 if none);
+    ``corrupt_inside`` says that whole valid records follow the bad spot, so it is damage
+    inside the segment rather than a torn tail.
+    """
+
+    end: int
+    next_offset: int
+    last_timestamp: int
+    batches: list[BatchInfo]
+    records: list[dict[str, Any]]
+    bad_position: int = -1
+    problem: str = ""
+    corrupt_inside: bool = False
+
+
+def _any_valid_line(data: bytes, start: int) -> bool:
+    position = data.find(b"\n", start)
+    while position >= 0:
+        next_end = data.find(b"\n", position + 1)
+        if next_end < 0:
+            return False
+        try:
+            check_line(data[position + 1 : next_end + 1])
+            return True
+        except CorruptRecordError:
+            position = next_end
+    return False
+
+
+def scan_batches(
+    fd: int,
+    path: str,
+    start: int,
+    expected_offset: int | None,
+    *,
+    keep_records: bool = False,
+) -> ScanResult:
+    """Read every whole batch from byte ``start`` (a batch start) to the end of the file."""
+    size = os.fstat(fd).st_size
+    data = pread_all(fd, size - start, start)
+    result = ScanResult(
+        end=start,
+        next_offset=expected_offset if expected_offset is not None else -1,
+        last_timestamp=-1,
+        batches=[],
+        records=[],
+    )
+    position = 0
+    while position < len(data):
+        batch_start = position
+        fields: list[dict[str, Any]] = []
+        count = 1
+        problem = ""
+        while len(fields) < count:
+            line_end = data.find(b"\n", position)
+            if line_end < 0:
+                problem = "incomplete last line"
+                break
+            try:
+                record = check_line(
+                    data[position : line_end + 1], path=path, position=start + position
+                )
+            except CorruptRecordError as exc:
+                problem = str(exc)
+                break
+            if not fields:
+                count = record.get("batch_records", 1)
+                if result.next_offset >= 0 and record["offset"] < result.next_offset:
+                    problem = (
+                        f"offset {record['offset']} at byte {start + position} is below the "
+                        f"expected {result.next_offset}"
+                    )
+                    break
+            elif record["offset"] != fields[-1]["offset"] + 1:
+                problem = f"offsets jump inside a batch at byte {start + position}"
+                break
+            fields.append(record)
+            position = line_end + 1
+        if problem:
+            result.bad_position = start + batch_start
+            result.problem = problem
+            result.corrupt_inside = _any_valid_line(data, position)
+            return result
+        first = fields[0]
+        result.batches.append(
+            BatchInfo(start + batch_start, first["offset"], first["timestamp"], start + position)
+        )
+        if keep_records:
+            result.records.extend(fields)
+        result.end = start + position
+        result.next_offset = fields[-1]["offset"] + 1
+        result.last_timestamp = fields[-1]["timestamp"]
+    return result
+
+
+def last_record_fields(fd: int, size: int) -> dict[str, Any] | None:
+    """The last whole record of a closed segment, read from the end backwards."""
+    if size == 0:
+        return None
+    window = 4096
+    while True:
+        start = max(0, size - window)
+        data = os.pread(fd, size - start, start)
+        cut = data.rfind(b"\n", 0, len(data) - 1)
+        if cut >= 0 or start == 0:
+            return check_line(data[cut + 1 :], position=start + cut + 1)
+        window *= 4

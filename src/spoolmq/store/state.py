@@ -1,0 +1,352 @@
+"""``state.db``: the SQLite file that holds everything that is not a message.
+
+Topics and their settings, committed group offsets, in-flight deliveries with their leases,
+scheduled redeliveries, producer sequences for idempotent publishing, and per-partition
+figures for analytics. WAL mode, ``BEGIN IMMEDIATE`` for every write, a busy timeout, and one
+connection per process, opened lazily in the process that uses it (a connection is never
+carried across fork or spawn). The schema has a version (``PRAGMA user_version``) and is
+migrated on open; a file from a newer spoolmq is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spoolmq.config import TopicConfig
+from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
+from spoolmq.store.segment import FILE_MODE
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE topics (
+        name TEXT PRIMARY KEY,
+        partitions INTEGER NOT NULL,
+        retention_ms INTEGER NOT NULL,
+        retention_bytes INTEGER NOT NULL,
+        cleanup_policy TEXT NOT NULL CHECK (cleanup_policy IN ('delete', 'compact')),
+        segment_bytes INTEGER NOT NULL,
+        segment_ms INTEGER NOT NULL,
+        tombstone_retention_ms INTEGER NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE partitions (
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        log_start_offset INTEGER NOT NULL,
+        log_end_offset INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (topic, partition)
+    ) WITHOUT ROWID;
+    CREATE TABLE group_offsets (
+        group_name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        committed_offset INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (group_name, topic, partition)
+    ) WITHOUT ROWID;
+    CREATE TABLE deliveries (
+        group_name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        consumer_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        delivered_at INTEGER NOT NULL,
+        lease_expires_at INTEGER NOT NULL,
+        PRIMARY KEY (group_name, topic, partition, offset)
+    ) WITHOUT ROWID;
+    CREATE TABLE scheduled (
+        group_name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        due_at INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        reason TEXT,
+        PRIMARY KEY (group_name, topic, partition, offset)
+    ) WITHOUT ROWID;
+    CREATE INDEX scheduled_by_due ON scheduled (due_at);
+    CREATE TABLE producers (
+        producer_id TEXT PRIMARY KEY,
+        last_sequence INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE TABLE producer_sequences (
+        producer_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        PRIMARY KEY (producer_id, sequence)
+    ) WITHOUT ROWID;
+    """,
+}
+
+_TOPIC_COLUMNS = (
+    "partitions",
+    "retention_ms",
+    "retention_bytes",
+    "cleanup_policy",
+    "segment_bytes",
+    "segment_ms",
+    "tombstone_retention_ms",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRow:
+    producer_id: str
+    sequence: int
+    topic: str
+    partition: int
+    offset: int
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class StateDB:
+    """The per-process handle on ``state.db``; safe to share between threads."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 30_000) -> None:
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self._connection: sqlite3.Connection | None = None
+        self._owner_pid = -1
+        self._lock = threading.RLock()
+
+    # -- connection ---------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._connection is not None and self._owner_pid == os.getpid():
+            return self._connection
+        # A connection inherited through fork belongs to the parent: drop, never use it.
+        self._connection = None
+        if not self.path.exists():
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, FILE_MODE)
+            os.close(fd)
+        connection = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout_ms / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("PRAGMA synchronous = NORMAL")
+        connection.execute("PRAGMA foreign_keys = ON")
+        self._migrate(connection)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.path) + suffix)
+            if side.exists():
+                os.chmod(side, FILE_MODE)
+        self._connection = connection
+        self._owner_pid = os.getpid()
+        return connection
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path} has schema version {version}, newer than this spoolmq's "
+                f"{SCHEMA_VERSION}; upgrade spoolmq to open it"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        connection.execute(statement)
+                connection.execute(f"PRAGMA user_version = {target}")
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None and self._owner_pid == os.getpid():
+                self._connection.close()
+            self._connection = None
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``), committed on success."""
+        with self._lock:
+            connection = self._connect()
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StorageError(f"state.db is busy or unwritable: {exc}") from None
+            try:
+                yield connection
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                connection.execute("ROLLBACK")
+                raise StorageError(f"committing to state.db failed: {exc}") from None
+
+    def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._connect().execute(sql, parameters).fetchall()
+
+    # -- topics -------------------------------------------------------------------
+
+    def create_topic(self, name: str, config: TopicConfig, *, exist_ok: bool) -> TopicConfig:
+        with self.write() as db:
+            row = db.execute(
+                f"SELECT {', '.join(_TOPIC_COLUMNS)} FROM topics WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None:
+                existing = TopicConfig(**dict(zip(_TOPIC_COLUMNS, row, strict=True)))
+                if not exist_ok and existing != config:
+                    raise TopicExistsError(
+                        f"topic {name!r} already exists with other settings: {existing.as_dict()}"
+                    )
+                return existing
+            values = [getattr(config, column) for column in _TOPIC_COLUMNS]
+            db.execute(
+                f"INSERT INTO topics (name, {', '.join(_TOPIC_COLUMNS)}, created_at) "
+                f"VALUES (?, {', '.join('?' * len(_TOPIC_COLUMNS))}, ?)",
+                (name, *values, now_ms()),
+            )
+            return config
+
+    def alter_topic(self, name: str, update: Callable[[TopicConfig], TopicConfig]) -> TopicConfig:
+        with self.write() as db:
+            row = db.execute(
+                f"SELECT {', '.join(_TOPIC_COLUMNS)} FROM topics WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                raise UnknownTopicError(f"topic {name!r} does not exist")
+            config = update(TopicConfig(**dict(zip(_TOPIC_COLUMNS, row, strict=True))))
+            db.execute(
+                f"UPDATE topics SET {', '.join(c + ' = ?' for c in _TOPIC_COLUMNS)} WHERE name = ?",
+                (*[getattr(config, c) for c in _TOPIC_COLUMNS], name),
+            )
+            return config
+
+    def topic(self, name: str) -> TopicConfig | None:
+        rows = self.query(f"SELECT {', '.join(_TOPIC_COLUMNS)} FROM topics WHERE name = ?", (name,))
+        return TopicConfig(**dict(zip(_TOPIC_COLUMNS, rows[0], strict=True))) if rows else None
+
+    def topics(self) -> dict[str, TopicConfig]:
+        rows = self.query(f"SELECT name, {', '.join(_TOPIC_COLUMNS)} FROM topics ORDER BY name")
+        return {
+            row[0]: TopicConfig(**dict(zip(_TOPIC_COLUMNS, row[1:], strict=True))) for row in rows
+        }
+
+    def delete_topic(self, name: str) -> None:
+        with self.write() as db:
+            for table in ("partitions", "group_offsets", "deliveries", "scheduled"):
+                db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
+            db.execute("DELETE FROM producer_sequences WHERE topic = ?", (name,))
+            db.execute("DELETE FROM topics WHERE name = ?", (name,))
+
+    # -- partition figures ----------------------------------------------------------
+
+    def record_partition(self, topic: str, partition: int, start: int, end: int) -> None:
+        with self.write() as db:
+            db.execute(
+                "INSERT INTO partitions VALUES (?, ?, ?, ?, ?) ON CONFLICT (topic, partition) "
+                "DO UPDATE SET log_start_offset = excluded.log_start_offset, "
+                "log_end_offset = MAX(log_end_offset, excluded.log_end_offset), "
+                "updated_at = excluded.updated_at",
+                (topic, partition, start, end, now_ms()),
+            )
+
+    # -- producer sequences (idempotent publishing) -----------------------------------
+
+    def find_sequences(
+        self, pairs: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], SequenceRow]:
+        """The stored position of each (producer_id, sequence) already seen."""
+        found: dict[tuple[str, int], SequenceRow] = {}
+        with self._lock:
+            db = self._connect()
+            for producer_id, sequence in pairs:
+                row = db.execute(
+                    "SELECT topic, partition, offset FROM producer_sequences "
+                    "WHERE producer_id = ? AND sequence = ?",
+                    (producer_id, sequence),
+                ).fetchone()
+                if row is not None:
+                    found[(producer_id, sequence)] = SequenceRow(producer_id, sequence, *row)
+        return found
+
+    def record_sequences(self, rows: Sequence[SequenceRow]) -> None:
+        if not rows:
+            return
+        timestamp = now_ms()
+        last: dict[str, int] = {}
+        for row in rows:
+            last[row.producer_id] = max(last.get(row.producer_id, -1), row.sequence)
+        with self.write() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO producer_sequences VALUES (?, ?, ?, ?, ?)",
+                [(r.producer_id, r.sequence, r.topic, r.partition, r.offset) for r in rows],
+            )
+            db.executemany(
+                "INSERT INTO producers VALUES (?, ?, ?) ON CONFLICT (producer_id) DO UPDATE SET "
+                "last_sequence = MAX(last_sequence, excluded.last_sequence), "
+                "updated_at = excluded.updated_at",
+                [(pid, sequence, timestamp) for pid, sequence in last.items()],
+            )
+
+    def forget_sequences(self, producer_id: str, up_to: int) -> None:
+        """Drop sequences at or below ``up_to``: the producer has had every answer for them."""
+        with self.write() as db:
+            db.execute(
+                "DELETE FROM producer_sequences WHERE producer_id = ? AND sequence <= ?",
+                (producer_id, up_to),
+            )
+
+    def last_sequence(self, producer_id: str) -> int | None:
+        rows = self.query(
+            "SELECT last_sequence FROM producers WHERE producer_id = ?", (producer_id,)
+        )
+        return rows[0][0] if rows else None
+
+    # -- group offsets ----------------------------------------------------------------
+
+    def committed_offsets(self, group: str, topic: str | None = None) -> dict[tuple[str, int], int]:
+        sql = "SELECT topic, partition, committed_offset FROM group_offsets WHERE group_name = ?"
+        params: list[Any] = [group]
+        if topic is not None:
+            sql += " AND topic = ?"
+            params.append(topic)
+        return {(t, p): o for t, p, o in self.query(sql, params)}
+
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        timestamp = now_ms()
+        with self.write() as db:
+            db.executemany(
+                "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
+                "committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
+                [(group, t, p, o, timestamp) for (t, p), o in offsets.items()],
+            )
+
+    def groups(self) -> list[str]:
+        return [
+            row[0] for row in self.query("SELECT DISTINCT group_name FROM group_offsets ORDER BY 1")
+        ]

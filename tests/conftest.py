@@ -1,0 +1,36 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spoolmq import Log
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long", action="store_true", default=False, help="run the long variants of slow tests"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long variant: run with --long")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "queue_data"
+
+
+@pytest.fixture
+def log(data_dir: Path) -> Iterator[Log]:
+    with Log(data_dir) as opened:
+        yield opened
