@@ -17,7 +17,6 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir

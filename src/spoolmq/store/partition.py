@@ -9,6 +9,7 @@ a segment for its next offset exists) and catches up by reading the new tail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -163,10 +164,8 @@ class PartitionLog:
     def _close_tail(self) -> None:
         if self._tail is not None:
             for fd in (self._tail.fd, self._tail.index_fd):
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             self._tail = None
 
     def close(self) -> None:

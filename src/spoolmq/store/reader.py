@@ -110,6 +110,11 @@ class Reader:
         """Move to ``offset`` (OffsetOutOfRangeError below the log start or past the end)."""
         self._partition.check_offset(offset)
         bases = self._partition.segment_bases()
+        if not bases:  # a partition nobody has appended to yet
+            self._close_file()
+            self._pending.clear()
+            self.position = offset
+            return
         slot = bisect.bisect_right(bases, offset) - 1
         base = bases[max(slot, 0)]
         index = self._partition.index_of(base)
@@ -182,6 +187,8 @@ class Reader:
     def _fill(self) -> None:
         if self._fd < 0:
             self.seek(self.position)
+            if self._fd < 0:
+                return
         if self._read_whole_batches():
             return
         # Nothing whole left in this segment: move on if a newer segment exists. The

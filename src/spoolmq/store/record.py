@@ -75,13 +75,13 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _has_non_finite(value: Any) -> bool:
+def has_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
+        return any(has_non_finite(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_non_finite(v) for v in value)
+        return any(has_non_finite(v) for v in value)
     return False
 
 
@@ -169,7 +169,7 @@ def encode_message(message: Message, *, max_bytes: int | None = None) -> Encoded
     except TypeError as exc:
         raise SerializationError(f"value can't be stored as JSON: {exc}") from None
     # orjson writes NaN and infinities as null; refuse them instead of changing the data.
-    if b"null" in body and _has_non_finite(fields.get("value")):
+    if b"null" in body and has_non_finite(fields.get("value")):
         raise SerializationError("value contains NaN or infinity, which JSON can't represent")
     if max_bytes is not None and len(body) + RECORD_OVERHEAD > max_bytes:
         raise MessageTooLargeError(

@@ -1,0 +1,88 @@
+"""Appending delivery events to ``events/date=<day>/<start ms>-<pid>.jsonl`` for analytics."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from spoolmq.broker.delivery import Event
+from spoolmq.store.segment import FILE_MODE, make_private_dirs, write_all
+
+_ROLL_BYTES = 64 * 1024 * 1024
+
+
+class EventLog:
+    """Buffered, append-only; ``flush()`` writes the buffer with one ``write``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "events"
+        self._buffer: list[bytes] = []
+        self._fd = -1
+        self._day = ""
+        self._size = 0
+
+    def add(self, event: Event, group: str) -> None:
+        pending = event.pending
+        key = pending.key
+        if isinstance(key, bytes):  # pragma: no cover - keys arrive as text
+            key = key.decode("utf-8", "replace")
+        record: dict[str, Any] = {
+            "ts": event.ts,
+            "type": event.type,
+            "group": group,
+            "topic": pending.topic,
+            "partition": pending.partition,
+            "offset": pending.offset,
+            "key": key[4:] if isinstance(key, str) and key.startswith("b64:") else key,
+            "consumer": event.consumer,
+            "attempt": pending.attempt,
+            "published_at": pending.published_at,
+            "bytes": len(pending.line),
+            "processing_ms": event.processing_ms,
+            "reason": event.reason,
+        }
+        self._buffer.append(orjson.dumps(record) + b"\n")
+
+    def add_lag(self, group: str, topic: str, partition: int, committed: int, end: int) -> None:
+        record = {
+            "ts": time.time_ns() // 1_000_000,
+            "type": "lag",
+            "group": group,
+            "topic": topic,
+            "partition": partition,
+            "committed": committed,
+            "log_end_offset": end,
+            "lag": max(0, end - committed),
+        }
+        self._buffer.append(orjson.dumps(record) + b"\n")
+
+    def flush(self, *, sync: bool = False) -> None:
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        self._buffer.clear()
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        if self._fd < 0 or day != self._day or self._size >= _ROLL_BYTES:
+            self._open(day)
+        write_all(self._fd, data)
+        self._size += len(data)
+        if sync:
+            os.fsync(self._fd)
+
+    def _open(self, day: str) -> None:
+        self.close()
+        directory = self.root / f"date={day}"
+        make_private_dirs(directory)
+        name = f"{time.time_ns() // 1_000_000}-{os.getpid()}.jsonl"
+        self._fd = os.open(directory / name, os.O_CREAT | os.O_WRONLY | os.O_APPEND, FILE_MODE)
+        self._day = day
+        self._size = 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

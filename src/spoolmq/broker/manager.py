@@ -1,0 +1,501 @@
+"""The BrokerManager: the parent process of a broker.
+
+It holds the data directory's broker lock (one broker per directory), owns the listeners
+clients connect to, authenticates each connection and reads its ``hello``, then hands the
+socket itself to the PublisherBroker or the ConsumerBroker (SCM_RIGHTS over the child's
+control pipe), so client traffic never takes an extra hop through the manager. It spawns
+both children (start method ``spawn``), restarts a crashed one with backoff, keeps the
+registry of connected clients, answers admin requests, and shuts everything down cleanly
+on SIGINT/SIGTERM.
+
+Channels: a duplex control Pipe per child (manager -> child frames and file descriptors),
+a watch Pipe per child (the child sees EOF when the manager dies), a status Queue per child
+incarnation (child -> manager: ready, stats, disconnects, admin results), and one notice
+Pipe from the PublisherBroker to the ConsumerBroker ("these partitions grew").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+    wait,
+)
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from spoolmq import protocol
+from spoolmq.broker.consumer import consumer_main
+from spoolmq.broker.process import send_control, tune_allocator
+from spoolmq.broker.publisher import publisher_main
+from spoolmq.errors import (
+    AuthenticationError,
+    BrokerLockedError,
+    ProtocolError,
+    SpoolError,
+    UnsafePermissionsError,
+)
+from spoolmq.store.segment import make_private_dirs
+
+log = logging.getLogger("spoolmq.broker")
+
+LOCK_FILE = "broker.lock"
+PID_FILE = "broker.pid"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    """How to run a broker.
+
+    Attributes:
+        data_dir: the data directory it serves.
+        listen: also accept TCP clients on this (host, port); None: the Unix socket only.
+        log_level: logging level name for all three processes.
+        store: StoreConfig settings (e.g. ``{"max_message_bytes": 2097152}``).
+        handshake_timeout_s: a connection that has not authenticated and said hello in
+            this time is closed.
+        restart_backoff_max_s: the longest wait before restarting a crashed child.
+    """
+
+    data_dir: Path
+    listen: tuple[str, int] | None = None
+    log_level: str = "info"
+    store: dict[str, Any] = field(default_factory=dict)
+    handshake_timeout_s: float = 5.0
+    restart_backoff_max_s: float = 5.0
+
+
+@dataclass(slots=True)
+class _Child:
+    name: str
+    target: Callable[..., None]
+    process: Any = None
+    control: Connection | None = None
+    watch: Connection | None = None
+    status: Any = None
+    started: float = 0.0
+    restarts: int = 0
+    backoff: float = 0.1
+    restart_at: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+def check_data_dir(path: Path) -> None:
+    """Create the data directory 0700, or refuse one that other users can write to."""
+    make_private_dirs(path)
+    mode = path.stat().st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePermissionsError(
+            f"{path} can be written by other users (mode {stat.filemode(mode)}); "
+            f"run `chmod 700 {path}` so that nobody else can alter the queue"
+        )
+
+
+def lock_holder(data_dir: Path) -> int | None:
+    try:
+        return int((data_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class BrokerManager:
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.data_dir = settings.data_dir
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = FileLock(str(self.data_dir / LOCK_FILE), timeout=0, mode=0o600)
+        self._children = {
+            "publisher": _Child("publisher", publisher_main),
+            "consumer": _Child("consumer", consumer_main),
+        }
+        self._control_lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._threads: list[threading.Thread] = []
+        self._notice_writer: Connection | None = None
+        self._authkey = b""
+        self._stopping = threading.Event()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._client_ids = itertools.count(1)
+        self.registry: dict[str, dict[str, Any]] = {}
+        self._registry_lock = threading.Lock()
+        self._admin_results: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._admin_ids = itertools.count(1)
+        self.socket_path = self.data_dir / protocol.SOCKET_FILE
+
+    # -- start and stop ------------------------------------------------------------------
+
+    def start(self) -> None:
+        check_data_dir(self.data_dir)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            pid = lock_holder(self.data_dir)
+            who = f"process {pid}" if pid else "another process"
+            raise BrokerLockedError(
+                f"a broker is already running on {self.data_dir} ({who} holds "
+                f"{self.data_dir / LOCK_FILE})",
+                pid=pid,
+            ) from None
+        tune_allocator()
+        pid_path = self.data_dir / PID_FILE
+        fd = os.open(pid_path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+        self._authkey = protocol.read_or_create_authkey(self.data_dir)
+        self._open_listeners()
+        self._start_child(self._children["consumer"])
+        self._start_child(self._children["publisher"])
+        deadline = time.monotonic() + 60
+        while not all(child.ready.is_set() for child in self._children.values()):
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SpoolError("the broker processes did not start within 60 s")
+            self.supervise_step(timeout=0.5)
+        log.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
+
+    def _open_listeners(self) -> None:
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            # We hold the lock: a socket file here was left by a broker that died.
+            self.socket_path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            self._listeners.append(Listener(str(self.socket_path), family="AF_UNIX"))
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        if self.settings.listen is not None:
+            self._listeners.append(Listener(self.settings.listen, family="AF_INET"))
+            log.info("also listening on tcp %s:%d", *self._listeners[-1].address)
+        for listener in self._listeners:
+            thread = threading.Thread(
+                target=self._accept_loop, args=(listener,), name="accept", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def tcp_address(self) -> tuple[str, int] | None:
+        for listener in self._listeners:
+            if isinstance(listener.address, tuple):
+                return listener.address
+        return None
+
+    def _start_child(self, child: _Child) -> None:
+        ctx = self._context
+        manager_end, child_end = ctx.Pipe(duplex=True)
+        watch_read, watch_write = ctx.Pipe(duplex=False)
+        status = ctx.Queue()
+        args: list[Any] = [str(self.data_dir), child_end, watch_read]
+        notice_read = None
+        if child.name == "consumer":
+            notice_read, notice_write = ctx.Pipe(duplex=False)
+            if self._notice_writer is not None:
+                self._notice_writer.close()
+            self._notice_writer = notice_write
+            args.append(notice_read)
+        args += [status, self.settings.log_level, self.settings.store]
+        process = ctx.Process(target=child.target, args=args, name=f"spoolmq-{child.name}")
+        process.daemon = True
+        process.start()
+        child_end.close()
+        watch_read.close()
+        if notice_read is not None:
+            notice_read.close()
+        child.process, child.control, child.watch, child.status = (
+            process,
+            manager_end,
+            watch_write,
+            status,
+        )
+        child.started = time.monotonic()
+        child.restart_at = None
+        # The PublisherBroker writes notices on the current pipe, whichever side restarted.
+        publisher = self._children["publisher"]
+        if self._notice_writer is not None and publisher.control is not None:
+            with self._control_lock, contextlib.suppress(OSError):
+                send_control(publisher.control, {"op": "notices"}, self._notice_writer.fileno())
+
+    def run(self) -> int:
+        """Start, then supervise until SIGINT/SIGTERM. Returns the exit status."""
+        self._install_signals()
+        self.start()
+        try:
+            while not self._stopping.is_set():
+                self.supervise_step(timeout=1.0)
+        finally:
+            self.stop()
+        return 0
+
+    def _install_signals(self) -> None:
+        self._wake_write.setblocking(False)
+        signal.set_wakeup_fd(self._wake_write.fileno())
+
+        def request_stop(signum: int, frame: object) -> None:
+            self._stopping.set()
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+
+    def supervise_step(self, timeout: float) -> None:
+        """One step: read status, notice dead children, restart them when their backoff ends."""
+        now = time.monotonic()
+        waitables: list[Any] = [self._wake_read]
+        deadlines = [timeout]
+        for child in self._children.values():
+            if child.process is not None and child.restart_at is None:
+                waitables.append(child.process.sentinel)
+                waitables.append(child.status._reader)
+            if child.restart_at is not None:
+                deadlines.append(max(0.0, child.restart_at - now))
+        ready = wait(waitables, min(deadlines))
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._wake_read.recv(4096)
+        for child in self._children.values():
+            self._drain_status(child)
+            if self._stopping.is_set():
+                continue
+            if (
+                child.restart_at is None
+                and child.process is not None
+                and not child.process.is_alive()
+            ):
+                ran = time.monotonic() - child.started
+                if ran > 30:
+                    child.backoff = 0.1
+                log.error(
+                    "the %s broker (pid %s) exited with status %s; restarting in %.1fs",
+                    child.name,
+                    child.process.pid,
+                    child.process.exitcode,
+                    child.backoff,
+                )
+                child.restart_at = time.monotonic() + child.backoff
+                child.backoff = min(child.backoff * 2, self.settings.restart_backoff_max_s)
+                self._close_child_channels(child)
+            if child.restart_at is not None and time.monotonic() >= child.restart_at:
+                child.restarts += 1
+                self._start_child(child)
+                log.warning("restarted the %s broker (restart #%d)", child.name, child.restarts)
+
+    def _close_child_channels(self, child: _Child) -> None:
+        for conn in (child.control, child.watch):
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        child.control = None
+        child.watch = None
+
+    def _drain_status(self, child: _Child) -> None:
+        if child.status is None:
+            return
+        while True:
+            try:
+                message = child.status.get_nowait()
+            except (Empty, OSError, EOFError, ValueError):
+                return
+            kind = message[0]
+            if kind == "ready":
+                child.ready.set()
+            elif kind == "stats":
+                child.stats = message[2]
+            elif kind == "disconnected":
+                with self._registry_lock:
+                    self.registry.pop(message[1], None)
+            elif kind == "admin_result":
+                waiter = self._admin_results.get(message[1])
+                if waiter is not None:
+                    waiter[1].append(message[2])
+                    waiter[0].set()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
+
+    def stop(self) -> None:
+        """Stop accepting, let the PublisherBroker store and answer what it has, then the
+        ConsumerBroker tell its consumers and save its state; release the lock."""
+        self._stopping.set()
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.close()
+        for name in ("publisher", "consumer"):
+            child = self._children[name]
+            if child.process is None:
+                continue
+            if child.control is not None:
+                with self._control_lock, contextlib.suppress(OSError):
+                    protocol.send(child.control, {"op": "stop"})
+            child.process.join(15)
+            if child.process.is_alive():
+                log.error("the %s broker did not stop in 15 s; killing it", name)
+                child.process.kill()
+                child.process.join(5)
+            self._drain_status(child)
+            self._close_child_channels(child)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / PID_FILE).unlink()
+        if self._lock.is_locked:
+            self._lock.release()
+        log.info("broker stopped")
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _accept_loop(self, listener: Listener) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._handshake, args=(conn,), daemon=True)
+            thread.start()
+
+    def _handshake(self, conn: Connection) -> None:
+        """Authenticate, read hello, then hand the socket to a child (or serve admin)."""
+        timer = threading.Timer(self.settings.handshake_timeout_s, conn.close)
+        timer.start()
+        try:
+            try:
+                deliver_challenge(conn, self._authkey)
+                answer_challenge(conn, self._authkey)
+            except Exception as exc:  # AuthenticationError, EOFError, OSError
+                raise AuthenticationError(f"authentication failed: {exc}") from None
+            hello = protocol.receive(conn)
+            if hello.get("op") != "hello":
+                raise ProtocolError("the first frame must be 'hello'")
+            if hello.get("version") != protocol.PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"protocol version {hello.get('version')!r} is not supported; "
+                    f"this broker speaks {protocol.PROTOCOL_VERSION}"
+                )
+            role = hello.get("role")
+            if role not in ("publisher", "consumer", "admin"):
+                raise ProtocolError("role must be 'publisher', 'consumer' or 'admin'")
+            client_id = f"{role[0]}{next(self._client_ids)}-{hello.get('pid', '?')}"
+            protocol.send(
+                conn,
+                {"op": "welcome", "version": protocol.PROTOCOL_VERSION, "client_id": client_id},
+            )
+            timer.cancel()
+        except (SpoolError, EOFError, OSError) as exc:
+            timer.cancel()
+            log.info("refused a connection: %s", exc)
+            if isinstance(exc, SpoolError):
+                with contextlib.suppress(OSError):
+                    protocol.send(conn, protocol.error_frame(exc))
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
+        with self._registry_lock:
+            self.registry[client_id] = {
+                "role": role,
+                "pid": hello.get("pid"),
+                "name": str(hello.get("name", ""))[:100],
+                "since": time.time(),
+            }
+        if role == "admin":
+            self._serve_admin(conn, client_id)
+            return
+        child = self._children["publisher" if role == "publisher" else "consumer"]
+        try:
+            with self._control_lock:
+                if child.control is None:
+                    raise OSError("child is restarting")
+                send_control(child.control, {"op": "client", "client_id": client_id}, conn.fileno())
+        except OSError:
+            log.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
+            with self._registry_lock:
+                self.registry.pop(client_id, None)
+        conn.close()
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def _serve_admin(self, conn: Connection, client_id: str) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    frame = protocol.receive(conn)
+                except (EOFError, OSError):
+                    return
+                except SpoolError as exc:
+                    protocol.send(conn, protocol.error_frame(exc))
+                    return
+                if frame.get("op") == "bye":
+                    return
+                try:
+                    reply = self.admin(frame)
+                except SpoolError as exc:
+                    reply = protocol.error_frame(exc)
+                reply["id"] = frame.get("id")
+                protocol.send(conn, reply)
+        finally:
+            with self._registry_lock:
+                self.registry.pop(client_id, None)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def admin(self, frame: dict[str, Any]) -> dict[str, Any]:
+        action = frame.get("action")
+        if frame.get("op") != "admin":
+            raise ProtocolError("an admin connection sends 'admin' frames")
+        if action == "stats":
+            with self._registry_lock:
+                clients = list(self.registry.values())
+            return {
+                "op": "ok",
+                "pid": os.getpid(),
+                "publisher": self._children["publisher"].stats,
+                "consumer": self._children["consumer"].stats,
+                "restarts": {name: c.restarts for name, c in self._children.items()},
+                "pids": {
+                    name: (c.process.pid if c.process is not None else None)
+                    for name, c in self._children.items()
+                },
+                "clients": {
+                    role: sum(1 for c in clients if c["role"] == role)
+                    for role in ("publisher", "consumer", "admin")
+                },
+            }
+        if action in ("describe_groups", "reset_group"):
+            return self._ask_consumer_broker(frame)
+        raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
+
+    def _ask_consumer_broker(self, frame: dict[str, Any]) -> dict[str, Any]:
+        child = self._children["consumer"]
+        request_id = next(self._admin_ids)
+        event = threading.Event()
+        answer: list[Any] = []
+        self._admin_results[request_id] = (event, answer)
+        try:
+            with self._control_lock:
+                if child.control is None:
+                    raise SpoolError("the consumer broker is restarting; try again")
+                protocol.send(
+                    child.control, {"op": "admin", "request_id": request_id, "body": frame}
+                )
+            if not event.wait(15):
+                raise SpoolError("the consumer broker did not answer in 15 s")
+            return dict(answer[0])
+        finally:
+            self._admin_results.pop(request_id, None)

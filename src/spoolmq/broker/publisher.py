@@ -1,0 +1,403 @@
+"""The PublisherBroker process: receives publish frames, stores them with group commit,
+answers each publisher with its offsets only once they are stored at the asked ACK level.
+
+Group commit: every frame that arrived while the previous batch was being written is read
+in the next ``loop()`` step, and each partition touched gets one write and one fsync for
+all of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from queue import Full
+from typing import Any
+
+from spoolmq import protocol
+from spoolmq.broker.process import child_setup, receive_fd
+from spoolmq.errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    SerializationError,
+    SpoolError,
+    StorageError,
+)
+from spoolmq.store import Log
+from spoolmq.store.log import delay_to_deliver_at, normalize_acks
+from spoolmq.store.names import check_topic
+from spoolmq.store.record import EncodedMessage, Message, encode_message
+from spoolmq.store.state import now_ms
+
+log = logging.getLogger("spoolmq.publisher")
+
+# How many frames one connection may contribute to one group commit, so one busy
+# publisher cannot starve the others.
+_FRAMES_PER_CONNECTION = 16
+
+
+@dataclass(slots=True)
+class _Client:
+    conn: Connection
+    client_id: str
+    frames: int = 0
+    messages: int = 0
+
+
+@dataclass(slots=True)
+class _Frame:
+    client: _Client
+    frame_id: Any
+    acks: str
+    results: list[dict[str, Any] | None]
+    pending: int = 0
+
+
+@dataclass(slots=True)
+class _Item:
+    frame: _Frame
+    index: int
+    encoded: EncodedMessage
+
+
+@dataclass(slots=True)
+class PublisherStats:
+    frames: int = 0
+    messages: int = 0
+    batches: int = 0
+    errors: int = 0
+    by_topic: dict[str, int] = field(default_factory=dict)
+
+
+def _decode_bytes(text: Any, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise SerializationError(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise SerializationError(f"{what} is not valid base64") from None
+
+
+def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str, Message]:
+    """Validate one message of a publish frame and build the store's Message."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("each message must be a JSON object")
+    unknown = set(raw) - {
+        "topic",
+        "value",
+        "value_b64",
+        "key",
+        "key_b64",
+        "headers",
+        "tags",
+        "partition",
+        "delay_ms",
+        "deliver_at",
+        "ttl_ms",
+        "sequence",
+    }
+    if unknown:
+        raise ProtocolError(f"unknown message field(s): {', '.join(sorted(unknown))[:200]}")
+    topic = check_topic(raw.get("topic"))
+    value = _decode_bytes(raw["value_b64"], "value_b64") if "value_b64" in raw else raw.get("value")
+    key = _decode_bytes(raw["key_b64"], "key_b64") if "key_b64" in raw else raw.get("key")
+    headers = raw.get("headers")
+    if headers is not None:
+        if not isinstance(headers, list):
+            raise SerializationError("headers must be a list of [name, value] pairs")
+        converted = []
+        for entry in headers:
+            if not isinstance(entry, list) or len(entry) not in (2, 3):
+                raise SerializationError("each header must be [name, value] or [name, b64, 'b64']")
+            if len(entry) == 3:
+                if entry[2] != "b64":
+                    raise SerializationError("a 3-item header must end with 'b64'")
+                converted.append((entry[0], _decode_bytes(entry[1], "a header value")))
+            else:
+                converted.append((entry[0], entry[1]))
+        headers = converted
+    delay_ms = raw.get("delay_ms")
+    ttl_ms = raw.get("ttl_ms")
+    for name, number in (("delay_ms", delay_ms), ("ttl_ms", ttl_ms)):
+        if number is not None and (not isinstance(number, int | float) or isinstance(number, bool)):
+            raise InvalidArgumentError(f"{name} must be a number")
+    deliver_at, expires_at = delay_to_deliver_at(
+        None if delay_ms is None else delay_ms / 1000,
+        raw.get("deliver_at"),
+        None if ttl_ms is None else ttl_ms / 1000,
+        now,
+    )
+    sequence = raw.get("sequence")
+    return topic, Message(
+        value=value,
+        key=key,
+        headers=headers,
+        tags=raw.get("tags"),
+        deliver_at=deliver_at,
+        expires_at=expires_at,
+        producer_id=producer_id if sequence is not None else None,
+        sequence=sequence,
+        partition=raw.get("partition"),
+    )
+
+
+class PublisherBroker:
+    """One ``loop()`` step: wait for frames, read every ready one, store, answer."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        control: Connection,
+        parent_watch: Connection,
+        status: Any,
+        *,
+        store_settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.control = control
+        self.parent_watch = parent_watch
+        self.status = status
+        self.log = Log(data_dir, config=store_settings or None)
+        self.clients: dict[Connection, _Client] = {}
+        self.notices: Connection | None = None
+        self.stats = PublisherStats()
+        self.stopping = False
+        self._last_stats = 0.0
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._report(("ready", "publisher", os.getpid()))
+        try:
+            while not self.stopping:
+                self.loop(timeout=1.0)
+            self._drain()
+        finally:
+            self.close()
+
+    def loop(self, timeout: float | None) -> None:
+        waitables: list[Any] = [self.control, self.parent_watch, *self.clients]
+        ready = wait(waitables, timeout)
+        if self.parent_watch in ready:
+            log.error("the manager is gone; stopping")
+            self.stopping = True
+        if self.control in ready:
+            self._handle_control()
+        frames: list[tuple[_Client, dict[str, Any]]] = []
+        for conn in ready:
+            client = self.clients.get(conn)  # type: ignore[call-overload]
+            if client is not None:
+                self._read_frames(client, frames)
+        if frames:
+            self._commit(frames)
+        if time.monotonic() - self._last_stats >= 1.0:
+            self._last_stats = time.monotonic()
+            self._report(("stats", "publisher", self._stats_dict()))
+
+    def _drain(self) -> None:
+        """On stop: store and answer every publish already received."""
+        frames: list[tuple[_Client, dict[str, Any]]] = []
+        for client in list(self.clients.values()):
+            self._read_frames(client, frames, limit=1_000_000)
+        if frames:
+            self._commit(frames)
+
+    def _read_frames(
+        self,
+        client: _Client,
+        frames: list[tuple[_Client, dict[str, Any]]],
+        limit: int = _FRAMES_PER_CONNECTION,
+    ) -> None:
+        conn = client.conn
+        for _ in range(limit):
+            try:
+                if not conn.poll(0):
+                    return
+                data = conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+            except (EOFError, OSError) as exc:
+                self._drop(client, f"connection closed ({type(exc).__name__})")
+                return
+            try:
+                frame = protocol.decode(data)
+                op = protocol.check_client_frame(frame)
+                if op == "bye":
+                    self._drop(client, "said bye")
+                    return
+                if op != "publish":
+                    raise ProtocolError(f"a publisher connection cannot send {op!r}")
+                frames.append((client, frame))
+            except SpoolError as exc:
+                log.warning("closing publisher %s: bad frame: %s", client.client_id, exc)
+                self._send(client, protocol.error_frame(exc))
+                self._drop(client, f"bad frame: {exc}")
+                return
+
+    def _commit(self, frames: list[tuple[_Client, dict[str, Any]]]) -> None:
+        """Validate every message, append per partition (one write + fsync), answer."""
+        now = now_ms()
+        batches: dict[tuple[str, int], list[_Item]] = defaultdict(list)
+        levels: dict[tuple[str, int], str] = {}
+        answered: list[_Frame] = []
+        for client, raw in frames:
+            messages = raw.get("messages")
+            producer_id = raw.get("producer_id")
+            try:
+                acks = normalize_acks(raw.get("acks", "all"))
+                if not isinstance(messages, list) or not messages:
+                    raise ProtocolError("a publish frame needs a non-empty 'messages' list")
+                if producer_id is not None and not isinstance(producer_id, str):
+                    raise ProtocolError("producer_id must be a string")
+            except SpoolError as exc:
+                self._send(client, protocol.error_frame(exc, id=raw.get("id")))
+                continue
+            frame = _Frame(client, raw.get("id"), acks, [None] * len(messages))
+            answered.append(frame)
+            client.frames += 1
+            self.stats.frames += 1
+            for index, item in enumerate(messages):
+                try:
+                    topic, message = message_from_wire(item, producer_id, now)
+                    config = self.log.topic_config(topic, create=True)
+                    partition = self.log.choose_partition(
+                        topic, config, message.key, message.partition
+                    )
+                    encoded = encode_message(message, max_bytes=self.log.config.max_message_bytes)
+                except SpoolError as exc:
+                    frame.results[index] = {"error": exc.code, "message": str(exc)}
+                    self.stats.errors += 1
+                    continue
+                batches[(topic, partition)].append(_Item(frame, index, encoded))
+                frame.pending += 1
+                if acks == "all" or levels.get((topic, partition)) != "all":
+                    levels[(topic, partition)] = acks
+        appended: list[list[Any]] = []
+        for (topic, partition), items in batches.items():
+            level = levels[(topic, partition)]
+            try:
+                positions = self.log.append_encoded(
+                    topic,
+                    partition,
+                    [item.encoded for item in items],
+                    "all" if level == "all" else "1",
+                )
+            except SpoolError as exc:
+                if not isinstance(exc, StorageError):
+                    log.exception("append to %s/%d failed", topic, partition)
+                else:
+                    log.error("append to %s/%d failed: %s", topic, partition, exc)
+                for item in items:
+                    item.frame.results[item.index] = {"error": exc.code, "message": str(exc)}
+                self.stats.errors += len(items)
+                continue
+            self.stats.batches += 1
+            self.stats.messages += len(items)
+            self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(items)
+            for item, position in zip(items, positions, strict=True):
+                result: dict[str, Any] = {
+                    "partition": partition,
+                    "offset": position.offset,
+                    "timestamp": position.timestamp,
+                }
+                if position.duplicate:
+                    result["duplicate"] = True
+                item.frame.results[item.index] = result
+                item.frame.client.messages += 1
+            appended.append([topic, partition, positions[-1].offset + 1])
+        if appended:
+            self._notify(appended)
+        for frame in answered:
+            if frame.acks != "0":
+                self._send(
+                    frame.client,
+                    {"op": "published", "id": frame.frame_id, "results": frame.results},
+                )
+
+    def _notify(self, appended: list[list[Any]]) -> None:
+        """Tell the ConsumerBroker which partitions grew (small frames: atomic pipe writes)."""
+        if self.notices is None:
+            return
+        for start in range(0, len(appended), 20):
+            try:
+                self.notices.send_bytes(
+                    protocol.encode({"op": "appended", "a": appended[start : start + 20]})
+                )
+            except OSError:
+                self.notices = None  # the ConsumerBroker is restarting; it rescans on start
+                return
+
+    # -- control and clients -------------------------------------------------------------------
+
+    def _handle_control(self) -> None:
+        try:
+            frame = protocol.receive(self.control)
+        except (EOFError, OSError):
+            self.stopping = True
+            return
+        op = frame.get("op")
+        if op == "client":
+            fd = receive_fd(self.control)
+            conn = Connection(fd)
+            self.clients[conn] = _Client(conn, str(frame.get("client_id")))
+        elif op == "notices":
+            fd = receive_fd(self.control)
+            if self.notices is not None:
+                self.notices.close()
+            self.notices = Connection(fd, readable=False)
+        elif op == "stop":
+            self.stopping = True
+
+    def _send(self, client: _Client, frame: dict[str, Any]) -> None:
+        try:
+            client.conn.send_bytes(protocol.encode(frame))
+        except OSError:
+            self._drop(client, "connection lost while answering")
+
+    def _drop(self, client: _Client, reason: str) -> None:
+        if self.clients.pop(client.conn, None) is None:
+            return
+        log.info("publisher %s left: %s", client.client_id, reason)
+        with contextlib.suppress(OSError):
+            client.conn.close()
+        self._report(("disconnected", client.client_id))
+
+    def _report(self, message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(Full, OSError, ValueError):
+            self.status.put_nowait(message)
+
+    def _stats_dict(self) -> dict[str, Any]:
+        return {
+            "frames": self.stats.frames,
+            "messages": self.stats.messages,
+            "batches": self.stats.batches,
+            "errors": self.stats.errors,
+            "by_topic": dict(self.stats.by_topic),
+            "publishers": len(self.clients),
+        }
+
+    def close(self) -> None:
+        for client in list(self.clients.values()):
+            self._drop(client, "broker stopping")
+        self.log.close()
+        self._report(("stats", "publisher", self._stats_dict()))
+
+
+def publisher_main(
+    data_dir: str,
+    control: Connection,
+    parent_watch: Connection,
+    status: Any,
+    log_level: str,
+    store_settings: dict[str, Any],
+) -> None:
+    """Entry point of the PublisherBroker process (spawned by the manager)."""
+    child_setup("publisher", log_level)
+    PublisherBroker(
+        Path(data_dir), control, parent_watch, status, store_settings=store_settings
+    ).run()

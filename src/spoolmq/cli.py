@@ -1,0 +1,684 @@
+"""The ``spoolmq`` command: a thin layer over the library.
+
+Every command takes ``--data DIR`` (else ``$SPOOLMQ_DATA``, else ``./queue_data``). A
+user's mistake is one line on stderr and exit status 2; listings take ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from spoolmq.config import TopicConfig, parse_duration_ms, resolve_data_dir
+from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    Console().print(table)
+
+
+def _data(args: argparse.Namespace) -> Path:
+    return resolve_data_dir(args.data)
+
+
+# -- broker -------------------------------------------------------------------------------
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from spoolmq.broker import BrokerManager, BrokerSettings
+    from spoolmq.client.connection import parse_address
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s manager[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    listen = parse_address(args.listen) if args.listen else None
+    manager = BrokerManager(
+        BrokerSettings(data_dir=_data(args), listen=listen, log_level=args.log_level)
+    )
+    return manager.run()
+
+
+# -- publish and consume ------------------------------------------------------------------------
+
+
+def _parse_headers(items: Sequence[str]) -> list[tuple[str, str]]:
+    headers = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidArgumentError(f"a header is NAME=VALUE, not {item!r}")
+        headers.append((name, value))
+    return headers
+
+
+def _parse_value(text: str) -> Any:
+    """A JSON value if the text is JSON, else the text as a string."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from spoolmq.client import Publisher
+
+    headers = _parse_headers(args.header or [])
+    options = {
+        "key": args.key,
+        "headers": headers or None,
+        "tags": args.tag or None,
+        "delay": args.delay,
+        "ttl": args.ttl,
+        "acks": args.acks,
+    }
+    with Publisher(data=args.data) as publisher:
+        if args.value is not None:
+            values = [_parse_value(args.value)]
+        else:
+            values = []
+            for number, line in enumerate(sys.stdin, 1):
+                if not line.strip():
+                    continue
+                try:
+                    values.append(orjson.loads(line))
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidArgumentError(f"stdin line {number} is not JSON: {exc}") from None
+        futures = [publisher.publish_async(args.topic, value, **options) for value in values]
+        publisher.flush()
+        for future in futures:
+            position = future.result()
+            sys.stdout.write(
+                orjson.dumps(
+                    {
+                        "topic": position.topic,
+                        "partition": position.partition,
+                        "offset": position.offset,
+                    }
+                ).decode()
+                + "\n"
+            )
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from spoolmq.client import Consumer
+
+    count = 0
+    with Consumer(
+        args.topic, args.group, data=args.data, start=args.start, auto_ack=args.no_ack
+    ) as consumer:
+        while args.max is None or count < args.max:
+            message = consumer.receive(timeout=args.timeout)
+            if message is None:
+                break
+            key = message.key
+            value = message.value
+            sys.stdout.write(
+                orjson.dumps(
+                    {
+                        "topic": message.topic,
+                        "partition": message.partition,
+                        "offset": message.offset,
+                        "key": key.hex() if isinstance(key, bytes) else key,
+                        "value": value.hex() if isinstance(value, bytes) else value,
+                        "headers": [
+                            [n, v.hex() if isinstance(v, bytes) else v] for n, v in message.headers
+                        ],
+                        "timestamp": message.timestamp,
+                        "attempt": message.attempt,
+                    }
+                ).decode()
+                + "\n"
+            )
+            sys.stdout.flush()
+            if not args.no_ack:
+                message.ack()
+            count += 1
+    return 0
+
+
+# -- topics ------------------------------------------------------------------------------------
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from spoolmq.store import Log
+
+    with Log(_data(args)) as log:
+        if args.action == "create":
+            settings: dict[str, Any] = {"partitions": args.partitions}
+            if args.retention is not None:
+                settings["retention_ms"] = parse_duration_ms(args.retention)
+            if args.compact:
+                settings["cleanup_policy"] = "compact"
+            config = log.create_topic(args.name, exist_ok=False, **settings)
+            if args.json:
+                _print_json({"name": args.name, **config.as_dict()})
+            else:
+                print(f"created topic {args.name} with {config.partitions} partition(s)")
+        elif args.action == "list":
+            topics = log.topics()
+            if args.json:
+                _print_json([{"name": n, **c.as_dict()} for n, c in topics.items()])
+            else:
+                _table(
+                    "topics",
+                    ["topic", "partitions", "retention", "cleanup"],
+                    [
+                        [n, c.partitions, _duration(c.retention_ms), c.cleanup_policy]
+                        for n, c in topics.items()
+                    ],
+                )
+        elif args.action == "describe":
+            config = log.topic_config(args.name)
+            rows = []
+            for partition in range(config.partitions):
+                rows.append(
+                    {
+                        "partition": partition,
+                        "log_start_offset": log.log_start_offset(args.name, partition),
+                        "log_end_offset": log.log_end_offset(args.name, partition),
+                        "segments": len(log.partition_log(args.name, partition).segment_bases()),
+                    }
+                )
+            if args.json:
+                _print_json({"name": args.name, **config.as_dict(), "partitions": rows})
+            else:
+                _table(
+                    f"topic {args.name} ({config.cleanup_policy}, retention "
+                    f"{_duration(config.retention_ms)})",
+                    ["partition", "log start", "log end", "segments"],
+                    [list(r.values()) for r in rows],
+                )
+        elif args.action == "delete":
+            _refuse_if_broker_running(_data(args), "delete a topic")
+            log.delete_topic(args.name)
+            print(f"deleted topic {args.name}")
+    return 0
+
+
+def _duration(ms: int) -> str:
+    if ms < 0:
+        return "forever"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def _broker_running(data: Path) -> bool:
+    from filelock import FileLock, Timeout
+
+    from spoolmq.broker.manager import LOCK_FILE
+
+    if not (data / LOCK_FILE).exists():
+        return False
+    lock = FileLock(str(data / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def _refuse_if_broker_running(data: Path, what: str) -> None:
+    if _broker_running(data):
+        raise GroupActiveError(f"a broker is running on {data}; stop it to {what}")
+
+
+# -- groups ------------------------------------------------------------------------------------
+
+
+def _group_rows(data: Path, group: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Per group, one row per partition; live from the broker when one runs."""
+    if _broker_running(data):
+        from spoolmq.client import Admin
+
+        with Admin(data) as admin:
+            live = admin.describe_groups()
+        result = {name: info["partitions"] for name, info in live.items()}
+    else:
+        result = {}
+    from spoolmq.store import Log
+
+    with Log(data) as log:
+        for name in log.state.groups():
+            if name in result:
+                continue
+            rows = []
+            for (topic, partition), committed in sorted(log.state.committed_offsets(name).items()):
+                end = log.log_end_offset(topic, partition)
+                rows.append(
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "committed": committed,
+                        "log_end_offset": end,
+                        "lag": max(0, end - committed),
+                        "in_flight": 0,
+                        "consumers": [],
+                    }
+                )
+            result[name] = rows
+    if group is not None:
+        if group not in result:
+            raise InvalidArgumentError(f"no consumer group {group!r}")
+        return {group: result[group]}
+    return result
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    data = _data(args)
+    if args.action == "reset":
+        return _reset_group(args, data)
+    groups = _group_rows(data, args.group if args.action == "describe" else None)
+    if args.action == "list":
+        summary = [
+            {
+                "group": name,
+                "partitions": len(rows),
+                "lag": sum(r["lag"] for r in rows),
+                "in_flight": sum(r["in_flight"] for r in rows),
+            }
+            for name, rows in sorted(groups.items())
+        ]
+        if args.json:
+            _print_json(summary)
+        else:
+            _table(
+                "groups",
+                ["group", "partitions", "lag", "in flight"],
+                [list(s.values()) for s in summary],
+            )
+        return 0
+    rows = groups[args.group]
+    if args.json:
+        _print_json(rows)
+    else:
+        _table(
+            f"group {args.group}",
+            [
+                "topic",
+                "partition",
+                "committed offset",
+                "log end offset",
+                "lag",
+                "in-flight",
+                "consumer",
+            ],
+            [
+                [
+                    r["topic"],
+                    r["partition"],
+                    r["committed"],
+                    r["log_end_offset"],
+                    r["lag"],
+                    r["in_flight"],
+                    ", ".join(r["consumers"]),
+                ]
+                for r in rows
+            ],
+        )
+    return 0
+
+
+def _reset_group(args: argparse.Namespace, data: Path) -> int:
+    from spoolmq.store import Log
+
+    with Log(data) as log:
+        config = log.topic_config(args.topic)
+        current = log.state.committed_offsets(args.group, args.topic)
+        targets: dict[tuple[str, int], int] = {}
+        for partition in range(config.partitions):
+            start = log.log_start_offset(args.topic, partition)
+            end = log.log_end_offset(args.topic, partition)
+            if args.to_earliest:
+                target = start
+            elif args.to_latest:
+                target = end
+            elif args.to_offset is not None:
+                target = min(max(args.to_offset, start), end)
+            else:
+                moment = _parse_datetime(args.to_datetime)
+                target = log.offset_for_timestamp(args.topic, partition, moment)
+            targets[(args.topic, partition)] = target
+        changes = [
+            {
+                "topic": t,
+                "partition": p,
+                "from": current.get((t, p)),
+                "to": o,
+            }
+            for (t, p), o in sorted(targets.items())
+        ]
+        if args.json:
+            _print_json({"group": args.group, "executed": args.execute, "changes": changes})
+        else:
+            _table(
+                f"reset of group {args.group}"
+                + ("" if args.execute else " (dry run: add --execute)"),
+                ["topic", "partition", "from", "to"],
+                [list(c.values()) for c in changes],
+            )
+        if not args.execute:
+            return 0
+        if _broker_running(data):
+            from spoolmq.client import Admin
+
+            with Admin(data) as admin:
+                admin.reset_group(args.group, targets)
+        else:
+            log.state.commit_offsets(args.group, targets)
+    return 0
+
+
+def _parse_datetime(text: str) -> int:
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"not an ISO date-time: {text!r} (e.g. 2026-11-22T09:30:00+00:00)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as a user typing a time means
+    return int(moment.timestamp() * 1000)
+
+
+# -- dlq, stats, check --------------------------------------------------------------------------
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from spoolmq.store import Log
+    from spoolmq.store.names import dlq_topic
+
+    name = dlq_topic(args.topic)
+    with Log(_data(args)) as log:
+        if name not in log.topics():
+            rows: list[dict[str, Any]] = []
+        else:
+            config = log.topic_config(name)
+            rows = []
+            for partition in range(config.partitions):
+                for record in log.reader(name, partition):
+                    headers = {h: v for h, v in record.headers if isinstance(v, str)}
+                    rows.append(
+                        {
+                            "dlq_partition": partition,
+                            "dlq_offset": record.offset,
+                            "topic": headers.get("x-dlq-topic"),
+                            "partition": headers.get("x-dlq-partition"),
+                            "offset": headers.get("x-dlq-offset"),
+                            "group": headers.get("x-dlq-group"),
+                            "attempts": headers.get("x-dlq-attempts"),
+                            "reason": headers.get("x-dlq-reason"),
+                            "key": record.key
+                            if not isinstance(record.key, bytes)
+                            else record.key.hex(),
+                            "value": record.value
+                            if not isinstance(record.value, bytes)
+                            else record.value.hex(),
+                            "record": record,
+                        }
+                    )
+        if args.action == "list":
+            if args.json:
+                _print_json([{k: v for k, v in r.items() if k != "record"} for r in rows])
+            else:
+                _table(
+                    f"dead letters of {args.topic}",
+                    ["offset", "from", "group", "attempts", "reason", "key"],
+                    [
+                        [
+                            r["dlq_offset"],
+                            f"{r['topic']}/{r['partition']}@{r['offset']}",
+                            r["group"],
+                            r["attempts"],
+                            r["reason"],
+                            r["key"],
+                        ]
+                        for r in rows
+                    ],
+                )
+            return 0
+        # replay: republish each dead letter to its topic once (idempotent per DLQ offset)
+        replayed = 0
+        from spoolmq.store import Message
+
+        for row in rows:
+            record = row["record"]
+            kept = [(h, v) for h, v in record.headers if not h.startswith("x-dlq-")]
+            position = log.append_batch(
+                args.topic,
+                [
+                    Message(
+                        value=record.value,
+                        key=record.key,
+                        headers=kept,
+                        tags=record.tags,
+                        producer_id=f"dlq-replay:{name}:{row['dlq_partition']}",
+                        sequence=record.offset,
+                    )
+                ],
+            )[0]
+            if not position.duplicate:
+                replayed += 1
+        if args.json:
+            _print_json({"replayed": replayed, "already_replayed": len(rows) - replayed})
+        else:
+            print(
+                f"replayed {replayed} dead letter(s) to {args.topic}; "
+                f"{len(rows) - replayed} had been replayed before"
+            )
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from spoolmq.client import Admin
+
+    with Admin(args.data) as admin:
+        stats = admin.stats()
+    stats.pop("id", None)
+    stats.pop("op", None)
+    if args.json:
+        _print_json(stats)
+    else:
+        rows = [["broker pid", stats["pid"]]]
+        rows += [[f"{k} clients", v] for k, v in stats["clients"].items()]
+        rows += [[f"published {k}", v] for k, v in stats["publisher"].items() if k != "by_topic"]
+        rows += [[f"consumer {k}", v] for k, v in stats["consumer"].items()]
+        rows += [[f"{k} restarts", v] for k, v in stats["restarts"].items()]
+        _table("broker", ["figure", "value"], rows)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from spoolmq.store import Log
+
+    with Log(_data(args)) as log:
+        problems = log.check(args.topic)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "segment": p.segment,
+                    "position": p.position,
+                    "problem": p.problem,
+                }
+                for p in problems
+            ]
+        )
+    elif problems:
+        for problem in problems:
+            print(f"{problem.segment} byte {problem.position}: {problem.problem}")
+    else:
+        print("no problems found")
+    return 1 if problems else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from spoolmq.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_analytics(args: argparse.Namespace) -> int:
+    try:
+        from spoolmq import analytics
+    except ImportError as exc:  # pragma: no cover - pyspark is a dependency
+        raise InvalidArgumentError(f"the analytics need pyspark: {exc}") from None
+    forwarded = ["--data", str(_data(args))]
+    if args.out:
+        forwarded += ["--out", args.out]
+    if args.master:
+        forwarded += ["--master", args.master]
+    main = getattr(analytics, "main", None)
+    if main is None:
+        raise InvalidArgumentError("the analytics job is not part of this build yet")
+    return int(main(forwarded))
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spoolmq", description="A durable, file-based message and task queue for one host."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--data", help="data directory (default: $SPOOLMQ_DATA or ./queue_data)")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("broker", cmd_broker, "run a broker in the foreground")
+    p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    p = command("publish", cmd_publish, "publish messages (VALUE, or one JSON per stdin line)")
+    p.add_argument("topic")
+    p.add_argument("value", nargs="?", help="a JSON value, or text; omit to read stdin")
+    p.add_argument("--key")
+    p.add_argument("--header", action="append", metavar="NAME=VALUE")
+    p.add_argument("--tag", action="append")
+    p.add_argument("--delay", type=float, help="seconds before it may be delivered")
+    p.add_argument("--ttl", type=float, help="seconds after which it is not delivered")
+    p.add_argument("--acks", default="all", choices=["0", "1", "all"])
+
+    p = command(
+        "consume", cmd_consume, "consume messages as JSON lines, ACKing each after printing"
+    )
+    p.add_argument("topic")
+    p.add_argument("--group", required=True)
+    p.add_argument("--max", type=int, help="stop after this many messages")
+    p.add_argument("--start", default="earliest", choices=["earliest", "latest"])
+    p.add_argument("--timeout", type=float, default=5.0, help="stop after this many idle seconds")
+    p.add_argument("--no-ack", action="store_true", help="at-most-once (auto ACK)")
+
+    p = command("topics", cmd_topics, "create, list, describe or delete topics")
+    p.add_argument("action", choices=["create", "list", "describe", "delete"])
+    p.add_argument("name", nargs="?")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--retention", help="e.g. 14d, 12h, never")
+    p.add_argument("--compact", action="store_true", help="keep the newest record per key")
+    p.add_argument("--json", action="store_true")
+
+    p = command("groups", cmd_groups, "list, describe or reset consumer groups")
+    p.add_argument("action", choices=["list", "describe", "reset"])
+    p.add_argument("group", nargs="?")
+    p.add_argument("--topic")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--to-earliest", action="store_true")
+    target.add_argument("--to-latest", action="store_true")
+    target.add_argument("--to-offset", type=int)
+    target.add_argument("--to-datetime", metavar="ISO")
+    p.add_argument("--execute", action="store_true", help="do the reset (default: show it)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("dlq", cmd_dlq, "list or replay a topic's dead letters")
+    p.add_argument("action", choices=["list", "replay"])
+    p.add_argument("topic")
+    p.add_argument("--json", action="store_true")
+
+    p = command("stats", cmd_stats, "a running broker's figures")
+    p.add_argument("--json", action="store_true")
+
+    p = command("check", cmd_check, "verify every record's checksum and offsets")
+    p.add_argument("topic", nargs="?")
+    p.add_argument("--json", action="store_true")
+
+    p = command(
+        "demo", cmd_demo, "run a broker, publishers and consumers on a fresh data directory"
+    )
+    p.add_argument("--messages", type=int, default=2000)
+    p.add_argument("--no-analytics", action="store_true")
+
+    p = command("analytics", cmd_analytics, "run the Spark analytics job over the store")
+    p.add_argument("--out")
+    p.add_argument("--master")
+    return parser
+
+
+def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.command == "topics" and args.action != "list" and not args.name:
+        parser.error(f"topics {args.action} needs a topic NAME")
+    if args.command == "topics" and args.action == "create":
+        TopicConfig(partitions=args.partitions)
+    if args.command == "groups":
+        if args.action in ("describe", "reset") and not args.group:
+            parser.error(f"groups {args.action} needs a GROUP")
+        if args.action == "reset":
+            if not args.topic:
+                parser.error("groups reset needs --topic")
+            if not (
+                args.to_earliest or args.to_latest or args.to_offset is not None or args.to_datetime
+            ):
+                parser.error(
+                    "groups reset needs one of --to-earliest, --to-latest, --to-offset, "
+                    "--to-datetime"
+                )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _validate(args, parser)
+        handler: Handler = args.handler
+        return handler(args)
+    except SpoolError as exc:
+        sys.stderr.write(f"spoolmq: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""Clients: they speak the wire protocol and never import the broker."""
+
+from spoolmq.client.admin import Admin
+from spoolmq.client.consumer import Consumer, ReceivedMessage
+from spoolmq.client.publisher import Publisher
+from spoolmq.client.workers import run_workers
+
+__all__ = ["Admin", "Consumer", "Publisher", "ReceivedMessage", "run_workers"]

@@ -1,0 +1,54 @@
+"""The admin client: broker stats and live consumer-group views."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from spoolmq import protocol
+from spoolmq.client.connection import Address, connect, resolve
+
+
+class Admin:
+    def __init__(
+        self,
+        data: str | os.PathLike[str] | None = None,
+        *,
+        address: Address | None = None,
+        authkey: bytes | None = None,
+    ) -> None:
+        target, key, _ = resolve(data, address, authkey)
+        self._conn, self.client_id = connect(target, key, "admin")
+        self._ids = 0
+
+    def request(self, action: str, **fields: Any) -> dict[str, Any]:
+        self._ids += 1
+        protocol.send(self._conn, {"op": "admin", "id": self._ids, "action": action, **fields})
+        reply = protocol.receive(self._conn)
+        protocol.raise_if_error(reply)
+        return reply
+
+    def stats(self) -> dict[str, Any]:
+        return self.request("stats")
+
+    def describe_groups(self) -> dict[str, Any]:
+        groups: dict[str, Any] = self.request("describe_groups")["groups"]
+        return groups
+
+    def reset_group(self, group: str, offsets: dict[tuple[str, int], int]) -> int:
+        reply = self.request(
+            "reset_group", group=group, offsets=[[t, p, o] for (t, p), o in offsets.items()]
+        )
+        return int(reply.get("reset", 0))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            protocol.send(self._conn, {"op": "bye"})
+        self._conn.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

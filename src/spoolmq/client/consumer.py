@@ -1,0 +1,390 @@
+"""The Consumer client: registers with a group and receives the messages the broker pushes.
+
+Iterate over it, or give it a handler. At-least-once by default: ``msg.ack()`` after the
+work is done (``msg.nack()`` to retry, ``msg.extend_lease()`` for long work); with
+``auto_ack=True`` every message is final once it is sent (at-most-once). A lost broker
+connection is re-established and the subscription renewed; messages received on the old
+connection are redelivered by the broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from spoolmq import protocol
+from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    ProtocolError,
+    SpoolError,
+    UnknownDeliveryError,
+    error_from_code,
+)
+from spoolmq.store.record import Headers, check_line, record_from_fields
+
+log = logging.getLogger("spoolmq.client")
+
+
+class ReceivedMessage:
+    """A delivered message: the stored record plus its delivery (attempt, lease)."""
+
+    __slots__ = (
+        "_consumer",
+        "_generation",
+        "attempt",
+        "deliver_at",
+        "expires_at",
+        "headers",
+        "key",
+        "offset",
+        "partition",
+        "settled",
+        "tag",
+        "tags",
+        "timestamp",
+        "topic",
+        "value",
+    )
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        generation: int,
+        topic: str,
+        partition: int,
+        tag: int,
+        attempt: int,
+        line: bytes,
+    ) -> None:
+        record = record_from_fields(check_line(line))
+        self._consumer = consumer
+        self._generation = generation
+        self.topic = topic
+        self.partition = partition
+        self.tag = tag
+        self.attempt = attempt
+        self.offset: int = record.offset
+        self.timestamp: int = record.timestamp
+        self.key: str | bytes | None = record.key
+        self.value: Any = record.value
+        self.headers: Headers = record.headers
+        self.tags: tuple[str, ...] = record.tags
+        self.deliver_at: int | None = record.deliver_at
+        self.expires_at: int | None = record.expires_at
+        self.settled = False
+
+    def ack(self, *, wait: bool = True) -> None:
+        """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer
+        is awaited and a refused ACK (lease expired) raises LeaseExpiredError."""
+        self._consumer._settle(self, "ack", wait=wait)
+
+    def nack(
+        self, delay: float | None = None, reason: str | None = None, *, wait: bool = True
+    ) -> None:
+        """Give the message back for a retry, after ``delay`` seconds (default: backoff)."""
+        self._consumer._settle(self, "nack", wait=wait, delay=delay, reason=reason)
+
+    def extend_lease(self, seconds: float) -> None:
+        """Keep the message for ``seconds`` more from now."""
+        self._consumer._extend(self, seconds)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReceivedMessage(topic={self.topic!r}, partition={self.partition}, "
+            f"offset={self.offset}, attempt={self.attempt}, key={self.key!r})"
+        )
+
+
+class Consumer:
+    """A member of a consumer group.
+
+    Args:
+        topics: a topic name or a list of them.
+        group: the consumer group; every group sees every message.
+        data, address, authkey: where the broker is (as for Publisher).
+        prefetch: messages the broker may push ahead of ACKs (default 1).
+        auto_ack: at-most-once delivery: no ACKs, nothing is redelivered.
+        filter: ``{"tags": [...], "headers": {...}}``; only matching messages are delivered.
+        start: where a group with no committed position begins: ``"earliest"`` or ``"latest"``.
+        lease: seconds a delivery is reserved for this consumer before it is redelivered.
+        max_deliveries: attempts before a message goes to ``<topic>.dlq``.
+        retry_backoff, retry_backoff_max: seconds of exponential backoff after a NACK.
+        reconnect_timeout: how long to keep trying to reach a broker that went away.
+    """
+
+    def __init__(
+        self,
+        topics: str | Sequence[str],
+        group: str,
+        *,
+        data: str | os.PathLike[str] | None = None,
+        address: Address | None = None,
+        authkey: bytes | None = None,
+        prefetch: int = 1,
+        auto_ack: bool = False,
+        filter: Mapping[str, Any] | None = None,
+        start: str = "earliest",
+        lease: float = 30.0,
+        max_deliveries: int = 5,
+        retry_backoff: float = 1.0,
+        retry_backoff_max: float = 60.0,
+        reconnect_timeout: float = 60.0,
+        handler: Callable[[ReceivedMessage], Any] | None = None,
+        name: str = "",
+    ) -> None:
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self.topics:
+            raise InvalidArgumentError("a consumer needs at least one topic")
+        self.group = group
+        self.prefetch = prefetch
+        self.auto_ack = auto_ack
+        self.start = start
+        self.handler = handler
+        self.name = name
+        self.reconnect_timeout = reconnect_timeout
+        self._settings: dict[str, Any] = {
+            "lease_ms": int(lease * 1000),
+            "max_deliveries": max_deliveries,
+            "retry_backoff_ms": int(retry_backoff * 1000),
+            "retry_backoff_max_ms": int(retry_backoff_max * 1000),
+            "auto_ack": auto_ack,
+            "filter": dict(filter) if filter else None,
+        }
+        self._address, self._authkey, _ = resolve(data, address, authkey)
+        self._buffer: deque[ReceivedMessage] = deque()
+        self._replies: deque[dict[str, Any]] = deque()
+        self._frame_ids = 0
+        self._generation = 0
+        self._taken = 0
+        self._closed = False
+        self.consumer_id = ""
+        self.refused: list[dict[str, Any]] = []
+        self._conn: Connection | None = None
+        try:
+            self._open()
+        except (EOFError, OSError):  # the broker went away mid-handshake: it restarts
+            self._reconnect()
+
+    # -- connection -----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        conn, self.client_id = connect(self._address, self._authkey, "consumer", self.name)
+        self._conn = conn
+        self._generation += 1
+        self._buffer.clear()
+        self._taken = 0
+        reply = self._request(
+            {
+                "op": "subscribe",
+                "group": self.group,
+                "topics": self.topics,
+                "prefetch": self.prefetch,
+                "start": self.start,
+                "settings": self._settings,
+            }
+        )
+        self.consumer_id = str(reply.get("consumer_id"))
+
+    def _reconnect(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._conn = None
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        while True:
+            try:
+                self._open()
+                log.info("reconnected to the broker as %s", self.consumer_id)
+                return
+            except (BrokerUnavailableError, OSError, EOFError) as exc:
+                if time.monotonic() >= deadline:
+                    raise BrokerUnavailableError(
+                        f"lost the broker and could not reconnect in {self.reconnect_timeout:g} s: "
+                        f"{exc}"
+                    ) from None
+            time.sleep(delay)  # reconnect backoff: there is nothing to wait on until it is back
+            delay = min(delay * 2, 1.0)
+
+    def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Send a frame with an id and read until its answer (buffering deliveries)."""
+        assert self._conn is not None
+        self._frame_ids += 1
+        frame_id = self._frame_ids
+        frame["id"] = frame_id
+        protocol.send(self._conn, frame)
+        while True:
+            reply = self._read_frame(None)
+            if reply is not None and reply.get("id") == frame_id:
+                protocol.raise_if_error(reply)
+                return reply
+            if reply is not None:
+                self._replies.append(reply)
+
+    def _read_frame(self, timeout: float | None) -> dict[str, Any] | None:
+        """Read one frame; deliveries go to the buffer (and None is returned)."""
+        assert self._conn is not None
+        if timeout is not None and not self._conn.poll(timeout):
+            return None
+        data = self._conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+        if data.startswith(b'{"op":"deliver"'):
+            header, lines = protocol.split_delivery(data)
+            items = header.get("m") or []
+            if len(items) != len(lines):
+                raise ProtocolError("a deliver frame's header and records do not match")
+            for (topic, partition, tag, attempt), line in zip(items, lines, strict=True):
+                self._buffer.append(
+                    ReceivedMessage(self, self._generation, topic, partition, tag, attempt, line)
+                )
+            return None
+        frame = protocol.decode(data)
+        if frame.get("op") == "closing":
+            raise EOFError("the broker is shutting down")
+        if frame.get("op") in ("ack_result", "nack_result") and frame.get("id") is None:
+            self.refused.extend(frame.get("refused") or [])
+            for refusal in frame.get("refused") or []:
+                log.warning("the broker refused %s: %s", refusal.get("tag"), refusal.get("message"))
+            return None
+        if frame.get("op") == "error" and frame.get("id") is None:
+            raise error_from_code(str(frame.get("code")), str(frame.get("message")))
+        return frame
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
+        """The next message, waiting up to ``timeout`` seconds (None: forever)."""
+        if self._closed:
+            raise SpoolError("this Consumer is closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._buffer:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                if self._conn is None:
+                    self._reconnect()
+                    continue
+                frame = self._read_frame(remaining if remaining is not None else 1.0)
+            except (EOFError, OSError) as exc:
+                log.warning("lost the broker (%s); reconnecting", exc)
+                self._reconnect()
+                continue
+            if frame is not None:
+                self._replies.append(frame)
+        message = self._buffer.popleft()
+        if self.auto_ack:
+            self._taken += 1
+            if self._taken >= max(1, self.prefetch // 2) or not self._buffer:
+                self._send({"op": "credit", "n": self._taken})
+                self._taken = 0
+        return message
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        while True:
+            message = self.receive()
+            if message is not None:
+                yield message
+
+    def run(
+        self,
+        handler: Callable[[ReceivedMessage], Any] | None = None,
+        *,
+        max_messages: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Call ``handler`` for each message: ACK when it returns, NACK (with the error as the
+        reason) when it raises. Stops after ``max_messages`` or ``idle_timeout`` seconds with
+        nothing to do. Returns how many messages it handled."""
+        handle = handler or self.handler
+        if handle is None:
+            raise InvalidArgumentError("run() needs a handler")
+        handled = 0
+        while max_messages is None or handled < max_messages:
+            message = self.receive(idle_timeout)
+            if message is None:
+                break
+            try:
+                handle(message)
+            except Exception as exc:  # the handler's failure is the message's failure
+                if not self.auto_ack and not message.settled:
+                    message.nack(reason=f"{type(exc).__name__}: {exc}"[:500], wait=False)
+            else:
+                if not self.auto_ack and not message.settled:
+                    message.ack(wait=False)
+            handled += 1
+        return handled
+
+    # -- settling --------------------------------------------------------------------------------
+
+    def _settle(
+        self,
+        message: ReceivedMessage,
+        op: str,
+        *,
+        wait: bool,
+        delay: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        if self.auto_ack:
+            raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
+        if message.settled:
+            raise InvalidArgumentError(f"{message!r} was already acknowledged or nacked")
+        if message._generation != self._generation or self._conn is None:
+            raise UnknownDeliveryError(
+                "the connection this message came on was lost; the broker redelivers it"
+            )
+        frame: dict[str, Any] = {"op": op, "tags": [message.tag]}
+        if op == "nack":
+            if delay is not None:
+                frame["delay_ms"] = int(delay * 1000)
+            if reason is not None:
+                frame["reason"] = reason
+        try:
+            if wait:
+                reply = self._request(frame)
+                refused = reply.get("refused") or []
+                if refused:
+                    raise error_from_code(refused[0]["code"], refused[0]["message"])
+            else:
+                self._send(frame)
+        except (EOFError, OSError):
+            raise UnknownDeliveryError(
+                "lost the broker before it confirmed; the message will be redelivered"
+            ) from None
+        message.settled = True
+
+    def _extend(self, message: ReceivedMessage, seconds: float) -> None:
+        if message._generation != self._generation or self._conn is None:
+            raise UnknownDeliveryError("the connection this message came on was lost")
+        reply = self._request({"op": "extend", "tags": [message.tag], "seconds": seconds})
+        refused = reply.get("refused") or []
+        if refused:
+            raise error_from_code(refused[0]["code"], refused[0]["message"])
+
+    def _send(self, frame: dict[str, Any]) -> None:
+        if self._conn is not None:
+            protocol.send(self._conn, frame)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                protocol.send(self._conn, {"op": "bye"})
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,449 @@
+"""The Publisher client: batches messages into frames, keeps several frames in flight, and
+rides through broker restarts by resending un-ACKed messages with the same producer id and
+sequence numbers (the broker stores each once).
+
+One background I/O thread owns the connection; ``publish()`` and ``publish_async()`` only
+encode the message (so bad input fails in the caller) and queue it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import orjson
+
+from spoolmq import protocol
+from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    PublishTimeoutError,
+    SerializationError,
+    SpoolError,
+    error_from_code,
+)
+from spoolmq.store.log import Position, normalize_acks
+from spoolmq.store.names import check_topic
+from spoolmq.store.record import HeadersInput, has_non_finite, normalize_headers
+
+log = logging.getLogger("spoolmq.client")
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    sequence: int
+    topic: str
+    body: bytes
+    acks: str
+    future: Future[Position]
+    deadline: float
+
+
+def encode_wire_message(
+    topic: str,
+    value: Any,
+    *,
+    key: str | bytes | None,
+    headers: HeadersInput,
+    tags: Sequence[str] | None,
+    partition: int | None,
+    delay: float | None,
+    deliver_at: int | None,
+    ttl: float | None,
+    sequence: int | None,
+) -> bytes:
+    """One message of a publish frame as JSON bytes (validated here, in the caller)."""
+    message: dict[str, Any] = {"topic": check_topic(topic)}
+    if isinstance(value, bytes | bytearray | memoryview):
+        message["value_b64"] = base64.b64encode(bytes(value)).decode("ascii")
+    else:
+        message["value"] = value
+    if isinstance(key, bytes | bytearray):
+        message["key_b64"] = base64.b64encode(bytes(key)).decode("ascii")
+    elif key is not None:
+        if not isinstance(key, str):
+            raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
+        message["key"] = key
+    if headers:
+        message["headers"] = normalize_headers(headers)
+    if tags:
+        message["tags"] = [tags] if isinstance(tags, str) else list(tags)
+    if partition is not None:
+        message["partition"] = partition
+    if delay is not None:
+        if delay < 0:
+            raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
+        message["delay_ms"] = int(delay * 1000)
+    if deliver_at is not None:
+        message["deliver_at"] = deliver_at
+    if ttl is not None:
+        if ttl <= 0:
+            raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
+        message["ttl_ms"] = int(ttl * 1000)
+    if sequence is not None:
+        message["sequence"] = sequence
+    try:
+        body = orjson.dumps(message)
+    except TypeError as exc:
+        raise SerializationError(f"value can't be sent as JSON: {exc}") from None
+    if b"null" in body and has_non_finite(value):
+        raise SerializationError("value contains NaN or infinity, which JSON can't represent")
+    return body
+
+
+class Publisher:
+    """Publishes to a broker. Use as a context manager; leaving the block flushes.
+
+    Args:
+        data: the data directory (default ``$SPOOLMQ_DATA`` or ``./queue_data``).
+        address: ``(host, port)`` of a broker's TCP listener instead of the Unix socket.
+        authkey: the broker's key (default: read from ``<data>/.authkey``).
+        acks: default ACK level, ``"0"``, ``"1"`` or ``"all"`` (fsynced; the default).
+        linger_ms: how long ``publish_async`` messages may wait to fill a frame.
+        batch_size: messages per frame at most.
+        max_in_flight: frames sent and not yet answered at most.
+        delivery_timeout: seconds a message may take, reconnects included, before
+            ``PublishTimeoutError``.
+        producer_id: idempotence id (default: a random one per Publisher).
+    """
+
+    def __init__(
+        self,
+        data: str | os.PathLike[str] | None = None,
+        *,
+        address: Address | None = None,
+        authkey: bytes | None = None,
+        acks: str | int = "all",
+        linger_ms: float = 1.0,
+        batch_size: int = 100,
+        max_in_flight: int = 8,
+        delivery_timeout: float = 120.0,
+        producer_id: str | None = None,
+        name: str = "",
+    ) -> None:
+        if batch_size < 1 or max_in_flight < 1:
+            raise InvalidArgumentError("batch_size and max_in_flight must be at least 1")
+        self._address, self._authkey, _ = resolve(data, address, authkey)
+        self.acks = normalize_acks(acks)
+        self.linger = linger_ms / 1000
+        self.batch_size = batch_size
+        self.max_in_flight = max_in_flight
+        self.delivery_timeout = delivery_timeout
+        self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
+        self.name = name
+        self._sequence = 0
+        self._queue: deque[_Outgoing] = deque()
+        self._urgent = False
+        self._in_flight: dict[int, list[_Outgoing]] = {}
+        self._frame_ids = 0
+        self._outstanding = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._conn: Connection | None = None
+        self.reconnects = 0
+        # Connect once in the caller, so a missing broker or a wrong key fails loudly here.
+        self._conn, self.client_id = connect(self._address, self._authkey, "publisher", name)
+        self._thread = threading.Thread(target=self._io_loop, name="spoolmq-publisher", daemon=True)
+        self._thread.start()
+
+    # -- the public API ----------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        value: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: HeadersInput = None,
+        tags: Sequence[str] | None = None,
+        partition: int | None = None,
+        delay: float | None = None,
+        deliver_at: int | None = None,
+        ttl: float | None = None,
+        acks: str | int | None = None,
+    ) -> Position:
+        """Publish one message and wait for its ACK. ``delay``/``ttl`` are seconds."""
+        future = self._enqueue(
+            topic, value, key, headers, tags, partition, delay, deliver_at, ttl, acks, urgent=True
+        )
+        return future.result()
+
+    def publish_async(
+        self,
+        topic: str,
+        value: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: HeadersInput = None,
+        tags: Sequence[str] | None = None,
+        partition: int | None = None,
+        delay: float | None = None,
+        deliver_at: int | None = None,
+        ttl: float | None = None,
+        acks: str | int | None = None,
+    ) -> Future[Position]:
+        """Queue one message (batched with others); the future resolves on its ACK."""
+        return self._enqueue(
+            topic, value, key, headers, tags, partition, delay, deliver_at, ttl, acks, urgent=False
+        )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued message is answered (or failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._urgent = True
+            self._wake()
+            while self._outstanding:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise PublishTimeoutError(f"{self._outstanding} message(s) still unanswered")
+                self._cond.wait(remaining if remaining is not None else 0.5)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush(self.delivery_timeout)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._wake()
+            self._thread.join(10)
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    protocol.send(self._conn, {"op": "bye"})
+                self._conn.close()
+            self._wake_read.close()
+            self._wake_write.close()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queueing -----------------------------------------------------------------------
+
+    def _enqueue(
+        self,
+        topic: str,
+        value: Any,
+        key: str | bytes | None,
+        headers: HeadersInput,
+        tags: Sequence[str] | None,
+        partition: int | None,
+        delay: float | None,
+        deliver_at: int | None,
+        ttl: float | None,
+        acks: str | int | None,
+        *,
+        urgent: bool,
+    ) -> Future[Position]:
+        level = self.acks if acks is None else normalize_acks(acks)
+        with self._cond:
+            if self._closed:
+                raise SpoolError("this Publisher is closed")
+            sequence = self._sequence
+            body = encode_wire_message(
+                topic,
+                value,
+                key=key,
+                headers=headers,
+                tags=tags,
+                partition=partition,
+                delay=delay,
+                deliver_at=deliver_at,
+                ttl=ttl,
+                sequence=sequence,
+            )
+            self._sequence += 1
+            future: Future[Position] = Future()
+            self._queue.append(
+                _Outgoing(
+                    sequence, topic, body, level, future, time.monotonic() + self.delivery_timeout
+                )
+            )
+            self._outstanding += 1
+            if urgent or len(self._queue) >= self.batch_size:
+                self._urgent = True
+            self._wake()
+        return future
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_write.send(b"x")
+
+    # -- the I/O thread -----------------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed and not self._outstanding:
+                    return
+            try:
+                if self._conn is None:
+                    self._reconnect()
+                    continue
+                self._send_ready_frames()
+                self._wait_and_read()
+            except (EOFError, OSError) as exc:
+                log.warning("lost the broker (%s); reconnecting", exc)
+                if self._conn is not None:
+                    with contextlib.suppress(OSError):
+                        self._conn.close()
+                self._conn = None
+            self._expire()
+
+    def _reconnect(self) -> None:
+        delay = 0.05
+        while True:
+            self._expire()
+            with self._cond:
+                if self._closed and not self._outstanding:
+                    return
+                if not self._outstanding:
+                    # Nothing to send: reconnect lazily, when there is.
+                    self._cond.wait(1.0)
+                    if not self._outstanding:
+                        continue
+            try:
+                self._conn, self.client_id = connect(
+                    self._address, self._authkey, "publisher", self.name
+                )
+            except (BrokerUnavailableError, SpoolError) as exc:
+                log.debug("reconnect failed: %s", exc)
+                with self._cond:
+                    self._cond.wait(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self.reconnects += 1
+            # Resend every unanswered frame, oldest first: same producer id and sequences,
+            # so whatever the broker stored before it went away is not stored twice.
+            with self._cond:
+                resend = [m for _, ms in sorted(self._in_flight.items()) for m in ms]
+                self._in_flight.clear()
+                self._queue.extendleft(reversed(resend))
+                self._urgent = True
+            return
+
+    def _send_ready_frames(self) -> None:
+        assert self._conn is not None
+        while True:
+            with self._cond:
+                if not self._queue or len(self._in_flight) >= self.max_in_flight:
+                    return
+                if not self._urgent and len(self._queue) < self.batch_size:
+                    oldest = self._queue[0].deadline - self.delivery_timeout
+                    if time.monotonic() - oldest < self.linger:
+                        return
+                acks = self._queue[0].acks
+                batch: list[_Outgoing] = []
+                while self._queue and len(batch) < self.batch_size and self._queue[0].acks == acks:
+                    batch.append(self._queue.popleft())
+                if not self._queue:
+                    self._urgent = False
+                self._frame_ids += 1
+                frame_id = self._frame_ids
+                if acks != "0":
+                    self._in_flight[frame_id] = batch
+            head = b'{"op":"publish","id":%d,"acks":"%s","producer_id":"%s","messages":[' % (
+                frame_id,
+                acks.encode(),
+                self.producer_id.encode(),
+            )
+            self._conn.send_bytes(head + b",".join(m.body for m in batch) + b"]}")
+            if acks == "0":
+                for item in batch:
+                    self._resolve(item, Position(item.topic, -1, -1, -1))
+
+    def _wait_and_read(self) -> None:
+        assert self._conn is not None
+        with self._cond:
+            if self._queue and not self._urgent and len(self._in_flight) < self.max_in_flight:
+                oldest = self._queue[0].deadline - self.delivery_timeout
+                timeout: float | None = max(0.0, self.linger - (time.monotonic() - oldest))
+            else:
+                timeout = 1.0
+        ready = wait([self._conn, self._wake_read], timeout)
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._wake_read.recv(4096)
+        if self._conn in ready:
+            while self._conn.poll(0):
+                self._handle_reply(protocol.receive(self._conn))
+
+    def _handle_reply(self, frame: dict[str, Any]) -> None:
+        frame_id = frame.get("id")
+        with self._cond:
+            batch = self._in_flight.pop(frame_id, None) if isinstance(frame_id, int) else None
+        if frame.get("op") == "error":
+            error = error_from_code(str(frame.get("code")), str(frame.get("message")))
+            if batch is None:
+                raise OSError(f"the broker closed this connection: {error}")
+            for item in batch:
+                self._fail(item, error)
+            return
+        if batch is None:
+            return
+        results = frame.get("results") or []
+        for item, result in zip(batch, results, strict=False):
+            if "error" in result:
+                self._fail(item, error_from_code(result["error"], result.get("message", "")))
+            else:
+                position = Position(
+                    item.topic,
+                    result["partition"],
+                    result["offset"],
+                    result.get("timestamp", -1),
+                    bool(result.get("duplicate")),
+                )
+                self._resolve(item, position)
+
+    def _resolve(self, item: _Outgoing, position: Position) -> None:
+        if not item.future.done():
+            item.future.set_result(position)
+        self._done()
+
+    def _fail(self, item: _Outgoing, error: BaseException) -> None:
+        if not item.future.done():
+            item.future.set_exception(error)
+        self._done()
+
+    def _done(self) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            self._cond.notify_all()
+
+    def _expire(self) -> None:
+        """Fail messages whose delivery timeout passed (never a false ACK: an error)."""
+        now = time.monotonic()
+        expired: list[_Outgoing] = []
+        with self._cond:
+            while self._queue and self._queue[0].deadline <= now:
+                expired.append(self._queue.popleft())
+            for frame_id in [f for f, ms in self._in_flight.items() if ms[0].deadline <= now]:
+                expired.extend(self._in_flight.pop(frame_id))
+        for item in expired:
+            self._fail(
+                item,
+                PublishTimeoutError(
+                    f"message {item.sequence} to {item.topic!r} was not acknowledged within "
+                    f"{self.delivery_timeout:g} s (broker unreachable or overloaded); it may or "
+                    "may not have been stored"
+                ),
+            )
