@@ -222,7 +222,8 @@ class Group:
         if slot is None:
             return
         self._rotation.remove(consumer_id)
-        for tag in sorted(slot.in_flight):
+        # Newest first: each goes to the front of the ready queue, so the oldest ends first.
+        for tag in sorted(slot.in_flight, reverse=True):
             pending = self.in_flight.pop(tag, None)
             if pending is not None:
                 self.events.append(Event(now, "released", pending, consumer_id, "consumer left"))

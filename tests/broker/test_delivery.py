@@ -1,0 +1,204 @@
+"""The delivery rules of a consumer group, driven with a fake clock and no processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spoolmq.broker.delivery import Group, GroupSettings, backoff_ms, matches
+from spoolmq.errors import LeaseExpiredError, UnknownDeliveryError
+
+
+def record(offset: int, key: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"offset": offset, "timestamp": 1_000 + offset, "key": key, "headers": [], **extra}
+
+
+def make_group(**settings: Any) -> tuple[Group, Any]:
+    group = Group("billing", GroupSettings(**settings))
+    state = group.add_partition("orders", 0, 0)
+    return group, state
+
+
+def feed(group: Group, state: Any, records: list[dict[str, Any]], now: int = 0) -> None:
+    for fields in records:
+        group.add_record(state, fields, b"line", now)
+
+
+def offsets(delivered: dict[str, list[Any]], consumer: str) -> list[int]:
+    return [p.offset for p in delivered.get(consumer, [])]
+
+
+def test_push_respects_prefetch_and_spreads_over_idle_consumers() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=2, topics=["orders"])
+    group.add_consumer("b", prefetch=1, topics=["orders"])
+    feed(group, state, [record(i) for i in range(5)])
+    sent = group.dispatch(now=0)
+    assert offsets(sent, "a") == [0, 1]
+    assert offsets(sent, "b") == [2]
+    assert group.dispatch(now=0) == {}  # nobody has room until something is acked
+    group.ack(sent["b"][0].tag, "b", now=5)
+    assert offsets(group.dispatch(now=5), "b") == [3]
+
+
+def test_same_key_is_never_in_flight_twice_and_keeps_offset_order() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    group.add_consumer("b", prefetch=10, topics=["orders"])
+    feed(group, state, [record(0, "k"), record(1, "k"), record(2, "other"), record(3, "k")])
+    sent = group.dispatch(now=0)
+    in_flight = sorted(p.offset for ps in sent.values() for p in ps)
+    assert in_flight == [0, 2]  # offsets 1 and 3 wait behind offset 0 of key "k"
+    first = next(p for ps in sent.values() for p in ps if p.offset == 0)
+    group.ack(first.tag, first.consumer or "", now=1)
+    after = group.dispatch(now=1)
+    assert sorted(p.offset for ps in after.values() for p in ps) == [1]
+
+
+def test_nack_retries_with_backoff_then_dead_letters_after_max_deliveries() -> None:
+    group, state = make_group(max_deliveries=3, retry_backoff_ms=100, retry_backoff_max_ms=1_000)
+    group.add_consumer("a", prefetch=1, topics=["orders"])
+    feed(group, state, [record(0, "k")])
+    now = 0
+    attempts = []
+    for _ in range(3):
+        group.run_timers(now)
+        sent = group.dispatch(now)
+        assert len(sent["a"]) == 1, f"nothing redelivered at {now} ms"
+        pending = sent["a"][0]
+        attempts.append(pending.attempt)
+        group.nack(pending.tag, "a", now, delay_ms=None, reason="boom")
+        assert group.dispatch(now) == {}  # backoff: not at once
+        now += backoff_ms(pending.attempt, 100, 1_000)
+    assert attempts == [1, 2, 3]
+    assert [p.offset for p in group.dead] == [0]
+    assert group.dead[0].last_reason == "boom"
+    group.dead_lettered(group.dead.pop(), now)
+    assert state.committed() == 1
+
+
+def test_lease_expiry_redelivers_and_the_late_ack_is_refused() -> None:
+    group, state = make_group(lease_ms=1_000)
+    group.add_consumer("slow", prefetch=1, topics=["orders"])
+    group.add_consumer("fast", prefetch=1, topics=["orders"])
+    feed(group, state, [record(0)])
+    first = group.dispatch(now=0)
+    ((consumer, [pending]),) = first.items()
+    late_tag = pending.tag
+    group.run_timers(now=1_001)
+    again = group.dispatch(now=1_001)
+    redelivered = [p for ps in again.values() for p in ps]
+    assert [(p.offset, p.attempt) for p in redelivered] == [(0, 2)]
+    with pytest.raises(UnknownDeliveryError):
+        group.ack(late_tag, consumer, now=1_002)
+    other = next(iter(again))
+    group.ack(redelivered[0].tag, other, now=1_003)
+    assert state.committed() == 1
+    assert [e.type for e in group.events].count("acked") == 1
+
+
+def test_ack_after_the_lease_but_before_the_timer_is_refused_as_expired() -> None:
+    group, state = make_group(lease_ms=1_000)
+    group.add_consumer("a", prefetch=1, topics=["orders"])
+    feed(group, state, [record(0)])
+    (pending,) = group.dispatch(now=0)["a"]
+    with pytest.raises(LeaseExpiredError):
+        group.ack(pending.tag, "a", now=1_500)
+    assert [p.attempt for p in group.dispatch(now=1_500)["a"]] == [2]
+
+
+def test_extend_lease_keeps_the_delivery() -> None:
+    group, state = make_group(lease_ms=1_000)
+    group.add_consumer("a", prefetch=1, topics=["orders"])
+    feed(group, state, [record(0)])
+    (pending,) = group.dispatch(now=0)["a"]
+    group.extend(pending.tag, "a", now=900, seconds=5)
+    group.run_timers(now=2_000)
+    assert group.dispatch(now=2_000) == {}
+    group.ack(pending.tag, "a", now=5_000)
+    assert state.committed() == 1
+
+
+def test_a_lost_consumer_releases_its_messages_at_once() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=5, topics=["orders"])
+    feed(group, state, [record(i) for i in range(3)])
+    group.dispatch(now=0)
+    group.add_consumer("b", prefetch=5, topics=["orders"])
+    group.remove_consumer("a", now=10)
+    again = group.dispatch(now=10)
+    assert [(p.offset, p.attempt) for p in again["b"]] == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_delayed_message_waits_and_blocks_its_key_only() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(0, "k", deliver_at=5_000), record(1, "k"), record(2, "j")])
+    assert offsets(group.dispatch(now=0), "a") == [2]
+    group.run_timers(now=4_999)
+    assert group.dispatch(now=4_999) == {}
+    group.run_timers(now=5_000)
+    assert offsets(group.dispatch(now=5_000), "a") == [0]
+
+
+def test_expired_message_is_not_delivered_and_is_committed() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(0, expires_at=100), record(1)])
+    assert offsets(group.dispatch(now=200), "a") == [1]
+    assert [e.type for e in group.events if e.pending.offset == 0] == ["expired"]
+    assert state.committed() == 1  # offset 1 still in flight
+
+
+def test_committed_offset_is_the_smallest_unfinished() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(i) for i in range(4)])
+    sent = {p.offset: p for p in group.dispatch(now=0)["a"]}
+    for offset in (1, 3):
+        group.ack(sent[offset].tag, "a", now=1)
+    assert state.committed() == 0
+    group.ack(sent[0].tag, "a", now=2)
+    assert state.committed() == 2
+    group.ack(sent[2].tag, "a", now=3)
+    assert state.committed() == 4
+
+
+def test_auto_ack_is_final_on_send_and_limited_by_credit() -> None:
+    group, state = make_group(auto_ack=True)
+    group.add_consumer("a", prefetch=2, topics=["orders"])
+    group.add_credit("a", 2)
+    feed(group, state, [record(i) for i in range(3)])
+    assert offsets(group.dispatch(now=0), "a") == [0, 1]
+    assert state.committed() == 2
+    assert group.dispatch(now=0) == {}
+    group.add_credit("a", 1)
+    assert offsets(group.dispatch(now=0), "a") == [2]
+
+
+def test_filter_skips_non_matching_messages_and_commits_past_them() -> None:
+    group, state = make_group(filter={"tags": ["vip"]})
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(0, tags=["vip"]), record(1), record(2, tags=["eu", "vip"])])
+    assert offsets(group.dispatch(now=0), "a") == [0, 2]
+    assert group.filtered == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "tags", "headers", "expected"),
+    [
+        (None, [], [], True),
+        ({"tags": ["a"]}, ["b"], [], False),
+        ({"tags": ["a", "b"]}, ["b"], [], True),
+        ({"headers": {"kind": "refund"}}, [], [["kind", "refund"]], True),
+        ({"headers": {"kind": "refund"}}, [], [["kind", "order"]], False),
+        ({"headers": {"kind": "refund"}, "tags": ["x"]}, ["x"], [], False),
+    ],
+)
+def test_matches(spec: Any, tags: list[str], headers: list[Any], expected: bool) -> None:
+    assert matches(spec, tags, headers) is expected
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    assert [backoff_ms(a, 250, 1_500) for a in range(1, 6)] == [250, 500, 1000, 1500, 1500]
