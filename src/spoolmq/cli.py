@@ -545,6 +545,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spoolmq.bench import run
+
+    return run(args)
+
+
 def cmd_analytics(args: argparse.Namespace) -> int:
     try:
         from spoolmq import analytics
@@ -637,6 +643,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--messages", type=int, default=2000)
     p.add_argument("--no-analytics", action="store_true")
+
+    p = command("bench", cmd_bench, "measure throughput, latency and memory (vs Redis Streams)")
+    from spoolmq.bench import add_arguments
+
+    add_arguments(p)
 
     p = command("analytics", cmd_analytics, "run the Spark analytics job over the store")
     p.add_argument("--out")
