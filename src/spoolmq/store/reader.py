@@ -136,6 +136,11 @@ class Reader:
         """Move to ``offset`` (OffsetOutOfRangeError below the log start or past the end)."""
         self._partition.check_offset(offset)
         bases = self._partition.segment_bases()
+        if not bases:  # nothing appended yet: the first poll that finds a segment opens it
+            self._close_file()
+            self._pending.clear()
+            self.position = offset
+            return
         slot = bisect.bisect_right(bases, offset) - 1
         base = bases[max(slot, 0)]
         index = self._partition.index_of(base)
@@ -234,6 +239,8 @@ class Reader:
     def _fill(self) -> None:
         if self._fd < 0:
             self.seek(self.position)
+            if self._fd < 0:
+                return
         while not self._read_whole_batches():
             # Nothing whole left in this segment: move on if a newer segment exists. The
             # writer finishes a segment before creating the next, so read once more first.
@@ -310,6 +317,8 @@ class Reader:
                     # The last line of the file: a writer may be mid-write or crashed
                     # mid-write (recovery will move it aside). Not returned, not skipped.
                     return consumed
+                if consumed or pending:
+                    return consumed  # hand out the good records first; raise next time
                 check_line(line, path=path, position=self._byte_position + position)
                 raise CorruptRecordError(  # pragma: no cover - check_line raised already
                     f"bad record in {path}", path=path, position=self._byte_position + position
