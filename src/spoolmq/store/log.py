@@ -114,6 +114,8 @@ class Log:
         make_private_dirs(self.path)
         make_private_dirs(self.path / "logs")
         self.state = StateDB(self.path / "state.db", busy_timeout_ms=config.busy_timeout_ms)
+        # Open (and migrate, or refuse a newer schema) now rather than at first use.
+        self.state.connect()
         self.recovery_reports: list[RecoveryReport] = []
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._topics: dict[str, TopicConfig] = {}
@@ -257,12 +259,25 @@ class Log:
         Every message is validated before anything is written, so bad input writes nothing.
         """
         level = normalize_acks(acks)
-        config = self.topic_config(topic, create=True)
+        check_topic(topic)
         batch = list(messages)
+        # Validate everything before anything changes: no topic created, no round-robin
+        # turn taken, no byte written for a batch with one bad message.
+        encoded_batch = [
+            encode_message(message, max_bytes=self.config.max_message_bytes) for message in batch
+        ]
+        config = self._existing_topic(topic)
+        if config is None:
+            if not self.config.auto_create_topics:
+                raise UnknownTopicError(f"topic {topic!r} does not exist")
+            for message in batch:
+                self._check_partition(topic, self.config.default_topic, message.partition)
+            config = self.topic_config(topic, create=True)
+        for message in batch:
+            self._check_partition(topic, config, message.partition)
         by_partition: dict[int, list[tuple[int, EncodedMessage]]] = defaultdict(list)
-        for index, message in enumerate(batch):
+        for index, (message, encoded) in enumerate(zip(batch, encoded_batch, strict=True)):
             number = self.choose_partition(topic, config, message.key, message.partition)
-            encoded = encode_message(message, max_bytes=self.config.max_message_bytes)
             by_partition[number].append((index, encoded))
         positions: list[Position | None] = [None] * len(batch)
         for number, items in by_partition.items():
@@ -284,20 +299,32 @@ class Log:
             for r in log.append(messages, acks)
         ]
 
+    def _existing_topic(self, name: str) -> TopicConfig | None:
+        config = self._topics.get(name)
+        if config is None:
+            config = self.state.topic(name)
+            if config is not None:
+                self._topics[name] = config
+        return config
+
+    @staticmethod
+    def _check_partition(topic: str, config: TopicConfig, partition: int | None) -> None:
+        if partition is not None and (
+            isinstance(partition, bool)
+            or not isinstance(partition, int)
+            or not (0 <= partition < config.partitions)
+        ):
+            raise UnknownPartitionError(
+                f"topic {topic!r} has partitions 0 to {config.partitions - 1}; "
+                f"there is no partition {partition!r}"
+            )
+
     def choose_partition(
         self, topic: str, config: TopicConfig, key: str | bytes | None, partition: int | None
     ) -> int:
         """An explicit partition, else the key's stable hash, else round-robin."""
         if partition is not None:
-            if (
-                isinstance(partition, bool)
-                or not isinstance(partition, int)
-                or not (0 <= partition < config.partitions)
-            ):
-                raise UnknownPartitionError(
-                    f"topic {topic!r} has partitions 0 to {config.partitions - 1}; "
-                    f"there is no partition {partition!r}"
-                )
+            self._check_partition(topic, config, partition)
             return partition
         if key is not None and isinstance(key, str | bytes):
             return partition_for_key(key, config.partitions)
@@ -386,7 +413,10 @@ class Log:
         result = CompactionResult()
         for number in range(config.partitions):
             log = self.partition_log(topic, number)
-            segments = [(base, self._segment_entries(log, base)) for base in log.segment_bases()]
+            bases = log.segment_bases()
+            segments = [
+                (base, self._segment_entries(log, base, closed=base != bases[-1])) for base in bases
+            ]
             latest = latest_offsets(e for _, entries in segments for e, _ in entries)
             for base, entries in segments[:-1]:
                 kept = [
@@ -407,14 +437,27 @@ class Log:
         return result
 
     @staticmethod
-    def _segment_entries(log: PartitionLog, base: int) -> list[tuple[KeyedEntry, bytes]]:
-        fd = os.open(log.segment_path(base), os.O_RDONLY)
+    def _segment_entries(
+        log: PartitionLog, base: int, *, closed: bool
+    ) -> list[tuple[KeyedEntry, bytes]]:
+        """Every whole record of a segment with its stored line. A closed segment must be
+        whole: compacting past damage would delete the records after it in silence."""
+        path = str(log.segment_path(base))
+        fd = os.open(path, os.O_RDONLY)
         try:
             data = pread_all(fd, os.fstat(fd).st_size, 0)
-            scan = scan_batches(fd, str(log.segment_path(base)), 0, None, keep_records=True)
+            scan = scan_batches(fd, path, 0, None, keep_records=True)
         finally:
             os.close(fd)
-        lines = data[: scan.end].splitlines(keepends=True)
+        if closed and scan.bad_position >= 0:
+            raise CorruptRecordError(
+                f"{path} is damaged at byte {scan.bad_position} ({scan.problem}); not compacted. "
+                "Run `spoolmq check`.",
+                path=path,
+                position=scan.bad_position,
+            )
+        lines = data[: scan.end].split(b"\n")[:-1]
+        lines = [line + b"\n" for line in lines]
         entries = []
         for fields, line in zip(scan.records, lines, strict=True):
             if "key_b64" in fields:

@@ -27,12 +27,13 @@ from spoolmq.errors import (
     StorageError,
 )
 from spoolmq.store.names import index_name, segment_name
-from spoolmq.store.record import EncodedMessage, check_line, frame_record
+from spoolmq.store.record import EncodedMessage, as_single_record, check_line, frame_record
 from spoolmq.store.segment import (
     FILE_MODE,
     INDEX_ENTRY,
     ScanResult,
     SparseIndex,
+    entry_matches,
     fsync_dir,
     last_record_fields,
     list_segment_bases,
@@ -90,6 +91,17 @@ class _CachedIndex:
     index: SparseIndex
     bytes_read: int
     closed: bool
+    identity: tuple[int, int]  # (inode, size) of the segment when it was closed
+
+
+@dataclass(slots=True)
+class _KnownEnd:
+    """How far ``log_end_offset`` has read the active segment: the next scan starts here."""
+
+    base: int
+    inode: int
+    size: int
+    next_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +138,7 @@ class PartitionLog:
         self._tail: _Tail | None = None
         self._indexes: dict[int, _CachedIndex] = {}
         self._first_timestamps: dict[int, int] = {}
+        self._known_end: _KnownEnd | None = None
         self._last_figures_at = 0
 
     # -- paths ---------------------------------------------------------------------
@@ -211,11 +224,27 @@ class PartitionLog:
         )
         try:
             self._catch_up(tail, keep_records=True)
+            if tail.last_timestamp < 0 and len(bases) > 1:
+                # A fresh segment: timestamps must not go below the previous segment's.
+                tail.last_timestamp = self._newest_timestamp(bases[-2])
         except BaseException:
             os.close(fd)
             os.close(index_fd)
             raise
         return tail
+
+    def _newest_timestamp(self, base: int) -> int:
+        try:
+            fd = os.open(self.segment_path(base), os.O_RDONLY)
+        except FileNotFoundError:
+            return -1
+        try:
+            last = last_record_fields(fd, os.fstat(fd).st_size)
+        except CorruptRecordError:
+            return -1
+        finally:
+            os.close(fd)
+        return last["timestamp"] if last else -1
 
     def _catch_up(self, tail: _Tail, *, keep_records: bool = False) -> None:
         """Bring ``tail`` up to the file: scan from the newest index entry, index what is new,
@@ -386,7 +415,13 @@ class PartitionLog:
                                 offset,
                             )
                         )
-                self._state.record_sequences(rows)
+                try:
+                    self._state.record_sequences(rows)
+                except BaseException:
+                    # The batch is stored but its sequences are not: reopening the tail
+                    # before the next append restores them from the segment.
+                    self._close_tail()
+                    raise
                 self._maybe_record_figures(self._tail or tail)
             for copy, first in copies.items():
                 stored = results[first]
@@ -491,6 +526,7 @@ class PartitionLog:
         self._create_segment(base)
         self._close_tail()
         new_tail = self._open_tail()
+        new_tail.last_timestamp = max(new_tail.last_timestamp, tail.last_timestamp)
         self._tail = new_tail
         log.info("rolled %s/%d to segment %d", self.topic, self.partition, base)
         return new_tail
@@ -516,24 +552,32 @@ class PartitionLog:
         """A segment's index for seeking: loaded once, then extended as the segment grows.
 
         Entries that point past the segment's current end are left for later; the scan
-        that follows a seek checks offsets, so a stale entry can only cost time.
+        that follows a seek checks offsets, so a stale entry can only cost time. A closed
+        segment's index is kept until its file changes (compaction replaces it).
         """
+        try:
+            stat = os.stat(self.segment_path(base))
+        except FileNotFoundError:
+            self._indexes.pop(base, None)
+            return SparseIndex()
+        identity = (stat.st_ino, stat.st_size)
         cached = self._indexes.get(base)
         if cached is not None and cached.closed:
-            return cached.index
+            if cached.identity == identity:
+                return cached.index
+            cached = None
         try:
-            size = os.stat(self.segment_path(base)).st_size
             with open(self.index_path(base), "rb") as handle:
                 handle.seek(cached.bytes_read if cached else 0)
                 data = handle.read()
         except FileNotFoundError:
             return SparseIndex()
         if cached is None:
-            cached = self._indexes[base] = _CachedIndex(SparseIndex(), 0, False)
+            cached = self._indexes[base] = _CachedIndex(SparseIndex(), 0, False, identity)
         new = SparseIndex.from_bytes(data)
         index = cached.index
         for i in range(len(new)):
-            if new.positions[i] >= size:
+            if new.positions[i] >= stat.st_size:
                 break
             if index and new.offsets[i] <= index.offsets[-1]:
                 break
@@ -541,7 +585,13 @@ class PartitionLog:
             cached.bytes_read += INDEX_ENTRY.size
         bases = self.segment_bases()
         cached.closed = bool(bases) and base != bases[-1]
+        cached.identity = identity
         return index
+
+    def is_closed(self, base: int) -> bool:
+        """Has the writer moved on from this segment (so it only holds whole batches)?"""
+        bases = self.segment_bases()
+        return bool(bases) and base < bases[-1]
 
     def first_timestamp(self, base: int) -> int | None:
         """The timestamp of a segment's first record (from its first index entry)."""
@@ -559,22 +609,45 @@ class PartitionLog:
         return bases[0] if bases else 0
 
     def log_end_offset(self) -> int:
-        """The offset the next record will get (read-only; no recovery, no lock)."""
-        bases = self.segment_bases()
-        if not bases:
-            return 0
-        base = bases[-1]
-        try:
-            fd = os.open(self.segment_path(base), os.O_RDONLY)
-        except FileNotFoundError:
-            return self.log_end_offset()
-        try:
-            index, _ = load_index(self.index_path(base), fd, os.fstat(fd).st_size)
-            start, expected = (index.positions[-1], index.offsets[-1]) if index else (0, base)
-            scan = scan_batches(fd, str(self.segment_path(base)), start, expected)
-        finally:
-            os.close(fd)
-        return scan.next_offset if scan.next_offset >= 0 else base
+        """The offset the next record will get (read-only; no recovery, no lock).
+
+        Reads only what was appended since the last call: the active segment is scanned
+        from where the previous call stopped (a batch boundary), so asking often is cheap.
+        """
+        while True:
+            bases = self.segment_bases()
+            if not bases:
+                return 0
+            base = bases[-1]
+            try:
+                fd = os.open(self.segment_path(base), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # rolled or deleted meanwhile: look again
+            try:
+                stat = os.fstat(fd)
+                known = self._known_end
+                if (
+                    known is not None
+                    and (known.base, known.inode) == (base, stat.st_ino)
+                    and known.size <= stat.st_size
+                ):
+                    if known.size == stat.st_size:
+                        return known.next_offset
+                    start, expected = known.size, known.next_offset
+                else:
+                    index = self.index_of(base)
+                    start, expected = (
+                        (index.positions[-1], index.offsets[-1]) if index else (0, base)
+                    )
+                    if index and not entry_matches(fd, expected, start):
+                        start, expected = 0, base
+                path = str(self.segment_path(base))
+                scan = scan_batches(fd, path, start, expected)
+            finally:
+                os.close(fd)
+            end = scan.next_offset if scan.next_offset >= 0 else base
+            self._known_end = _KnownEnd(base, stat.st_ino, scan.end, end)
+            return end
 
     def check_offset(self, offset: int) -> None:
         start, end = self.log_start_offset(), self.log_end_offset()
@@ -635,6 +708,7 @@ class PartitionLog:
                 raise ValueError("the active segment is never rewritten")
             tmp = self.directory / (segment_name(base) + ".compacting")
             tmp_index = self.directory / (index_name(base) + ".compacting")
+            lines = [as_single_record(line) for line in lines]
             index = SparseIndex()
             position = 0
             for line in lines:
@@ -656,7 +730,10 @@ class PartitionLog:
             os.replace(tmp, self.segment_path(base))
             os.replace(tmp_index, self.index_path(base))
             fsync_dir(self.directory)
-            self._indexes[base] = _CachedIndex(index, len(index) * INDEX_ENTRY.size, True)
+            stat = os.stat(self.segment_path(base))
+            self._indexes[base] = _CachedIndex(
+                index, len(index) * INDEX_ENTRY.size, True, (stat.st_ino, stat.st_size)
+            )
             self._first_timestamps.pop(base, None)
         finally:
             self._release()

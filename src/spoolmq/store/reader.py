@@ -21,16 +21,19 @@ from spoolmq.store.record import (
     check_line,
     record_from_fields,
     record_offset_and_timestamp,
+    verified_fields,
 )
+from spoolmq.store.segment import first_line_at_or_after, pread_all
 
-_CHUNK = 256 * 1024
+_CHUNK = 1024 * 1024
+_FIRST_CHUNK = 16 * 1024  # after a seek: the first poll parses little
 
 
 def offset_for_timestamp(partition: PartitionLog, timestamp: int) -> int:
     """The first offset whose timestamp is at or after ``timestamp`` (the log end if none).
 
     Binary search over the segments' first timestamps, then over the sparse index of one
-    segment, then a short scan of record heads: no whole-partition scan.
+    segment, then over the line heads between two index entries: no whole-partition scan.
     """
     bases = partition.segment_bases()
     if not bases:
@@ -48,37 +51,58 @@ def offset_for_timestamp(partition: PartitionLog, timestamp: int) -> int:
             low = middle + 1
         else:
             high = middle - 1
+    end = partition.log_end_offset()
     for base in bases[chosen:]:
         found = _scan_segment_for_timestamp(partition, base, timestamp)
         if found is not None:
-            return found
-    return partition.log_end_offset()
+            # A batch still being written is not there yet for readers.
+            return min(found, end)
+    return end
+
+
+def _timestamp_of(line: bytes) -> int:
+    return record_offset_and_timestamp(line)[1]
+
+
+def _offset_of(line: bytes) -> int:
+    return record_offset_and_timestamp(line)[0]
+
+
+def _whole_lines(fd: int, start: int, stop: int) -> bytes:
+    data = pread_all(fd, stop - start, start)
+    return data[: data.rfind(b"\n") + 1]
 
 
 def _scan_segment_for_timestamp(partition: PartitionLog, base: int, timestamp: int) -> int | None:
     index = partition.index_of(base)
     entry = index.floor_for_timestamp(timestamp)
-    position = index.positions[entry] if entry >= 0 else 0
+    if entry + 1 < len(index):
+        # The next entry is at or after the target: the answer lies between the two.
+        start, stop = (index.positions[entry] if entry >= 0 else 0), index.positions[entry + 1]
+        if stop == start:
+            return index.offsets[entry + 1]
+    else:
+        start, stop = (index.positions[entry] if entry >= 0 else 0), -1
     try:
         fd = os.open(partition.segment_path(base), os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        while True:
-            data = os.pread(fd, _CHUNK, position)
-            if not data:
-                return None
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                return None
-            start = 0
-            while start < cut:
-                end = data.index(b"\n", start) + 1
-                offset, stamp = record_offset_and_timestamp(data[start:end])
-                if stamp >= timestamp:
-                    return offset
-                start = end
-            position += cut
+        if stop < 0:
+            stop = os.fstat(fd).st_size
+        data = _whole_lines(fd, start, stop)
+        try:
+            found = first_line_at_or_after(data, timestamp, _timestamp_of)
+            if found == len(data):
+                return index.offsets[entry + 1] if entry + 1 < len(index) else None
+            return _offset_of(data[found : data.index(b"\n", found) + 1])
+        except ValueError:
+            raise CorruptRecordError(
+                f"{partition.segment_path(base)}: a record between bytes {start} and {stop} "
+                "has an unreadable head",
+                path=str(partition.segment_path(base)),
+                position=start,
+            ) from None
     finally:
         os.close(fd)
 
@@ -92,6 +116,8 @@ class Reader:
         self._fd = -1
         self._base = -1
         self._byte_position = 0
+        self._chunk = _FIRST_CHUNK
+        self._whole_until = 0
         self._pending: deque[tuple[dict[str, Any], bytes]] = deque()
         self.position = 0
         self.seek(offset)
@@ -110,7 +136,7 @@ class Reader:
         """Move to ``offset`` (OffsetOutOfRangeError below the log start or past the end)."""
         self._partition.check_offset(offset)
         bases = self._partition.segment_bases()
-        if not bases:  # a partition nobody has appended to yet
+        if not bases:  # nothing appended yet: the first poll that finds a segment opens it
             self._close_file()
             self._pending.clear()
             self.position = offset
@@ -119,8 +145,29 @@ class Reader:
         base = bases[max(slot, 0)]
         index = self._partition.index_of(base)
         entry = index.floor_for_offset(offset)
-        self._open(base, index.positions[entry] if entry >= 0 else 0)
+        start = index.positions[entry] if entry >= 0 else 0
+        self._open(base, start)
         self.position = offset
+        if entry < 0:
+            return
+        # The bytes up to the next index entry (or the end of a closed segment) are whole
+        # batches: the reader may start mid-batch there and need not wait for a batch's
+        # last line. Past the newest entry of the active segment it parses forward from
+        # the entry instead, so it never returns part of an unfinished batch.
+        if entry + 1 < len(index):
+            stop = index.positions[entry + 1]
+        elif self._partition.is_closed(base):
+            stop = os.fstat(self._fd).st_size
+        else:
+            return
+        self._whole_until = max(self._whole_until, stop)
+        if index.offsets[entry] == offset:
+            return
+        data = _whole_lines(self._fd, start, stop)
+        try:
+            self._byte_position = start + first_line_at_or_after(data, offset, _offset_of)
+        except ValueError:
+            self._byte_position = start  # a damaged head: let the checked read report it
 
     def seek_to_timestamp(self, timestamp: int) -> None:
         """Move to the first record at or after ``timestamp`` (ms)."""
@@ -137,6 +184,11 @@ class Reader:
         self._fd = os.open(self._partition.segment_path(base), os.O_RDONLY)
         self._base = base
         self._byte_position = byte_position
+        self._chunk = _FIRST_CHUNK
+        # Bytes before this are known to be whole batches (see _parse_whole_batches).
+        self._whole_until = (
+            os.fstat(self._fd).st_size if self._partition.is_closed(base) else byte_position
+        )
         self._pending.clear()
 
     def _close_file(self) -> None:
@@ -189,67 +241,102 @@ class Reader:
             self.seek(self.position)
             if self._fd < 0:
                 return
-        if self._read_whole_batches():
-            return
-        # Nothing whole left in this segment: move on if a newer segment exists. The
-        # writer finishes a segment before creating the next, so read once more first.
-        bases = self._partition.segment_bases()
-        later = [base for base in bases if base > self._base]
-        if not later or self._read_whole_batches():
-            return
-        if bases and self.position < bases[0]:
-            raise OffsetOutOfRangeError(
-                f"{self.topic}/{self.partition}: offset {self.position} was deleted by retention "
-                f"while being read; the log now starts at {bases[0]}"
-            )
-        self._open(later[0], 0)
-        self._read_whole_batches()
+        while not self._read_whole_batches():
+            # Nothing whole left in this segment: move on if a newer segment exists. The
+            # writer finishes a segment before creating the next, so read once more first.
+            bases = self._partition.segment_bases()
+            later = [base for base in bases if base > self._base]
+            if not later or self._read_whole_batches():
+                return
+            size = os.fstat(self._fd).st_size
+            if self._byte_position != size:
+                # A closed segment never ends in a partial batch: this is damage, and
+                # moving on would skip records in silence.
+                path = str(self._partition.segment_path(self._base))
+                raise CorruptRecordError(
+                    f"{path} ends with {size - self._byte_position} bytes at byte "
+                    f"{self._byte_position} that are not a whole batch (a damaged or cut "
+                    "record); run `spoolmq check`",
+                    path=path,
+                    position=self._byte_position,
+                )
+            if bases and self.position < bases[0]:
+                raise OffsetOutOfRangeError(
+                    f"{self.topic}/{self.partition}: offset {self.position} was deleted by "
+                    f"retention while being read; the log now starts at {bases[0]}"
+                )
+            try:
+                self._open(later[0], 0)
+            except FileNotFoundError:
+                continue  # deleted by retention meanwhile: list the segments again
 
     def _read_whole_batches(self) -> bool:
-        """Parse whole batches after the byte position into ``_pending``. True if any."""
-        chunk = _CHUNK
+        """Parse whole batches after the byte position into ``_pending``. True if any;
+        False only when no whole batch at or past the reader's position is left."""
+        chunk = self._chunk
         path = str(self._partition.segment_path(self._base))
         while True:
             data = os.pread(self._fd, chunk, self._byte_position)
-            consumed = 0
-            position = 0
-            while True:
-                batch, end = self._parse_batch(data, position, path)
-                if batch is None:
-                    break
-                for fields, line in batch:
-                    if fields["offset"] >= self.position:
-                        self._pending.append((fields, line))
-                position = consumed = end
+            consumed = self._parse_whole_batches(data, path)
             self._byte_position += consumed
-            if consumed or len(data) < chunk:
-                return bool(self._pending)
-            chunk *= 4  # one batch larger than the chunk: read more of it
+            if self._pending:
+                # Small reads right after a seek, larger ones while reading on.
+                self._chunk = min(chunk * 4, _CHUNK)
+                return True
+            if consumed:
+                continue  # only records before the position so far: read on
+            if len(data) < chunk:
+                return False  # read to the end of the file: nothing whole is left
+            chunk *= 4  # a batch larger than what was read: read more of it
 
-    def _parse_batch(
-        self, data: bytes, start: int, path: str
-    ) -> tuple[list[tuple[dict[str, Any], bytes]] | None, int]:
+    def _parse_whole_batches(self, data: bytes, path: str) -> int:
+        """Verify and parse the whole batches at the start of ``data`` into ``_pending``
+        (those at or past the position); return how many bytes they take.
+
+        A batch is taken only when all its lines are in ``data``, except before
+        ``_whole_until``, where the file is known to hold whole batches only.
+        """
+        pending = self._pending
+        wanted = self.position
+        whole_until = self._whole_until - self._byte_position
+        find = data.find
+        position = consumed = 0
+        remaining = 0
         batch: list[tuple[dict[str, Any], bytes]] = []
-        count = 1
-        position = start
-        while len(batch) < count:
-            end = data.find(b"\n", position)
+        while True:
+            end = find(b"\n", position)
             if end < 0:
-                return None, start
+                return consumed
             line = data[position : end + 1]
-            try:
-                fields = check_line(line, path=path, position=self._byte_position + position)
-            except CorruptRecordError:
+            fields = verified_fields(line)
+            if fields is None:
                 if (
-                    data.find(b"\n", end + 1) < 0
+                    find(b"\n", end + 1) < 0
                     and os.fstat(self._fd).st_size == len(data) + self._byte_position
                 ):
                     # The last line of the file: a writer may be mid-write or crashed
                     # mid-write (recovery will move it aside). Not returned, not skipped.
-                    return None, start
-                raise
-            if not batch:
-                count = fields.get("batch_records", 1)
-            batch.append((fields, line))
+                    return consumed
+                if consumed or pending:
+                    return consumed  # hand out the good records first; raise next time
+                check_line(line, path=path, position=self._byte_position + position)
+                raise CorruptRecordError(  # pragma: no cover - check_line raised already
+                    f"bad record in {path}", path=path, position=self._byte_position + position
+                )
             position = end + 1
-        return batch, position
+            if not remaining:
+                count = fields.get("batch_records", 1) if consumed >= whole_until else 1
+                if count == 1:
+                    if fields["offset"] >= wanted:
+                        pending.append((fields, line))
+                    consumed = position
+                    continue
+                if data.count(b"\n", position) < count - 1:
+                    return consumed  # the rest of the batch is not in ``data`` yet
+                remaining = count
+            batch.append((fields, line))
+            remaining -= 1
+            if not remaining:
+                pending.extend(entry for entry in batch if entry[0]["offset"] >= wanted)
+                batch = []
+                consumed = position

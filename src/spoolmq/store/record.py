@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -116,6 +117,18 @@ def message_fields(message: Message) -> dict[str, Any]:
 
     Raises SerializationError for a key, value, header or tag that can't be stored.
     """
+    key, value = message.key, message.value
+    if (
+        (key is None or type(key) is str)
+        and not message.headers
+        and not message.tags
+        and message.deliver_at is None
+        and message.expires_at is None
+        and message.sequence is None
+        and message.producer_id is None
+        and not isinstance(value, bytes | bytearray | memoryview)
+    ):
+        return {"key": key, "value": value, "headers": []}  # the common case, same fields
     fields: dict[str, Any] = {}
     key = message.key
     if key is None or isinstance(key, str):
@@ -199,6 +212,18 @@ def frame_record(offset: int, timestamp: int, body: bytes, batch_records: int = 
 
 
 _TIMESTAMP_MARK = b',"timestamp":'
+_BATCH_FIELD = re.compile(rb',"batch_records":\d+$')
+
+
+def as_single_record(line: bytes) -> bytes:
+    """A verified record line re-framed as a batch of its own: ``batch_records`` dropped
+    and the checksum recomputed. Compaction needs this when it removes some records of a
+    batch, or readers would wait for lines that are gone."""
+    head = line[: line.rfind(_CRC_MARK)]
+    bare = _BATCH_FIELD.sub(b"", head)
+    if bare == head:
+        return line
+    return b'%s,"crc":%d}\n' % (bare, zlib.crc32(bare))
 
 
 def record_offset(line: bytes) -> int:
@@ -221,32 +246,60 @@ def record_offset_and_timestamp(line: bytes) -> tuple[int, int]:
     return int(line[len(_OFFSET_PREFIX) : comma]), int(line[start:end])
 
 
+def verified_fields(line: bytes) -> dict[str, Any] | None:
+    """The fields of a record line whose checksum and JSON are good, else None: the
+    readers' fast path (``check_line`` says what is wrong)."""
+    mark = line.rfind(_CRC_MARK)
+    if mark < 0 or not line.endswith(b"}\n"):
+        return None
+    try:
+        if zlib.crc32(line[:mark]) != int(line[mark + 7 : -2]):
+            return None
+        data = orjson.loads(line)
+    except ValueError:  # an unreadable checksum, or bad JSON (JSONDecodeError)
+        return None
+    if type(data) is dict and type(data.get("offset")) is int:
+        return data
+    return None
+
+
+def _where(path: str, position: int) -> str:
+    return f"{path} at byte {position}" if path else f"byte {position}"
+
+
 def check_line(line: bytes, *, path: str = "", position: int = -1) -> dict[str, Any]:
     """Parse a record line and verify its checksum; CorruptRecordError if either fails."""
     mark = line.rfind(_CRC_MARK)
-    where = f"{path} at byte {position}" if path else f"byte {position}"
     if mark < 0 or not line.endswith(b"}\n"):
         raise CorruptRecordError(
-            f"record at {where} is not a complete record line", path=path, position=position
+            f"record at {_where(path, position)} is not a complete record line",
+            path=path,
+            position=position,
         )
     try:
-        stored_crc = int(line[mark + len(_CRC_MARK) : -2])
+        stored_crc = int(line[mark + 7 : -2])  # 7 == len(_CRC_MARK)
     except ValueError:
         raise CorruptRecordError(
-            f"record at {where} has an unreadable checksum", path=path, position=position
+            f"record at {_where(path, position)} has an unreadable checksum",
+            path=path,
+            position=position,
         ) from None
-    if zlib.crc32(memoryview(line)[:mark]) != stored_crc:
+    if zlib.crc32(line[:mark]) != stored_crc:
         raise CorruptRecordError(
-            f"record at {where} failed its checksum", path=path, position=position
+            f"record at {_where(path, position)} failed its checksum", path=path, position=position
         )
     try:
         data = orjson.loads(line)
     except orjson.JSONDecodeError as exc:  # checksum matched but JSON is bad: a writer bug
         raise CorruptRecordError(
-            f"record at {where} is not valid JSON: {exc}", path=path, position=position
+            f"record at {_where(path, position)} is not valid JSON: {exc}",
+            path=path,
+            position=position,
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("offset"), int):
-        raise CorruptRecordError(f"record at {where} has no offset", path=path, position=position)
+    if type(data) is not dict or type(data.get("offset")) is not int:
+        raise CorruptRecordError(
+            f"record at {_where(path, position)} has no offset", path=path, position=position
+        )
     return data
 
 

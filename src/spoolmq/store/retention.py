@@ -31,10 +31,10 @@ def segments_to_delete(
     total = sum(segment.size for segment in segments)
     doomed: list[int] = []
     for segment in closed:
-        too_old = (
-            retention_ms >= 0
-            and segment.newest_timestamp >= 0
-            and now_ms - segment.newest_timestamp > retention_ms
+        too_old = retention_ms >= 0 and (
+            # an empty closed segment (compaction removed all of it) holds nothing to keep
+            segment.size == 0
+            or (segment.newest_timestamp >= 0 and now_ms - segment.newest_timestamp > retention_ms)
         )
         too_big = retention_bytes >= 0 and total - segment.size >= retention_bytes
         if not (too_old or too_big):

@@ -15,6 +15,7 @@ import os
 import struct
 import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and missing parents with mode 0700."""
+    """Create ``path`` and missing parents with mode 0700.
+
+    Each new directory's entry is fsynced in its parent: a segment fsynced with ACK
+    ``all`` is only durable if the directories leading to it are.
+    """
     if path.is_dir():
         return
     make_private_dirs(path.parent)
@@ -47,6 +52,7 @@ def make_private_dirs(path: Path) -> None:
     except FileExistsError:
         return
     os.chmod(path, DIR_MODE)  # the umask may have narrowed it further; never widened
+    fsync_dir(path.parent)
 
 
 def list_segment_bases(directory: Path) -> list[int]:
@@ -133,6 +139,24 @@ class SparseIndex:
             INDEX_ENTRY.pack(self.offsets[i], self.positions[i], self.timestamps[i])
             for i in range(start, len(self.offsets))
         )
+
+
+def first_line_at_or_after(data: bytes, target: int, key_of: Callable[[bytes], int]) -> int:
+    """Byte position in ``data`` (whole lines) of the first line whose key is at least
+    ``target``, or ``len(data)``. Keys must not decrease from line to line (offsets and
+    timestamps of a segment don't), so this is a binary search over byte positions that
+    reads a handful of line heads instead of every line.
+    """
+    low, high = 0, len(data)
+    while low < high:
+        middle = (low + high) // 2
+        start = max(data.rfind(b"\n", low, middle) + 1, low)
+        end = data.index(b"\n", start) + 1
+        if key_of(data[start:end]) < target:
+            low = end
+        else:
+            high = start
+    return low
 
 
 def entry_matches(fd: int, offset: int, position: int) -> bool:

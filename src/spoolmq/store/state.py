@@ -179,6 +179,11 @@ class StateDB:
             connection.execute("ROLLBACK")
             raise
 
+    def connect(self) -> None:
+        """Open the database now: create or migrate it, or refuse a newer schema."""
+        with self._lock:
+            self._connect()
+
     def close(self) -> None:
         with self._lock:
             if self._connection is not None and self._owner_pid == os.getpid():

@@ -1,0 +1,179 @@
+"""Bad input raises a specific error that says what is allowed, and writes nothing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_helpers import tree_snapshot
+
+from spoolmq import Log, Message
+from spoolmq.errors import (
+    InvalidArgumentError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    SerializationError,
+    SpoolError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", ".hidden", "-x", "a/b", "../etc", "a b", "é", "x" * 129, "a\x00b", 7, None],
+)
+def test_invalid_topic_names_are_refused_before_any_path(
+    log: Log, data_dir: Path, name: Any
+) -> None:
+    before = tree_snapshot(data_dir)
+    with pytest.raises(InvalidTopicError, match="A-Z a-z 0-9"):
+        log.append(name, {"n": 1})
+    with pytest.raises(InvalidTopicError):
+        log.create_topic(name)
+    with pytest.raises(InvalidTopicError):
+        log.reader(name, 0)
+    assert tree_snapshot(data_dir) == before
+
+
+@pytest.mark.parametrize("name", ["a", "A.b_c-9", "0" * 128, "orders.dlq"])
+def test_valid_topic_names_are_accepted(log: Log, name: str) -> None:
+    assert log.append(name, 1).topic == name
+
+
+class Unserialisable:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        (math.nan, "NaN"),
+        ({"deep": [1.0, math.inf]}, "NaN or infinity"),
+        ({1, 2}, "set"),
+        ({1: "x"}, "key must be str"),
+        ({"x": "\ud800"}, "surrogates"),
+        ("\udfff lone", "surrogates"),
+        (Unserialisable(), "not JSON serializable"),
+        (2**64, "64-bit"),
+        ({"raw": b"bytes inside JSON"}, "JSON"),
+    ],
+)
+@pytest.mark.parametrize("topic_exists", [True, False])
+def test_unserialisable_values_write_nothing(
+    log: Log, data_dir: Path, value: Any, what: str, topic_exists: bool
+) -> None:
+    if topic_exists:
+        log.create_topic("orders", partitions=2)
+        log.append("orders", "before")
+    before = tree_snapshot(data_dir)
+    with pytest.raises(SerializationError, match=what):
+        log.append("orders", value)
+    # a good message in the same batch is not written either
+    with pytest.raises(SerializationError):
+        log.append_batch("orders", [Message("fine"), Message(value)])
+    assert tree_snapshot(data_dir) == before
+    if topic_exists:
+        # the failed appends took no round-robin turn: "before" went to 0, next is 1
+        assert log.append("orders", "after").partition == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "what"),
+    [
+        ({"key": 12}, SerializationError, "key must be str, bytes or None"),
+        ({"key": "\ud800"}, SerializationError, "surrogates"),
+        ({"headers": {"h": 1}}, SerializationError, "str or bytes value"),
+        ({"headers": [("", "v")]}, SerializationError, "non-empty string"),
+        ({"tags": ["ok", 3]}, SerializationError, "tag must be a non-empty string"),
+        ({"sequence": -1, "producer_id": "p"}, InvalidArgumentError, "non-negative integer"),
+        ({"producer_id": ""}, InvalidArgumentError, "non-empty string"),
+        ({"delay": -1}, InvalidArgumentError, "at least 0"),
+        ({"ttl": 0}, InvalidArgumentError, "more than 0"),
+        ({"acks": "2"}, InvalidArgumentError, "'0', '1' or 'all'"),
+        ({"partition": 2}, UnknownPartitionError, "partitions 0 to 1"),
+        ({"partition": -1}, UnknownPartitionError, "partitions 0 to 1"),
+        ({"partition": True}, UnknownPartitionError, "no partition"),
+    ],
+)
+def test_bad_arguments_write_nothing(
+    log: Log, data_dir: Path, kwargs: dict[str, Any], error: type[SpoolError], what: str
+) -> None:
+    log.create_topic("orders", partitions=2)
+    before = tree_snapshot(data_dir)
+    with pytest.raises(error, match=what):
+        log.append("orders", {"n": 1}, **kwargs)
+    assert tree_snapshot(data_dir) == before
+
+
+def test_bad_partition_on_a_new_topic_creates_no_topic(log: Log, data_dir: Path) -> None:
+    before = tree_snapshot(data_dir)
+    with pytest.raises(UnknownPartitionError, match="partitions 0 to 0"):
+        log.append("fresh", 1, partition=1)
+    assert "fresh" not in log.topics()
+    assert tree_snapshot(data_dir) == before
+
+
+@pytest.mark.parametrize("limit", [1024, 4096])
+def test_message_over_the_size_limit(data_dir: Path, limit: int) -> None:
+    with Log(data_dir, config={"max_message_bytes": limit}) as log:
+        log.append("orders", "x" * (limit // 2))
+        before = tree_snapshot(data_dir)
+        with pytest.raises(MessageTooLargeError, match=f"limit of {limit} bytes"):
+            log.append("orders", "x" * limit)
+        assert tree_snapshot(data_dir) == before
+
+
+def test_default_size_limit_is_one_mebibyte(log: Log) -> None:
+    log.append("big", "x" * (1024 * 1024 - 500))
+    with pytest.raises(MessageTooLargeError, match="1048576"):
+        log.append("big", "x" * (1024 * 1024))
+
+
+@pytest.fixture
+def filled(log: Log) -> Log:
+    log.create_topic("orders", partitions=2, segment_bytes=1024)
+    for i in range(30):
+        log.append("orders", {"i": i}, partition=0)
+    return log
+
+
+@pytest.mark.parametrize("offset", [-1, 31, 10**6])
+def test_offsets_outside_the_log(filled: Log, data_dir: Path, offset: int) -> None:
+    before = tree_snapshot(data_dir)
+    with pytest.raises(OffsetOutOfRangeError, match=r"valid offsets are 0 \(log start\) to 30"):
+        filled.reader("orders", 0, offset=offset)
+    assert tree_snapshot(data_dir) == before
+
+
+def test_offset_below_the_log_start_after_retention(filled: Log) -> None:
+    filled.enforce_retention("orders", now=2**62)
+    start = filled.log_start_offset("orders", 0)
+    assert start > 0
+    with pytest.raises(OffsetOutOfRangeError, match=f"valid offsets are {start}"):
+        filled.reader("orders", 0, offset=start - 1)
+    assert filled.reader("orders", 0, offset=start).poll().offset == start  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "what"),
+    [
+        (lambda log: log.reader("orders", 2), UnknownPartitionError, "partitions 0 to 1"),
+        (lambda log: log.reader("orders", -1), UnknownPartitionError, "no partition -1"),
+        (lambda log: log.reader("nope", 0), UnknownTopicError, "'nope' does not exist"),
+        (lambda log: log.reader("orders", 0, offset="middle"), InvalidArgumentError, "earliest"),
+        (lambda log: log.log_end_offset("orders", 5), UnknownPartitionError, "no partition 5"),
+        (lambda log: log.alter_topic("orders", partitions=3), InvalidArgumentError, "cannot"),
+    ],
+)
+def test_bad_reads_raise_specific_errors(
+    filled: Log, data_dir: Path, call: Callable[[Log], Any], error: type[SpoolError], what: str
+) -> None:
+    before = tree_snapshot(data_dir)
+    with pytest.raises(error, match=what):
+        call(filled)
+    assert tree_snapshot(data_dir) == before

@@ -1,0 +1,89 @@
+"""Several real processes on one store: concurrent appends, and a writer killed mid-batch."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import store_workers
+
+from spoolmq import Log
+
+WORKERS = 8
+
+
+def test_eight_processes_append_every_record_once(data_dir: Path) -> None:
+    with Log(data_dir) as log:
+        # small segments: the writers also overtake each other's rolls
+        log.create_topic("shared", partitions=2, segment_bytes=4096)
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    processes = [
+        context.Process(
+            target=store_workers.append_worker, args=(str(data_dir), "shared", w, 40, start)
+        )
+        for w in range(WORKERS)
+    ]
+    for process in processes:
+        process.start()
+    start.set()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    sent = {w: int((data_dir / f"sent-{w}").read_text()) for w in range(WORKERS)}
+    seen: collections.Counter[tuple[int, int]] = collections.Counter()
+    with Log(data_dir) as log:
+        for partition in (0, 1):
+            records = list(log.reader("shared", partition))
+            assert [r.offset for r in records] == list(range(len(records)))
+            stamps = [r.timestamp for r in records]
+            assert stamps == sorted(stamps)
+            seen.update((r.value["w"], r.value["i"]) for r in records)
+            # each worker's records keep their order within a partition
+            for w in range(WORKERS):
+                mine = [r.value["i"] for r in records if r.value["w"] == w]
+                assert mine == sorted(mine)
+        assert log.check() == []
+    expected = {(w, i) for w in range(WORKERS) for i in range(sent[w])}
+    assert set(seen) == expected
+    assert all(count == 1 for count in seen.values())
+
+
+def test_writer_killed_mid_batch(data_dir: Path, tmp_path: Path) -> None:
+    side = tmp_path / "completed.txt"
+    rng = random.Random(11)
+    for run in range(6):
+        writer = subprocess.Popen(
+            [sys.executable, store_workers.__file__, str(data_dir), str(side), str(run)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        time.sleep(rng.uniform(0.4, 1.0))
+        writer.send_signal(signal.SIGKILL)
+        assert writer.wait(30) == -signal.SIGKILL
+        with Log(data_dir) as log:
+            log.append("crash", {"batch": f"marker-{run}", "n": 1, "i": 0}, acks="all")
+            records = list(log.reader("crash", 0))
+            assert log.check() == []
+        assert [r.offset for r in records] == list(range(len(records)))
+        by_batch: dict[str, list[int]] = collections.defaultdict(list)
+        sizes = {}
+        for record in records:
+            by_batch[record.value["batch"]].append(record.offset)
+            sizes[record.value["batch"]] = record.value["n"]
+        # no batch is half there: each stored batch has all its records, contiguous
+        for batch, offsets in by_batch.items():
+            assert len(offsets) == sizes[batch], batch
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+        # every batch the writer saw acknowledged is there, at the offsets it was told
+        completed = [line.split() for line in side.read_text().splitlines()]
+        assert completed, "the writer never finished a batch"
+        for batch, first, size in completed:
+            assert by_batch[batch] == list(range(int(first), int(first) + int(size)))
+    assert len(completed) > 6

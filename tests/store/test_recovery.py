@@ -1,0 +1,183 @@
+"""Recovery on open: torn tails are cut and quarantined, damage inside is reported."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+from store_helpers import segment_files
+
+from spoolmq import Log, Message
+from spoolmq.errors import CorruptRecordError
+
+TOPIC = "events"
+
+
+def build_store(data_dir: Path, last_batch: int) -> tuple[bytes, int, int]:
+    """Five batches, then a last batch of ``last_batch`` records.
+
+    Returns the segment bytes, where the last batch starts, and its first offset.
+    """
+    with Log(data_dir, config={"index_interval_bytes": 64}) as log:
+        log.create_topic(TOPIC)
+        for n in range(5):
+            log.append_batch(TOPIC, [Message({"b": n, "i": i}) for i in range(n + 1)])
+        first = log.log_end_offset(TOPIC, 0)
+        size_before = segment_files(data_dir, TOPIC)[0].stat().st_size
+        log.append_batch(TOPIC, [Message({"b": "last", "i": i}) for i in range(last_batch)])
+    data = segment_files(data_dir, TOPIC)[0].read_bytes()
+    return data, size_before, first
+
+
+def check_recovered(data_dir: Path, intact: bytes, first: int, cut: bytes) -> None:
+    """Open, append once, and check nothing before the torn batch was lost."""
+    with Log(data_dir) as log:
+        appended = log.append(TOPIC, {"after": "recovery"})
+        reports = list(log.recovery_reports)
+        records = list(log.reader(TOPIC, 0))
+    assert appended.offset == first  # the torn batch's offsets are taken by the next append
+    assert len(reports) == 1
+    report = reports[0]
+    assert report.position == len(intact)
+    assert report.quarantined_to is not None
+    assert Path(report.quarantined_to).read_bytes() == cut
+    assert oct(Path(report.quarantined_to).stat().st_mode & 0o777) == "0o600"
+    segment = segment_files(data_dir, TOPIC)[0].read_bytes()
+    assert segment.startswith(intact)
+    # the appended record starts on a clean line of its own
+    assert segment[len(intact) :].count(b"\n") == 1
+    assert orjson.loads(segment[len(intact) :])["value"] == {"after": "recovery"}
+    assert [r.offset for r in records] == list(range(first + 1))
+    assert records[-1].value == {"after": "recovery"}
+    assert all(r.value.get("b") != "last" for r in records)
+
+
+@pytest.mark.parametrize("last_batch", [1, 3])
+def test_truncated_at_every_byte_of_the_last_batch(tmp_path: Path, last_batch: int) -> None:
+    template = tmp_path / "template"
+    data, intact_size, first = build_store(template, last_batch)
+    intact = data[:intact_size]
+    last_line_start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    # every cut inside the last record; for a multi-record batch also a few inside others
+    cuts = list(range(last_line_start + 1, len(data)))
+    if last_batch > 1:
+        cuts += list(range(intact_size + 1, last_line_start + 1, 7))
+    for cut in cuts:
+        data_dir = tmp_path / f"cut-{cut}"
+        shutil.copytree(template, data_dir)
+        segment = segment_files(data_dir, TOPIC)[0]
+        os.truncate(segment, cut)
+        check_recovered(data_dir, intact, first, data[intact_size:cut])
+        shutil.rmtree(data_dir)
+
+
+@pytest.mark.parametrize("last_batch", [1, 3])
+@pytest.mark.parametrize("flip", [0x01, 0x20, ord("\n")])
+def test_changed_bytes_in_the_last_record(tmp_path: Path, last_batch: int, flip: int) -> None:
+    template = tmp_path / "template"
+    data, intact_size, first = build_store(template, last_batch)
+    last_line_start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    for position in range(last_line_start, len(data), 3):
+        data_dir = tmp_path / f"flip-{position}"
+        shutil.copytree(template, data_dir)
+        damaged = bytearray(data)
+        damaged[position] = flip if flip == ord("\n") else damaged[position] ^ flip
+        if damaged == bytearray(data):
+            continue
+        segment_files(data_dir, TOPIC)[0].write_bytes(bytes(damaged))
+        check_recovered(data_dir, data[:intact_size], first, bytes(damaged[intact_size:]))
+        shutil.rmtree(data_dir)
+
+
+def test_a_reader_never_returns_part_of_a_batch(tmp_path: Path) -> None:
+    data, _, first = build_store(tmp_path, 3)
+    segment = segment_files(tmp_path, TOPIC)[0]
+    last_line_start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    os.truncate(segment, last_line_start)  # two of three records of the batch are there
+    with Log(tmp_path) as log:  # reading does not recover: the writer might be mid-write
+        reader = log.reader(TOPIC, 0)
+        assert [r.offset for r in reader] == list(range(first))
+        assert reader.poll() is None
+        with open(segment, "ab") as handle:  # the writer finishes the batch
+            handle.write(data[last_line_start:])
+        assert [r.value["i"] for r in reader] == [0, 1, 2]
+        assert log.recovery_reports == []
+
+
+@pytest.fixture
+def damaged(tmp_path: Path) -> tuple[Path, int]:
+    """A store with a changed byte in its third record, valid records after it."""
+    with Log(tmp_path) as log:
+        for i in range(10):
+            log.append("events", {"i": i, "text": "some text"})
+    segment = segment_files(tmp_path, TOPIC)[0]
+    data = bytearray(segment.read_bytes())
+    third = data.index(b'{"offset":2,')
+    data[third + data[third:].index(b"some text")] ^= 0x01
+    segment.write_bytes(bytes(data))
+    return tmp_path, third
+
+
+def test_damage_inside_a_segment_raises_on_read(damaged: tuple[Path, int]) -> None:
+    data_dir, position = damaged
+    with Log(data_dir) as log:
+        reader = log.reader(TOPIC, 0)
+        assert [reader.poll().offset, reader.poll().offset] == [0, 1]  # type: ignore[union-attr]
+        with pytest.raises(CorruptRecordError, match="failed its checksum") as caught:
+            reader.poll()
+        assert caught.value.position == position
+        assert reader.position == 2  # not skipped: the same error again
+        with pytest.raises(CorruptRecordError):
+            reader.poll()
+
+
+def test_damage_inside_a_segment_is_reported_by_check(damaged: tuple[Path, int]) -> None:
+    data_dir, position = damaged
+    before = segment_files(data_dir, TOPIC)[0].read_bytes()
+    with Log(data_dir) as log:
+        problems = log.check()
+        with pytest.raises(CorruptRecordError, match="not a torn tail"):
+            # the damage is after the newest index entry: the writer refuses to cut it
+            log.append(TOPIC, "more")
+    assert [(p.position, p.topic, p.partition) for p in problems] == [(position, TOPIC, 0)]
+    assert "damage inside the segment" in problems[0].problem
+    assert segment_files(data_dir, TOPIC)[0].read_bytes() == before  # nothing changed
+
+
+def test_check_finds_nothing_in_a_healthy_store(log: Log) -> None:
+    log.create_topic("a", partitions=3, segment_bytes=1024)
+    for i in range(100):
+        log.append("a", {"i": i})
+    assert log.check() == []
+
+
+def test_opening_reads_only_the_tail(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Log(data_dir) as log:
+        log.create_topic(TOPIC, segment_bytes=4096)
+        for i in range(40):
+            log.append_batch(TOPIC, [Message({"i": i, "pad": "x" * 100})] * 20, acks="0")
+    segments = segment_files(data_dir, TOPIC)
+    assert len(segments) > 20
+    # damage an old segment: opening for append must not even look at it
+    old = segments[1]
+    old.write_bytes(b"garbage\n" * 10)
+    read_bytes = 0
+    real_pread = os.pread
+
+    def counting_pread(fd: int, length: int, position: int) -> bytes:
+        nonlocal read_bytes
+        data = real_pread(fd, length, position)
+        read_bytes += len(data)
+        return data
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    with Log(data_dir) as log:
+        end = log.log_end_offset(TOPIC, 0)
+        appended = log.append(TOPIC, "next")
+        record = log.reader(TOPIC, 0, offset=end).poll()
+    assert appended.offset == end == 800
+    assert record is not None and record.value == "next"
+    assert read_bytes <= 3 * segments[-1].stat().st_size + 8192
