@@ -458,7 +458,7 @@ def spool_latency(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
-# -- Redis Streams, the reference ---------------------------------------------------------------------
+# -- Redis Streams, the reference --------------------------------------------------
 
 
 def _free_port() -> int:
@@ -501,7 +501,7 @@ class _Redis:
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port)
+        client: Any = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -526,7 +526,7 @@ class _Redis:
 def _redis_producer(port: int, first: int, count: int, size: int, barrier: Any) -> None:
     import redis
 
-    client = redis.Redis(port=port)
+    client: Any = redis.Redis(port=port)
     payload = _payload(size)
     barrier.wait()
     for start in range(first, first + count, 100):
@@ -539,7 +539,7 @@ def _redis_producer(port: int, first: int, count: int, size: int, barrier: Any) 
 def _redis_consumer(port: int, name: str, total: int, out: str, barrier: Any, done: Any) -> None:
     import redis
 
-    client = redis.Redis(port=port)
+    client: Any = redis.Redis(port=port)
     ids: list[int] = []
     barrier.wait()
     while not done.is_set():
@@ -585,7 +585,7 @@ def redis_produce(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         for process in processes:
             process.join()
         elapsed = time.perf_counter() - started
-        client = redis.Redis(port=server.port)
+        client: Any = redis.Redis(port=server.port)
         ids = [orjson.loads(fields[b"v"])["id"] for _, fields in client.xrange(TOPIC)]
         counted = count_ids(ids, args.n)
         return {
@@ -607,7 +607,7 @@ def redis_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     server.start()
     outs = [str(root / f"redis-consume-{i}.json") for i in range(args.consumers)]
     try:
-        client = redis.Redis(port=server.port)
+        client: Any = redis.Redis(port=server.port)
         payload = _payload(args.size)
         for start in range(0, args.n, 1000):
             pipe = client.pipeline(transaction=False)
@@ -648,7 +648,7 @@ def redis_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         server.stop()
 
 
-# -- the command -------------------------------------------------------------------------------------------
+# -- the command -------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
