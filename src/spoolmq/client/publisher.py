@@ -154,6 +154,8 @@ class Publisher:
         self._closed = False
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
+        # Never block while holding the condition: a full wake-up socket already says "wake".
+        self._wake_write.setblocking(False)
         self._conn: Connection | None = None
         self.reconnects = 0
         # Connect once in the caller, so a missing broker or a wrong key fails loudly here.
