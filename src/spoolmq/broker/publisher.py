@@ -170,6 +170,7 @@ class PublisherBroker:
         self.stats = PublisherStats()
         self.stopping = False
         self._last_stats = 0.0
+        self._last_prune = time.monotonic()
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -197,6 +198,12 @@ class PublisherBroker:
                 self._read_frames(client, frames)
         if frames:
             self._commit(frames)
+        if time.monotonic() - self._last_prune >= 30.0:
+            self._last_prune = time.monotonic()
+            try:
+                self.log.state.prune_sequences()
+            except SpoolError:
+                log.exception("pruning old producer sequences failed; will retry")
         if time.monotonic() - self._last_stats >= 1.0:
             self._last_stats = time.monotonic()
             self._report(("stats", "publisher", self._stats_dict()))

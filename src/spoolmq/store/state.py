@@ -284,18 +284,28 @@ class StateDB:
     def find_sequences(
         self, pairs: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], SequenceRow]:
-        """The stored position of each (producer_id, sequence) already seen."""
+        """The stored position of each (producer_id, sequence) already seen.
+
+        One range query per producer: a client numbers its messages consecutively, so the
+        sequences of a batch are a narrow range and the common answer is "none stored".
+        """
+        wanted: dict[str, set[int]] = {}
+        for producer_id, sequence in pairs:
+            wanted.setdefault(producer_id, set()).add(sequence)
         found: dict[tuple[str, int], SequenceRow] = {}
         with self._lock:
             db = self._connect()
-            for producer_id, sequence in pairs:
-                row = db.execute(
-                    "SELECT topic, partition, offset FROM producer_sequences "
-                    "WHERE producer_id = ? AND sequence = ?",
-                    (producer_id, sequence),
-                ).fetchone()
-                if row is not None:
-                    found[(producer_id, sequence)] = SequenceRow(producer_id, sequence, *row)
+            for producer_id, sequences in wanted.items():
+                rows = db.execute(
+                    "SELECT sequence, topic, partition, offset FROM producer_sequences "
+                    "WHERE producer_id = ? AND sequence BETWEEN ? AND ?",
+                    (producer_id, min(sequences), max(sequences)),
+                ).fetchall()
+                for sequence, topic, partition, offset in rows:
+                    if sequence in sequences:
+                        found[(producer_id, sequence)] = SequenceRow(
+                            producer_id, sequence, topic, partition, offset
+                        )
         return found
 
     def record_sequences(self, rows: Sequence[SequenceRow]) -> None:
@@ -324,6 +334,27 @@ class StateDB:
                 "DELETE FROM producer_sequences WHERE producer_id = ? AND sequence <= ?",
                 (producer_id, up_to),
             )
+
+    def prune_sequences(self, *, keep: int = 100_000, idle_ms: int = 7 * 24 * 3600 * 1000) -> int:
+        """Forget sequences more than ``keep`` below each producer's newest, and producers idle for
+        ``idle_ms``. A client only ever resends its in-flight window (a few thousand
+        messages at most), so older sequences can never be asked about again."""
+        with self.write() as db:
+            cursor = db.execute(
+                "DELETE FROM producer_sequences WHERE sequence < ("
+                "SELECT p.last_sequence FROM producers p "
+                "WHERE p.producer_id = producer_sequences.producer_id) - ?",
+                (keep,),
+            )
+            removed = cursor.rowcount
+            stale = now_ms() - idle_ms
+            db.execute(
+                "DELETE FROM producer_sequences WHERE producer_id IN "
+                "(SELECT producer_id FROM producers WHERE updated_at < ?)",
+                (stale,),
+            )
+            db.execute("DELETE FROM producers WHERE updated_at < ?", (stale,))
+        return int(removed)
 
     def last_sequence(self, producer_id: str) -> int | None:
         rows = self.query(
