@@ -167,6 +167,7 @@ class Consumer:
         self._closed = False
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
+        self._acks: list[int] = []  # ACKs made with wait=False, sent 100 to a frame
         self._conn: Connection | None = None
         try:
             self._open()
@@ -180,6 +181,7 @@ class Consumer:
         self._conn = conn
         self._generation += 1
         self._buffer.clear()
+        self._acks.clear()  # deliveries of the old connection are void
         self._taken = 0
         reply = self._request(
             {
@@ -217,6 +219,7 @@ class Consumer:
     def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Send a frame with an id and read until its answer (buffering deliveries)."""
         assert self._conn is not None
+        self._flush_acks()
         self._frame_ids += 1
         frame_id = self._frame_ids
         frame["id"] = frame_id
@@ -272,6 +275,7 @@ class Consumer:
                 if self._conn is None:
                     self._reconnect()
                     continue
+                self._flush_acks()  # about to wait: the broker may be waiting for these
                 frame = self._read_frame(remaining if remaining is not None else 1.0)
             except (EOFError, OSError) as exc:
                 log.warning("lost the broker (%s); reconnecting", exc)
@@ -353,6 +357,10 @@ class Consumer:
                 refused = reply.get("refused") or []
                 if refused:
                     raise error_from_code(refused[0]["code"], refused[0]["message"])
+            elif op == "ack":
+                self._acks.append(message.tag)
+                if len(self._acks) >= 100:
+                    self._flush_acks()
             else:
                 self._send(frame)
         except (EOFError, OSError):
@@ -369,6 +377,11 @@ class Consumer:
         if refused:
             raise error_from_code(refused[0]["code"], refused[0]["message"])
 
+    def _flush_acks(self) -> None:
+        if self._acks and self._conn is not None:
+            tags, self._acks = self._acks, []
+            protocol.send(self._conn, {"op": "ack", "tags": tags})
+
     def _send(self, frame: dict[str, Any]) -> None:
         if self._conn is not None:
             protocol.send(self._conn, frame)
@@ -379,6 +392,7 @@ class Consumer:
         self._closed = True
         if self._conn is not None:
             with contextlib.suppress(OSError):
+                self._flush_acks()
                 protocol.send(self._conn, {"op": "bye"})
             self._conn.close()
             self._conn = None
