@@ -605,8 +605,12 @@ class ConsumerBroker:
                     upserts, deletes, schedules = [], [], []
                     for (topic, partition, offset), pending in runtime.dirty.items():
                         if pending.finished:
-                            deletes.append((name, topic, partition, offset))
+                            # Acked within one checkpoint interval: never written, so
+                            # nothing to delete (the common case costs no SQL at all).
+                            if pending.persisted:
+                                deletes.append((name, topic, partition, offset))
                             continue
+                        pending.persisted = True
                         upserts.append(
                             (
                                 name,

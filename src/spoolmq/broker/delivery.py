@@ -139,6 +139,7 @@ class Pending:
     last_reason: str | None = None
     due_at: int = 0  # when scheduled for a retry
     finished: bool = False
+    persisted: bool = False  # has a row in state.db's deliveries table
 
 
 @dataclass(slots=True)
@@ -259,6 +260,7 @@ class Group:
             deliver_at=fields.get("deliver_at"),
             expires_at=fields.get("expires_at"),
             attempt=attempts_so_far,
+            persisted=attempts_so_far > 0,
         )
         heapq.heappush(state.unfinished, offset)
         if key is None:
