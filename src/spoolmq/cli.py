@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -553,7 +554,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_analytics(args: argparse.Namespace) -> int:
     try:
-        from spoolmq import analytics
+        analytics = importlib.import_module("spoolmq.analytics")
     except ImportError as exc:  # pragma: no cover - pyspark is a dependency
         raise InvalidArgumentError(f"the analytics need pyspark: {exc}") from None
     forwarded = ["--data", str(_data(args))]

@@ -8,6 +8,7 @@ percentiles from the delivery events, then the Spark analytics over the result.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import multiprocessing
 import random
@@ -211,9 +212,9 @@ def run_demo(args: argparse.Namespace) -> int:
     console.print(f"DLQ: `spoolmq dlq list {TOPIC} --data {data}`")
     if not args.no_analytics:
         try:
-            from spoolmq import analytics
+            analytics = importlib.import_module("spoolmq.analytics")
         except ImportError:
-            analytics = None  # type: ignore[assignment]
+            analytics = None
         main = getattr(analytics, "main", None)
         if main is not None:
             console.print("[bold]running the Spark analytics over the demo's store[/bold]")
