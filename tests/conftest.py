@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from spoolmq import Log
+from spoolmq.testing import BrokerProcess
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,3 +35,14 @@ def data_dir(tmp_path: Path) -> Path:
 def log(data_dir: Path) -> Iterator[Log]:
     with Log(data_dir) as opened:
         yield opened
+
+
+@pytest.fixture
+def broker(data_dir: Path, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A real `spoolmq broker` subprocess on `data_dir`, stopped (by pid) after the test."""
+    process = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
