@@ -13,8 +13,6 @@ import math
 import multiprocessing
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +21,9 @@ from typing import Any
 import orjson
 
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage
-from spoolmq.errors import BrokerUnavailableError, SpoolError
+from spoolmq.errors import SpoolError
 from spoolmq.store import Log
+from spoolmq.testing import BrokerProcess
 
 TOPIC = "orders"
 POISON_EVERY = 97  # orders whose id is a multiple of this always fail: they end in the DLQ
@@ -85,19 +84,6 @@ def _consume(data: str, number: int) -> None:
         consumer.run(_handle, idle_timeout=4.0)
 
 
-def _wait_for_broker(data: Path, process: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SpoolError(f"the broker exited with status {process.returncode}")
-        try:
-            Admin(data).close()
-            return
-        except (BrokerUnavailableError, SpoolError):
-            time.sleep(0.1)  # waiting for another process to come up: nothing to wait on
-    raise SpoolError(f"the broker did not come up within {seconds:g} s")
-
-
 def _percentile(values: list[float], fraction: float) -> float:
     if not values:
         return float("nan")
@@ -141,15 +127,12 @@ def run_demo(args: argparse.Namespace) -> int:
         data = Path(tempfile.mkdtemp(prefix="spoolmq-demo-")) / "queue_data"
     console.print(f"[bold]spoolmq demo[/bold]: {total} order events, data in {data}")
     Log(data).create_topic(TOPIC, partitions=4)
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "spoolmq", "broker", "--data", str(data), "--log-level", "warning"],
-        stdin=subprocess.DEVNULL,
-    )
+    broker = BrokerProcess(data)
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []
     started = time.monotonic()
     try:
-        _wait_for_broker(data, broker, 30)
+        broker.start(timeout=30)
         half = total // 2
         processes += [
             context.Process(target=_consume, args=(str(data), n), name=f"demo-consumer-{n}")
@@ -190,11 +173,7 @@ def run_demo(args: argparse.Namespace) -> int:
         for process in processes:
             if process.is_alive():
                 process.terminate()
-        broker.send_signal(signal.SIGINT)
-        try:
-            broker.wait(30)
-        except subprocess.TimeoutExpired:
-            broker.kill()
+        broker.stop(signal.SIGINT)
     consumer_stats = stats.get("consumer", {})
     latencies = _latencies(data)
     table = Table(title=f"spoolmq demo: {elapsed:.1f} s")

@@ -1,4 +1,4 @@
-"""Run a real broker as a subprocess, the way a user starts one: for tests and benchmarks.
+"""Run a real broker as a subprocess, the way a user starts one: for the demo, tests, benchmarks.
 
 `BrokerProcess` starts `python -m spoolmq broker --data DIR`, waits until it answers an admin
 `stats` request, knows the pids of the BrokerManager and of its two children, and stops or
