@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -553,19 +552,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_analytics(args: argparse.Namespace) -> int:
-    try:
-        analytics = importlib.import_module("spoolmq.analytics")
-    except ImportError as exc:  # pragma: no cover - pyspark is a dependency
-        raise InvalidArgumentError(f"the analytics need pyspark: {exc}") from None
+    from spoolmq.analytics import main
+
     forwarded = ["--data", str(_data(args))]
     if args.out:
         forwarded += ["--out", args.out]
     if args.master:
         forwarded += ["--master", args.master]
-    main = getattr(analytics, "main", None)
-    if main is None:
-        raise InvalidArgumentError("the analytics job is not part of this build yet")
-    return int(main(forwarded))
+    return main(forwarded)
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -651,8 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p)
 
     p = command("analytics", cmd_analytics, "run the Spark analytics job over the store")
-    p.add_argument("--out")
-    p.add_argument("--master")
+    p.add_argument(
+        "--out", help="output directory (default: analytics_out next to the data directory)"
+    )
+    p.add_argument("--master", help="Spark master URL (default: local[*])")
     return parser
 
 

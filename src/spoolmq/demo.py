@@ -8,7 +8,6 @@ percentiles from the delivery events, then the Spark analytics over the result.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import multiprocessing
 import random
@@ -190,13 +189,8 @@ def run_demo(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"DLQ: `spoolmq dlq list {TOPIC} --data {data}`")
     if not args.no_analytics:
-        try:
-            analytics = importlib.import_module("spoolmq.analytics")
-        except ImportError:
-            analytics = None
-        main = getattr(analytics, "main", None)
-        if main is not None:
-            console.print("[bold]running the Spark analytics over the demo's store[/bold]")
-            return int(main(["--data", str(data)]))
-        console.print("(the Spark analytics are not part of this build yet)")
+        from spoolmq.analytics import main
+
+        console.print("[bold]running the Spark analytics over the demo's store[/bold]")
+        return main(["--data", str(data)])
     return 0

@@ -1,0 +1,109 @@
+"""Extract: find the store's files and read them into DataFrames with explicit schemas.
+
+Segments and events are read as text, one row per line, and parsed by the transformations,
+so a line that does not parse is counted and reported instead of failing the job. The
+small ``state.db`` tables are read with ``sqlite3`` in the driver.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spoolmq.analytics import schemas
+from spoolmq.errors import SchemaVersionError, StorageError
+
+# The newest state.db schema this job understands (spoolmq.store.state.SCHEMA_VERSION).
+_STATE_SCHEMA_VERSION = 1
+_SEGMENT_PATH = r"/([^/]+)/([0-9]+)/[0-9]{20}\.jsonl$"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files one run reads, listed once in the driver (names only, never contents)."""
+
+    segment_files: list[Path]
+    event_files: list[Path]
+
+
+@dataclass(frozen=True)
+class StateTables:
+    """The rows the job needs from ``state.db``; empty when there is no database yet."""
+
+    topics: list[tuple[str, int]] = field(default_factory=list)
+    partitions: list[tuple[str, int, int, int]] = field(default_factory=list)
+    group_offsets: list[tuple[str, str, int, int]] = field(default_factory=list)
+
+
+def list_inputs(data_dir: Path) -> Inputs:
+    segments = sorted((data_dir / "logs").glob("*/*/" + "[0-9]" * 20 + ".jsonl"))
+    events = sorted((data_dir / "events").glob("date=*/*.jsonl"))
+    return Inputs(segment_files=segments, event_files=events)
+
+
+def read_state(data_dir: Path) -> StateTables:
+    """Topics, partition figures and committed offsets, read-only, while a broker may write."""
+    path = data_dir / "state.db"
+    if not path.exists():
+        return StateTables()
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {path}: {exc}") from None
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > _STATE_SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{path} has schema version {version}; this spoolmq reads up to "
+                f"{_STATE_SCHEMA_VERSION}"
+            )
+        if version == 0:  # created but never migrated: nothing in it yet
+            return StateTables()
+        # One read transaction, so the three tables are a consistent snapshot.
+        db.execute("BEGIN")
+        topics = db.execute("SELECT name, partitions FROM topics").fetchall()
+        partitions = db.execute(
+            "SELECT topic, partition, log_start_offset, log_end_offset FROM partitions"
+        ).fetchall()
+        offsets = db.execute(
+            "SELECT group_name, topic, partition, committed_offset FROM group_offsets"
+        ).fetchall()
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from None
+    finally:
+        db.close()
+    return StateTables(topics=topics, partitions=partitions, group_offsets=offsets)
+
+
+def segment_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
+    """One row per segment line: topic and partition (from the path) and the line's text."""
+    if not files:
+        return spark.createDataFrame([], schemas.SEGMENT_LINES)
+    raw = spark.read.text([str(path) for path in files])
+    path = F.col("_metadata.file_path")
+    return raw.select(
+        F.regexp_extract(path, _SEGMENT_PATH, 1).alias("topic"),
+        F.regexp_extract(path, _SEGMENT_PATH, 2).cast("int").alias("partition"),
+        F.col("value").alias("line"),
+    )
+
+
+def event_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
+    """One row per delivery event line (its text)."""
+    if not files:
+        return spark.createDataFrame([], schemas.EVENT_LINES)
+    return spark.read.text([str(path) for path in files]).select(F.col("value").alias("line"))
+
+
+def state_frames(spark: SparkSession, state: StateTables) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """The state tables as small DataFrames: topics, partitions, group offsets."""
+    return (
+        spark.createDataFrame(state.topics, schemas.STATE_TOPICS),
+        spark.createDataFrame(state.partitions, schemas.STATE_PARTITIONS),
+        spark.createDataFrame(state.group_offsets, schemas.STATE_GROUP_OFFSETS),
+    )

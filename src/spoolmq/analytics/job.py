@@ -1,0 +1,273 @@
+"""The analytics job: extract the store's files, transform them with Spark, load the results.
+
+Runs as ``spoolmq analytics [--data DIR] [--out DIR] [--master URL]`` and, unchanged, as
+``spark-submit src/spoolmq/analytics/job.py --data DIR --out DIR`` (``--master`` then goes to
+``spark-submit``). Outputs in ``--out``: ``tables/<name>/`` (Parquet), ``summary.json``,
+``charts/*.png`` and ``report.html``. Only aggregates ever reach the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+if __package__ in (None, ""):  # run as a file by spark-submit: import the installed package
+    sys.path.pop(0)  # this directory holds modules named like others (report, schemas, ...)
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from spoolmq.analytics import extract, report, transform
+from spoolmq.analytics.session import build_session
+from spoolmq.analytics.summary import build_summary, chart_bucket_ms
+from spoolmq.config import resolve_data_dir
+from spoolmq.errors import InvalidArgumentError, SpoolError
+
+TOP_KEYS = 20
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Result:
+    out_dir: Path
+    summary: dict[str, Any]
+    report: Path
+
+
+def default_out_dir(data_dir: Path) -> Path:
+    """``analytics_out`` next to the data directory (``./analytics_out`` for ``./queue_data``)."""
+    return data_dir.resolve().parent / "analytics_out"
+
+
+def _rows(frame: DataFrame) -> list[dict[str, Any]]:
+    return [row.asDict() for row in frame.collect()]
+
+
+def _write(frame: DataFrame, out_dir: Path, name: str) -> list[dict[str, Any]]:
+    """Write one aggregate table as Parquet; return its rows (small by construction)."""
+    path = out_dir / "tables" / name
+    frame.coalesce(1).write.mode("overwrite").parquet(str(path))
+    return _rows(frame.sparkSession.read.parquet(str(path)))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = None) -> Result:
+    """Run the job over ``data_dir`` into ``out_dir``; ``step`` is told what happens next."""
+    tell = step or (lambda _: None)
+    if not data_dir.is_dir():
+        raise InvalidArgumentError(f"no data directory at {data_dir}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidArgumentError(f"--out {out_dir} exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "charts").mkdir(exist_ok=True)
+
+    tell("listing the store's files")
+    inputs = extract.list_inputs(data_dir)
+    state = extract.read_state(data_dir)
+    topics, state_partitions, group_offsets = extract.state_frames(spark, state)
+
+    tell("parsing message segments")
+    parsed = transform.parse_records(extract.segment_lines(spark, inputs.segment_files))
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    records_all = transform.mark_incomplete_batches(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+    records_all.count()
+    parsed.unpersist()
+    records = records_all.where("problem IS NULL").drop("problem", "batch_records")
+
+    tell("parsing delivery events")
+    events_all = transform.parse_events(extract.event_lines(spark, inputs.event_files))
+    events_all = events_all.drop("key", "bytes", "reason").persist(StorageLevel.MEMORY_AND_DISK)
+    events = events_all.where("problem IS NULL")
+    outcomes = transform.delivery_outcomes(events).persist(StorageLevel.MEMORY_AND_DISK)
+
+    tables: dict[str, list[dict[str, Any]]] = {}
+    tell("counting lines read and skipped")
+    tables["lines"] = _write(transform.line_counts(records_all, events_all), out_dir, "lines")
+    tell("messages and bytes per partition")
+    partitions = transform.partition_stats(records, topics, state_partitions)
+    tables["partitions"] = _write(partitions, out_dir, "partitions")
+    tell("throughput per minute")
+    tables["throughput_per_minute"] = _write(
+        transform.throughput(records, events, 60_000), out_dir, "throughput_per_minute"
+    )
+    tell("latency percentiles")
+    tables["latency"] = _write(transform.latency(outcomes), out_dir, "latency")
+    tell("processing time per consumer")
+    tables["processing"] = _write(transform.processing_time(events), out_dir, "processing_time")
+    tell("delivery attempts, retries, expiry and dead letters")
+    tables["attempts"] = _write(
+        transform.attempts_histogram(outcomes), out_dir, "delivery_attempts"
+    )
+    tables["outcomes"] = _write(transform.outcome_rates(outcomes), out_dir, "outcomes")
+    tell("consumers")
+    tables["consumers"] = _write(transform.consumer_stats(events), out_dir, "consumers")
+    tell("consumer-group lag")
+    partitions_written = spark.read.parquet(str(out_dir / "tables" / "partitions"))
+    tables["lag_now"] = _write(
+        transform.lag_now(group_offsets, partitions_written), out_dir, "lag_now"
+    )
+    snapshots = transform.lag_over_time(events)
+    _write(snapshots, out_dir, "lag_over_time")
+    tell("key skew and payload sizes")
+    tables["top_keys"] = _write(transform.top_keys(records, TOP_KEYS), out_dir, "top_keys")
+    tables["payload_sizes"] = _write(transform.payload_sizes(records), out_dir, "payload_sizes")
+
+    tell("charts")
+    stamps = [r["first_timestamp"] for r in tables["partitions"] if r["first_timestamp"]]
+    ends = [r["last_timestamp"] for r in tables["partitions"] if r["last_timestamp"]]
+    bucket = chart_bucket_ms(max(ends) - min(stamps) if stamps else 0)
+    lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
+    charts = {
+        "throughput": report.throughput_chart(
+            _rows(transform.throughput(records, events, bucket)),
+            bucket,
+            out_dir / "charts" / "throughput.png",
+        ),
+        "latency": report.latency_chart(tables["latency"], out_dir / "charts" / "latency.png"),
+        "lag": report.lag_chart(
+            _rows(transform.lag_by_bucket(snapshots, lag_bucket)),
+            lag_bucket,
+            out_dir / "charts" / "lag.png",
+        ),
+        "attempts": report.attempts_chart(tables["attempts"], out_dir / "charts" / "attempts.png"),
+    }
+    for frame in (records_all, events_all, outcomes):
+        frame.unpersist()
+
+    tell("summary and report")
+    summary = build_summary(
+        data_dir=str(data_dir),
+        partitions=tables["partitions"],
+        latency=tables["latency"],
+        attempts=tables["attempts"],
+        outcomes=tables["outcomes"],
+        payload_sizes=tables["payload_sizes"],
+        lag_now=tables["lag_now"],
+        consumers=tables["consumers"],
+        processing=tables["processing"],
+        lines=tables["lines"],
+        files={"segments": len(inputs.segment_files), "events": len(inputs.event_files)},
+    )
+    _write_atomically(
+        out_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
+    )
+    times = {(r["group"], r["consumer"]): r for r in tables["processing"]}
+    consumers = [
+        {
+            **row,
+            **{k: times.get((row["group"], row["consumer"]), {}).get(k) for k in ("p50", "p99")},
+        }
+        for row in tables["consumers"]
+    ]
+    page = report.render_html(
+        summary,
+        charts,
+        {
+            "latency": sorted(tables["latency"], key=lambda r: (r["topic"], r["measure"])),
+            "lag_now": sorted(
+                tables["lag_now"], key=lambda r: (r["group"], r["topic"], r["partition"])
+            ),
+            "outcomes": sorted(tables["outcomes"], key=lambda r: (r["topic"], r["group"])),
+            "consumers": sorted(consumers, key=lambda r: (r["group"], r["consumer"])),
+            "partitions": sorted(tables["partitions"], key=lambda r: (r["topic"], r["partition"])),
+            "top_keys": sorted(tables["top_keys"], key=lambda r: (r["topic"], r["rank"])),
+            "payload_sizes": sorted(tables["payload_sizes"], key=lambda r: r["topic"]),
+        },
+        dt.datetime.now(dt.UTC),
+    )
+    report_path = out_dir / "report.html"
+    _write_atomically(report_path, page.encode("utf-8"))
+    return Result(out_dir=out_dir, summary=summary, report=report_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spoolmq analytics", description="Spark analytics over a spoolmq store."
+    )
+    parser.add_argument("--data", help="data directory (default: $SPOOLMQ_DATA or ./queue_data)")
+    parser.add_argument(
+        "--out", help="output directory (default: analytics_out next to the data directory)"
+    )
+    parser.add_argument(
+        "--master",
+        help="Spark master URL, e.g. local[2] or spark://HOST:7077 (default: local[*], or "
+        "what spark-submit was given)",
+    )
+    return parser
+
+
+def _under_spark_submit() -> bool:
+    # spark-submit starts the Python driver with the gateway it already launched.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job with progress on stderr; print where the report is. SpoolError on bad
+    input (the CLI turns it into one line on stderr)."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    args = build_parser().parse_args(argv)
+    data_dir = resolve_data_dir(args.data)
+    if not data_dir.is_dir():
+        raise InvalidArgumentError(f"no data directory at {data_dir}")
+    out_dir = Path(args.out) if args.out else default_out_dir(data_dir)
+    master = args.master or (None if _under_spark_submit() else "local[*]")
+    console = Console(stderr=True)
+    started = time.monotonic()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("starting Spark", total=None)
+
+        def step(text: str) -> None:
+            progress.update(task, description=text)
+            if not console.is_terminal:
+                console.print(f"  {text}")
+
+        spark = build_session(master)
+        try:
+            result = run(spark, data_dir, out_dir, step)
+        finally:
+            spark.stop()
+        progress.update(task, description="done")
+    topics = result.summary["topics"]
+    skipped = sum(n for reasons in result.summary["skipped"].values() for n in reasons.values())
+    print(
+        f"analytics over {sum(t['messages'] for t in topics.values()):,} messages in "
+        f"{len(topics)} topic(s) took {time.monotonic() - started:.1f} s"
+        + (f"; {skipped:,} unreadable line(s) skipped (see the report)" if skipped else "")
+    )
+    print(f"tables and summary.json: {result.out_dir}")
+    print(f"report: {result.report}")
+    return 0
+
+
+def _script_main() -> int:
+    try:
+        return main()
+    except SpoolError as exc:
+        sys.stderr.write(f"spoolmq: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_script_main())

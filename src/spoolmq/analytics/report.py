@@ -1,0 +1,361 @@
+"""Load, for people: PNG charts (matplotlib) and one self-contained ``report.html``.
+
+Takes the small aggregate rows the job collected, never a DataFrame. The HTML inlines the
+charts as base64 data and has no scripts or external resources, so it opens anywhere,
+offline, as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, also on a cluster's driver
+
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+
+Row = Mapping[str, Any]
+_DPI = 100
+_SIZE = (8.0, 3.6)
+
+
+def _times(stamps_ms: Sequence[int]) -> Any:
+    """Datetimes for matplotlib's date axis (typed Any: its stubs expect arrays)."""
+    return [dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC) for ms in stamps_ms]
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=_DPI)
+    plt.close(figure)
+    return path
+
+
+def _empty(axes: Any, text: str) -> None:
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, color="gray")
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
+Series = tuple[str, Sequence[int], Sequence[float], str]  # label, times (ms), values, style
+
+
+def _time_chart(
+    series: Sequence[Series], bucket_ms: int, ylabel: str, title: str, empty: str, path: Path
+) -> Path:
+    figure, axes = plt.subplots(figsize=_SIZE)
+    for label, stamps, values, style in series:
+        axes.plot(_times(stamps), values, style, markersize=3, label=label)
+    if series:
+        first = min(min(stamps) for _, stamps, _, _ in series)
+        last = max(max(stamps) for _, stamps, _, _ in series)
+        # One bucket of room on each side; a single point would otherwise get a span of years.
+        axes.set_xlim(*_times([first - bucket_ms, last + bucket_ms]))
+        locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
+        axes.xaxis.set_major_locator(locator)
+        formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+        axes.xaxis.set_major_formatter(formatter)
+        axes.set_ylim(bottom=0)
+        axes.set_ylabel(ylabel)
+        axes.set_xlabel(f"time (UTC), {bucket_ms / 1000:g} s buckets")
+        axes.legend(fontsize="small", loc="upper right")
+    else:
+        _empty(axes, empty)
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def _points(rows: Sequence[Row], column: str, name: str) -> list[Row]:
+    return sorted((r for r in rows if r[column] == name), key=lambda r: r["bucket_start_ms"])
+
+
+def throughput_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
+    """Messages stored and ACKed per second over time, one line pair per topic."""
+    seconds = bucket_ms / 1000
+    series: list[Series] = []
+    for topic in sorted({r["topic"] for r in rows}):
+        points = _points(rows, "topic", topic)
+        stamps = [r["bucket_start_ms"] for r in points]
+        series.append((f"{topic} stored", stamps, [r["published"] / seconds for r in points], "-"))
+        if any(r["acked"] for r in points):
+            acked = [r["acked"] / seconds for r in points]
+            series.append((f"{topic} ACKed", stamps, acked, "--"))
+    return _time_chart(series, bucket_ms, "messages/s", "Throughput", "no messages", path)
+
+
+def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
+    """Each group's lag (summed over its partitions) over time."""
+    series: list[Series] = []
+    for group in sorted({r["group"] for r in rows}):
+        points = _points(rows, "group", group)
+        lags = [float(r["lag"]) for r in points]
+        series.append((group, [r["bucket_start_ms"] for r in points], lags, "o-"))
+    return _time_chart(
+        series, bucket_ms, "messages behind", "Consumer-group lag", "no lag snapshots", path
+    )
+
+
+def latency_chart(rows: Sequence[Row], path: Path) -> Path:
+    """p50/p90/p99 of publish→first delivery and publish→ACK per topic."""
+    figure, axes = plt.subplots(figsize=_SIZE)
+    labels = sorted({(r["topic"], r["measure"]) for r in rows})
+    if labels:
+        by_label = {(r["topic"], r["measure"]): r for r in rows}
+        width = 0.25
+        for index, key in enumerate(("p50", "p90", "p99")):
+            xs = [i + (index - 1) * width for i in range(len(labels))]
+            axes.bar(xs, [by_label[label][key] for label in labels], width, label=key)
+        names = {"first_delivery": "to first delivery", "ack": "to ACK"}
+        axes.set_xticks(range(len(labels)))
+        axes.set_xticklabels([f"{t}\n{names.get(m, m)}" for t, m in labels], fontsize="small")
+        axes.set_ylabel("ms after publish")
+        axes.legend(fontsize="small")
+    else:
+        _empty(axes, "no deliveries")
+    axes.set_title("End-to-end latency")
+    return _save(figure, path)
+
+
+def attempts_chart(rows: Sequence[Row], path: Path) -> Path:
+    """How many messages needed 1, 2, … delivery attempts (all topics and groups)."""
+    figure, axes = plt.subplots(figsize=_SIZE)
+    totals: dict[int, int] = {}
+    for row in rows:
+        totals[row["attempts"]] = totals.get(row["attempts"], 0) + row["messages"]
+    if totals:
+        keys = sorted(totals)
+        bars = axes.bar([str(k) for k in keys], [totals[k] for k in keys], color="#4c72b0")
+        axes.bar_label(bars, fontsize="small")
+        axes.set_yscale("log")
+        axes.set_xlabel("delivery attempts")
+        axes.set_ylabel("messages (log scale)")
+    else:
+        _empty(axes, "no deliveries")
+    axes.set_title("Delivery attempts")
+    return _save(figure, path)
+
+
+# -- HTML ----------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return html.escape(str(value))
+
+
+def html_table(columns: Sequence[tuple[str, str]], rows: Sequence[Row]) -> str:
+    """``columns`` are (key, heading); numbers are right-aligned."""
+    if not rows:
+        return '<p class="none">nothing to show</p>'
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="{"num" if isinstance(row.get(k), int | float) else "txt"}">'
+            f"{_cell(row.get(k))}</td>"
+            for k, _ in columns
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _image(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;
+max-width:1000px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.meta{color:#666}table{border-collapse:collapse;margin:.6em 0;font-size:14px}
+th,td{padding:.25em .7em;border-bottom:1px solid #eee}th{background:#f4f4f4;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.none{color:#888}
+.warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}
+.ok{background:#eef7ee;border-left:4px solid #5a5;padding:.5em 1em}
+figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}
+"""
+
+
+def render_html(
+    summary: Mapping[str, Any],
+    charts: Mapping[str, Path],
+    tables: Mapping[str, Sequence[Row]],
+    generated_at: dt.datetime,
+) -> str:
+    """The report page: overview, what was skipped, the charts, the key tables."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<link rel="icon" href="data:,">',
+        "<title>spoolmq analytics</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>spoolmq analytics</h1>",
+        f'<p class="meta">store <code>{html.escape(str(summary["data"]))}</code> · generated '
+        f"{generated_at:%Y-%m-%d %H:%M:%S} UTC</p>",
+    ]
+    inputs = summary["inputs"]
+    parts.append(
+        f"<p>Read {inputs['segment_lines']:,} segment lines from {inputs['segment_files']:,} "
+        f"files and {inputs['event_lines']:,} delivery events from {inputs['event_files']:,} "
+        "files.</p>"
+    )
+    skipped = [
+        (source, reason, count)
+        for source, reasons in summary["skipped"].items()
+        for reason, count in reasons.items()
+    ]
+    if skipped:
+        items = "".join(
+            f"<li>{count:,} {html.escape(source)} line(s): {html.escape(reason)}</li>"
+            for source, reason, count in skipped
+        )
+        parts.append(f'<div class="warn"><strong>Skipped</strong><ul>{items}</ul></div>')
+    else:
+        parts.append('<p class="ok">Every line was read; nothing was skipped.</p>')
+    overview = [
+        {
+            "topic": name,
+            "messages": t["messages"],
+            "bytes": t["bytes"],
+            "partitions": len(t["partitions"]),
+            "acked": t["acked"],
+            "retried": t["retried"],
+            "dead_lettered": t["dead_lettered"],
+            "expired": t["expired"],
+            "p50": (t["e2e_latency_ms"] or {}).get("p50"),
+            "p99": (t["e2e_latency_ms"] or {}).get("p99"),
+        }
+        for name, t in summary["topics"].items()
+    ]
+    parts += [
+        "<h2>Topics</h2>",
+        html_table(
+            [
+                ("topic", "topic"),
+                ("messages", "messages"),
+                ("bytes", "bytes"),
+                ("partitions", "partitions"),
+                ("acked", "ACKed"),
+                ("retried", "retried"),
+                ("dead_lettered", "dead-lettered"),
+                ("expired", "expired"),
+                ("p50", "e2e p50 ms"),
+                ("p99", "e2e p99 ms"),
+            ],
+            overview,
+        ),
+        "<h2>Throughput</h2>",
+        _image(charts["throughput"], "throughput over time"),
+        "<h2>Latency</h2>",
+        _image(charts["latency"], "latency percentiles"),
+        html_table(
+            [
+                ("topic", "topic"),
+                ("measure", "publish to"),
+                ("messages", "messages"),
+                ("p50", "p50 ms"),
+                ("p90", "p90 ms"),
+                ("p99", "p99 ms"),
+                ("max", "max ms"),
+            ],
+            tables["latency"],
+        ),
+        "<h2>Consumer-group lag</h2>",
+        _image(charts["lag"], "lag per group over time"),
+        html_table(
+            [
+                ("group", "group"),
+                ("topic", "topic"),
+                ("partition", "partition"),
+                ("committed", "committed"),
+                ("log_end_offset", "log end"),
+                ("lag", "lag"),
+            ],
+            tables["lag_now"],
+        ),
+        "<h2>Deliveries and failures</h2>",
+        _image(charts["attempts"], "delivery attempts histogram"),
+        html_table(
+            [
+                ("topic", "topic"),
+                ("group", "group"),
+                ("messages", "messages"),
+                ("acked", "ACKed"),
+                ("retried", "retried"),
+                ("dead_lettered", "dead-lettered"),
+                ("expired", "expired"),
+                ("retry_rate", "retry rate"),
+                ("dlq_rate", "DLQ rate"),
+            ],
+            tables["outcomes"],
+        ),
+        "<h2>Consumers</h2>",
+        html_table(
+            [
+                ("group", "group"),
+                ("consumer", "consumer"),
+                ("deliveries", "deliveries"),
+                ("acked", "ACKed"),
+                ("failures", "failures"),
+                ("failure_rate", "failure rate"),
+                ("acked_per_s", "ACKs/s"),
+                ("p50", "processing p50 ms"),
+                ("p99", "processing p99 ms"),
+            ],
+            tables["consumers"],
+        ),
+        "<h2>Partitions</h2>",
+        html_table(
+            [
+                ("topic", "topic"),
+                ("partition", "partition"),
+                ("messages", "messages"),
+                ("bytes", "bytes"),
+                ("log_end_offset", "log end"),
+                ("share", "share"),
+                ("ratio_to_mean", "vs. even"),
+            ],
+            tables["partitions"],
+        ),
+        "<h2>Top keys</h2>",
+        html_table(
+            [
+                ("topic", "topic"),
+                ("rank", "rank"),
+                ("key", "key"),
+                ("messages", "messages"),
+                ("share", "share"),
+            ],
+            tables["top_keys"],
+        ),
+        "<h2>Payload sizes (stored bytes per record)</h2>",
+        html_table(
+            [
+                ("topic", "topic"),
+                ("messages", "messages"),
+                ("min", "min"),
+                ("mean", "mean"),
+                ("p50", "p50"),
+                ("p90", "p90"),
+                ("p99", "p99"),
+                ("max", "max"),
+            ],
+            tables["payload_sizes"],
+        ),
+        "</body></html>",
+    ]
+    return "\n".join(parts)

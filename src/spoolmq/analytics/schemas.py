@@ -1,0 +1,81 @@
+"""Explicit schemas of everything the analytics job reads and writes; nothing is inferred.
+
+The line schemas name only the fields the job uses: a message's ``value`` can be any JSON
+and is never parsed. Integers are 64-bit (``LongType``): timestamps are milliseconds.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+# A message segment line (docs/FORMAT.md, "Message segments"), the fields the job reads.
+RECORD_LINE = StructType(
+    [
+        StructField("offset", LongType()),
+        StructField("timestamp", LongType()),
+        StructField("key", StringType()),
+        StructField("key_b64", StringType()),
+        StructField("batch_records", LongType()),
+        StructField("crc", LongType()),
+    ]
+)
+
+# A delivery event line (docs/FORMAT.md, "Delivery events"); every field.
+EVENT_LINE = StructType(
+    [
+        StructField("ts", LongType()),
+        StructField("type", StringType()),
+        StructField("group", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("key", StringType()),
+        StructField("consumer", StringType()),
+        StructField("attempt", LongType()),
+        StructField("published_at", LongType()),
+        StructField("bytes", LongType()),
+        StructField("processing_ms", DoubleType()),
+        StructField("reason", StringType()),
+        StructField("committed", LongType()),
+        StructField("log_end_offset", LongType()),
+        StructField("lag", LongType()),
+    ]
+)
+
+# Raw lines as extracted: where each came from and its text.
+SEGMENT_LINES = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("line", StringType()),
+    ]
+)
+EVENT_LINES = StructType([StructField("line", StringType())])
+
+# state.db, read with sqlite3 in the driver (small tables).
+STATE_TOPICS = StructType(
+    [StructField("topic", StringType(), False), StructField("partitions", IntegerType(), False)]
+)
+STATE_PARTITIONS = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("log_start_offset", LongType(), False),
+        StructField("log_end_offset", LongType(), False),
+    ]
+)
+STATE_GROUP_OFFSETS = StructType(
+    [
+        StructField("group", StringType(), False),
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("committed", LongType(), False),
+    ]
+)

@@ -1,0 +1,429 @@
+"""Transformations: pure functions from DataFrames to DataFrames, no I/O.
+
+Every figure is an aggregate computed by Spark; the driver only ever receives aggregates.
+Percentiles are exact (Spark's ``percentile``: linear interpolation between the two closest
+ranks, as numpy's default), which is cheap here because latencies and sizes are whole
+milliseconds and bytes, so the aggregation keeps one count per distinct value.
+
+Definitions (docs: README "Analytics"):
+
+- a *record* is a line of a message segment that parses, has its checksum right, and whose
+  batch is whole in the file; ``bytes`` is the stored line with its newline;
+- a *delivery outcome* is one message as seen by one consumer group, from its events:
+  first delivery, attempts (the highest delivery attempt), ACK, dead letter, expiry;
+- e2e latency is publish (the record's timestamp) to first delivery; ack latency is publish
+  to ACK; processing time is delivery to ACK (``processing_ms`` of ``acked`` events).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from spoolmq.analytics import schemas
+
+PERCENTILES = (0.5, 0.9, 0.99)
+# Delivery events that a consumer's work ended in, other than an ACK.
+FAILURE_TYPES = ("nacked", "lease_expired", "released")
+_CRC_MARK = ',"crc":'
+
+
+def _percentile_columns(value: Column, prefix: str = "") -> list[Column]:
+    """p50, p90, p99 (exact, interpolated) and max of ``value`` as doubles."""
+    fractions = F.array(*(F.lit(f) for f in PERCENTILES))
+    values = F.percentile(value.cast("double"), fractions)
+    return [
+        values[0].alias(f"{prefix}p50"),
+        values[1].alias(f"{prefix}p90"),
+        values[2].alias(f"{prefix}p99"),
+        F.max(value).cast("double").alias(f"{prefix}max"),
+    ]
+
+
+def _count_if(condition: Column) -> Column:
+    return F.sum(F.when(condition, 1).otherwise(0)).cast("long")
+
+
+def _ratio(part: str, whole: str) -> Column:
+    return F.when(F.col(whole) > 0, F.col(part) / F.col(whole))
+
+
+# -- parsing -----------------------------------------------------------------------------
+
+
+def parse_records(lines: DataFrame) -> DataFrame:
+    """Segment lines (topic, partition, line) to records with a ``problem`` column.
+
+    ``problem`` is null for a good record, else ``unparsable`` (not a JSON record line: a
+    torn write, or damage) or ``checksum mismatch`` (``crc`` is not the CRC-32 of the
+    bytes before the last ``,"crc":``, as the store writes it).
+    """
+    # Parse each line once: a column of the parsed struct, then fields of that column (the
+    # session turns off Spark's rewrite of one from_json into one per field).
+    parsed_lines = lines.select(
+        "topic", "partition", "line", F.from_json(F.col("line"), schemas.RECORD_LINE).alias("r")
+    )
+    parsed = F.col("r")
+    after_mark = F.substring_index(F.col("line"), _CRC_MARK, -1)
+    before_mark = F.expr(
+        "left(line, length(line) - length(substring_index(line, ',\"crc\":', -1)) - 7)"
+    )
+    good_checksum = F.crc32(before_mark.cast("binary")) == parsed["crc"]
+    problem = (
+        F.when(
+            parsed["offset"].isNull() | parsed["timestamp"].isNull() | parsed["crc"].isNull(),
+            F.lit("unparsable"),
+        )
+        .when(~good_checksum | (after_mark == F.col("line")), F.lit("checksum mismatch"))
+        .otherwise(F.lit(None).cast("string"))
+    )
+    return parsed_lines.select(
+        "topic",
+        "partition",
+        parsed["offset"].alias("offset"),
+        parsed["timestamp"].alias("timestamp"),
+        F.coalesce(parsed["key"], parsed["key_b64"]).alias("key"),
+        (F.octet_length("line") + 1).cast("long").alias("bytes"),
+        parsed["batch_records"].alias("batch_records"),
+        problem.alias("problem"),
+    )
+
+
+def mark_incomplete_batches(records: DataFrame) -> DataFrame:
+    """Mark the records of a partition's last batch whose lines are not all in the file yet.
+
+    A writer appends a batch with one ``write``; a reader can see part of it (a write in
+    progress, or a crash mid-write before recovery). The store's readers never return part
+    of a batch, and neither does this job: those records get the problem
+    ``incomplete batch``. Only the newest batch of a partition can be incomplete: its head
+    (the newest record with ``batch_records`` N) must have N - 1 records after it.
+    """
+    good = records.where(F.col("problem").isNull())
+    heads = F.when(F.col("batch_records").isNotNull(), F.col("offset"))
+    tails = (
+        good.groupBy("topic", "partition")
+        .agg(
+            F.max("offset").alias("_max_offset"),
+            F.max(heads).alias("_head"),
+            F.max_by("batch_records", heads).alias("_head_records"),
+        )
+        .select(
+            "topic",
+            "partition",
+            F.when(
+                F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"), F.col("_head")
+            ).alias("_cut_from"),
+        )
+        .where(F.col("_cut_from").isNotNull())
+    )
+    joined = records.join(F.broadcast(tails), ["topic", "partition"], "left")
+    incomplete = F.col("problem").isNull() & (F.col("offset") >= F.col("_cut_from"))
+    return joined.select(
+        *(c for c in records.columns if c != "problem"),
+        F.when(incomplete, F.lit("incomplete batch")).otherwise(F.col("problem")).alias("problem"),
+    )
+
+
+def parse_events(lines: DataFrame) -> DataFrame:
+    """Event lines to events (docs/FORMAT.md fields) with a ``problem`` column:
+    ``unparsable`` when a line is not an event (a torn last line, damage)."""
+    parsed = F.col("e")
+    missing = F.lit(False)
+    for name in ("ts", "type", "group", "topic", "partition"):
+        missing = missing | parsed[name].isNull()
+    problem = F.when(missing, F.lit("unparsable")).otherwise(F.lit(None).cast("string"))
+    return lines.select(F.from_json(F.col("line"), schemas.EVENT_LINE).alias("e")).select(
+        *(parsed[f.name].alias(f.name) for f in schemas.EVENT_LINE.fields),
+        problem.alias("problem"),
+    )
+
+
+def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
+    """Lines read per source (``segments``, ``events``) and ``status``: ``used``, or the
+    reason a line was skipped."""
+
+    def counted(frame: DataFrame, source: str) -> DataFrame:
+        return frame.groupBy(
+            F.lit(source).alias("source"),
+            F.coalesce(F.col("problem"), F.lit("used")).alias("status"),
+        ).agg(F.count(F.lit(1)).alias("lines"))
+
+    return counted(records, "segments").unionByName(counted(events, "events"))
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+def partition_stats(records: DataFrame, topics: DataFrame, partitions: DataFrame) -> DataFrame:
+    """Messages and bytes per topic and partition, with the log end offset and balance.
+
+    Every partition known to ``state.db`` or present in ``logs/`` has a row, also when it
+    holds no records. ``log_end_offset`` is the larger of ``state.db``'s figure (written at
+    most once a second by appenders) and the newest record's offset + 1. ``share`` is the
+    partition's part of its topic's messages; ``ratio_to_mean`` compares it with a perfectly
+    even spread (1.0 = even).
+    """
+    counted = records.groupBy("topic", "partition").agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.sum("bytes").cast("long").alias("bytes"),
+        F.min("offset").alias("first_offset"),
+        F.max("offset").alias("last_offset"),
+        F.min("timestamp").alias("first_timestamp"),
+        F.max("timestamp").alias("last_timestamp"),
+    )
+    declared = topics.select(
+        "topic", F.explode(F.sequence(F.lit(0), F.col("partitions") - 1)).alias("partition")
+    ).where(F.col("partition") >= 0)
+    known = (
+        declared.unionByName(partitions.select("topic", "partition"))
+        .unionByName(counted.select("topic", "partition"))
+        .distinct()
+    )
+    by_topic = Window.partitionBy("topic")
+    return (
+        known.join(counted, ["topic", "partition"], "left")
+        .join(
+            partitions.select("topic", "partition", F.col("log_end_offset").alias("_state_end")),
+            ["topic", "partition"],
+            "left",
+        )
+        .select(
+            "topic",
+            "partition",
+            F.coalesce(F.col("messages"), F.lit(0)).cast("long").alias("messages"),
+            F.coalesce(F.col("bytes"), F.lit(0)).cast("long").alias("bytes"),
+            "first_offset",
+            "last_offset",
+            "first_timestamp",
+            "last_timestamp",
+            F.greatest(
+                F.coalesce(F.col("_state_end"), F.lit(0)),
+                F.coalesce(F.col("last_offset") + 1, F.lit(0)),
+            )
+            .cast("long")
+            .alias("log_end_offset"),
+        )
+        .withColumn("_topic_messages", F.sum("messages").over(by_topic))
+        .withColumn("_partitions", F.count(F.lit(1)).over(by_topic))
+        .withColumn("share", _ratio("messages", "_topic_messages"))
+        .withColumn("ratio_to_mean", F.col("share") * F.col("_partitions"))
+        .drop("_topic_messages", "_partitions")
+    )
+
+
+def throughput(records: DataFrame, events: DataFrame, bucket_ms: int) -> DataFrame:
+    """Per topic and time bucket: messages and bytes stored, deliveries and ACKs made."""
+    if bucket_ms < 1:
+        raise ValueError(f"a time bucket must be at least 1 ms, not {bucket_ms}")
+
+    def bucket(ms: Column) -> Column:
+        return (F.floor(ms / bucket_ms) * bucket_ms).cast("long").alias("bucket_start_ms")
+
+    stored = records.groupBy("topic", bucket(F.col("timestamp"))).agg(
+        F.count(F.lit(1)).alias("published"), F.sum("bytes").cast("long").alias("bytes")
+    )
+    worked = (
+        events.where(F.col("type").isin("delivered", "acked"))
+        .groupBy("topic", bucket(F.col("ts")))
+        .agg(
+            _count_if(F.col("type") == "delivered").alias("delivered"),
+            _count_if(F.col("type") == "acked").alias("acked"),
+        )
+    )
+    joined = stored.join(worked, ["topic", "bucket_start_ms"], "full")
+    return joined.select(
+        "topic",
+        "bucket_start_ms",
+        F.timestamp_millis("bucket_start_ms").alias("bucket_start"),
+        *(
+            F.coalesce(F.col(name), F.lit(0)).cast("long").alias(name)
+            for name in ("published", "bytes", "delivered", "acked")
+        ),
+    )
+
+
+def top_keys(records: DataFrame, limit: int) -> DataFrame:
+    """The ``limit`` most frequent keys of each topic and their share of its messages."""
+    totals = records.groupBy("topic").agg(F.count(F.lit(1)).alias("_topic_messages"))
+    ranked = Window.partitionBy("topic").orderBy(F.desc("messages"), F.asc("key"))
+    return (
+        records.where(F.col("key").isNotNull())
+        .groupBy("topic", "key")
+        .agg(F.count(F.lit(1)).alias("messages"))
+        .withColumn("rank", F.row_number().over(ranked))
+        .where(F.col("rank") <= limit)
+        .join(totals, "topic")
+        .select(
+            "topic",
+            "rank",
+            "key",
+            "messages",
+            (F.col("messages") / F.col("_topic_messages")).alias("share"),
+        )
+    )
+
+
+def payload_sizes(records: DataFrame) -> DataFrame:
+    """Stored record sizes per topic: count, min, mean, p50, p90, p99, max bytes."""
+    return records.groupBy("topic").agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.min("bytes").cast("double").alias("min"),
+        F.avg("bytes").alias("mean"),
+        *_percentile_columns(F.col("bytes")),
+    )
+
+
+# -- deliveries --------------------------------------------------------------------------
+
+
+def delivery_outcomes(events: DataFrame) -> DataFrame:
+    """One row per (group, topic, partition, offset) that has delivery events."""
+    typed = events.where((F.col("type") != "lag") & F.col("offset").isNotNull())
+    delivered = F.col("type") == "delivered"
+    return typed.groupBy("group", "topic", "partition", "offset").agg(
+        F.max("published_at").alias("published_at"),
+        F.min(F.when(delivered, F.col("ts"))).alias("first_delivered_at"),
+        F.max(F.when(delivered, F.col("attempt"))).alias("attempts"),
+        F.min(F.when(F.col("type") == "acked", F.col("ts"))).alias("acked_at"),
+        F.max(F.col("type") == "dead_lettered").alias("dead_lettered"),
+        F.max(F.col("type") == "expired").alias("expired"),
+    )
+
+
+def latency(outcomes: DataFrame) -> DataFrame:
+    """Per topic: publish to first delivery (``first_delivery``) and publish to ACK
+    (``ack``): messages, p50, p90, p99, max in ms, over every group's deliveries."""
+    waits = outcomes.select(
+        "topic",
+        F.lit("first_delivery").alias("measure"),
+        (F.col("first_delivered_at") - F.col("published_at")).alias("ms"),
+    ).unionByName(
+        outcomes.select(
+            "topic",
+            F.lit("ack").alias("measure"),
+            (F.col("acked_at") - F.col("published_at")).alias("ms"),
+        )
+    )
+    return (
+        waits.where(F.col("ms").isNotNull())
+        .groupBy("topic", "measure")
+        .agg(F.count(F.lit(1)).alias("messages"), *_percentile_columns(F.col("ms")))
+    )
+
+
+def processing_time(events: DataFrame) -> DataFrame:
+    """Delivery to ACK per group and consumer: ACKs, mean, p50, p90, p99, max in ms."""
+    return (
+        events.where((F.col("type") == "acked") & F.col("processing_ms").isNotNull())
+        .groupBy("group", "consumer")
+        .agg(
+            F.count(F.lit(1)).alias("acked"),
+            F.avg("processing_ms").alias("mean"),
+            *_percentile_columns(F.col("processing_ms")),
+        )
+    )
+
+
+def attempts_histogram(outcomes: DataFrame) -> DataFrame:
+    """How many messages needed 1, 2, … delivery attempts, per topic and group."""
+    return (
+        outcomes.where(F.col("attempts").isNotNull())
+        .groupBy("topic", "group", "attempts")
+        .agg(F.count(F.lit(1)).alias("messages"))
+    )
+
+
+def outcome_rates(outcomes: DataFrame) -> DataFrame:
+    """Per topic and group: messages with events, and how many were ACKed, retried (more
+    than one delivery attempt), dead-lettered and expired, as counts and rates."""
+    counted = outcomes.groupBy("topic", "group").agg(
+        F.count(F.lit(1)).alias("messages"),
+        _count_if(F.col("attempts").isNotNull()).alias("delivered"),
+        _count_if(F.col("acked_at").isNotNull()).alias("acked"),
+        _count_if(F.col("attempts") > 1).alias("retried"),
+        _count_if(F.col("dead_lettered")).alias("dead_lettered"),
+        _count_if(F.col("expired")).alias("expired"),
+    )
+    return counted.select(
+        "*",
+        _ratio("retried", "messages").alias("retry_rate"),
+        _ratio("dead_lettered", "messages").alias("dlq_rate"),
+        _ratio("expired", "messages").alias("expiry_rate"),
+    )
+
+
+def consumer_stats(events: DataFrame) -> DataFrame:
+    """Per group and consumer: deliveries, ACKs, failures (NACKs, expired leases, releases
+    on disconnect), failure rate per delivery, and ACKs per second over its active span."""
+    kind = F.col("type")
+    counted = (
+        events.where(
+            F.col("consumer").isNotNull() & kind.isin("delivered", "acked", *FAILURE_TYPES)
+        )
+        .groupBy("group", "consumer")
+        .agg(
+            _count_if(kind == "delivered").alias("deliveries"),
+            _count_if(kind == "acked").alias("acked"),
+            _count_if(kind == "nacked").alias("nacked"),
+            _count_if(kind == "lease_expired").alias("lease_expired"),
+            _count_if(kind == "released").alias("released"),
+            F.min("ts").alias("first_ts"),
+            F.max("ts").alias("last_ts"),
+        )
+    )
+    return counted.select(
+        "*",
+        (F.col("nacked") + F.col("lease_expired") + F.col("released")).alias("failures"),
+    ).select(
+        "*",
+        _ratio("failures", "deliveries").alias("failure_rate"),
+        F.when(
+            F.col("last_ts") > F.col("first_ts"),
+            F.col("acked") * 1000.0 / (F.col("last_ts") - F.col("first_ts")),
+        ).alias("acked_per_s"),
+    )
+
+
+# -- lag ---------------------------------------------------------------------------------
+
+
+def lag_now(group_offsets: DataFrame, partitions: DataFrame) -> DataFrame:
+    """Each group's committed offset per partition against the log end offset."""
+    ends = partitions.select("topic", "partition", "log_end_offset")
+    joined = group_offsets.join(ends, ["topic", "partition"], "left")
+    end = F.greatest(F.coalesce(F.col("log_end_offset"), F.col("committed")), F.col("committed"))
+    return joined.select(
+        "group",
+        "topic",
+        "partition",
+        "committed",
+        end.alias("log_end_offset"),
+        (end - F.col("committed")).alias("lag"),
+    )
+
+
+def lag_over_time(events: DataFrame) -> DataFrame:
+    """The broker's periodic lag snapshots (``lag`` events)."""
+    return events.where(F.col("type") == "lag").select(
+        "group",
+        "topic",
+        "partition",
+        "ts",
+        F.timestamp_millis("ts").alias("time"),
+        "committed",
+        "log_end_offset",
+        "lag",
+    )
+
+
+def lag_by_bucket(snapshots: DataFrame, bucket_ms: int) -> DataFrame:
+    """Per group and time bucket: the highest lag each partition showed, summed."""
+    if bucket_ms < 1:
+        raise ValueError(f"a time bucket must be at least 1 ms, not {bucket_ms}")
+    start = (F.floor(F.col("ts") / bucket_ms) * bucket_ms).cast("long").alias("bucket_start_ms")
+    per_partition = snapshots.groupBy("group", "topic", "partition", start).agg(
+        F.max("lag").alias("lag")
+    )
+    return per_partition.groupBy("group", "bucket_start_ms").agg(
+        F.sum("lag").cast("long").alias("lag")
+    )
