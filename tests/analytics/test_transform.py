@@ -3,11 +3,11 @@ by hand in the test (see transform.py for the definitions)."""
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import orjson
 import pytest
+from analytics_helpers import record_line
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -22,12 +22,6 @@ EVENTS = (
     "consumer string, attempt long, published_at long, processing_ms double, "
     "committed long, log_end_offset long, lag long"
 )
-
-
-def record_line(**fields: Any) -> str:
-    """A segment line as the store writes it: the CRC-32 of the bytes before ``,"crc":``."""
-    head = orjson.dumps(fields)[:-1]
-    return (head + b',"crc":%d}' % zlib.crc32(head)).decode()
 
 
 def frame(spark: SparkSession, schema: str, rows: list[tuple[Any, ...]]) -> DataFrame:
