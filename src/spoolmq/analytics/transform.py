@@ -403,7 +403,9 @@ def lag_now(group_offsets: DataFrame, partitions: DataFrame) -> DataFrame:
 
 
 def lag_over_time(events: DataFrame) -> DataFrame:
-    """The broker's periodic lag snapshots (``lag`` events)."""
+    """The broker's periodic lag snapshots (``lag`` events); a snapshot without its ``lag``
+    field gets ``log_end_offset - committed``."""
+    derived = F.greatest(F.col("log_end_offset") - F.col("committed"), F.lit(0))
     return events.where(F.col("type") == "lag").select(
         "group",
         "topic",
@@ -412,7 +414,7 @@ def lag_over_time(events: DataFrame) -> DataFrame:
         F.timestamp_millis("ts").alias("time"),
         "committed",
         "log_end_offset",
-        "lag",
+        F.coalesce(F.col("lag"), derived).alias("lag"),
     )
 
 
@@ -424,6 +426,8 @@ def lag_by_bucket(snapshots: DataFrame, bucket_ms: int) -> DataFrame:
     per_partition = snapshots.groupBy("group", "topic", "partition", start).agg(
         F.max("lag").alias("lag")
     )
-    return per_partition.groupBy("group", "bucket_start_ms").agg(
-        F.sum("lag").cast("long").alias("lag")
+    return (
+        per_partition.groupBy("group", "bucket_start_ms")
+        .agg(F.sum("lag").cast("long").alias("lag"))
+        .where(F.col("lag").isNotNull())
     )
