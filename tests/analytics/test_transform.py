@@ -97,7 +97,12 @@ def test_only_an_incomplete_last_batch_is_marked(spark: SparkSession) -> None:
         ("t", 1, 2, 10, None, 100, None, None),
     ]
     schema = RECORDS + ", batch_records long, problem string"
-    marked = transform.mark_incomplete_batches(frame(spark, schema, rows))
+    records = frame(spark, schema, rows)
+    cuts = transform.incomplete_batches(records)
+    assertDataFrameEqual(
+        cuts, frame(spark, "topic string, partition int, cut_from long", [("t", 0, 3)])
+    )
+    marked = transform.mark_incomplete_batches(records, cuts)
     expected = [(*r[:7], "incomplete batch") if r[1] == 0 and r[2] in (3, 4) else r for r in rows]
     assertDataFrameEqual(marked, frame(spark, schema, expected))
 
