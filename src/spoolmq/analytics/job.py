@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import the insta
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, transform
 from spoolmq.analytics.session import build_session
@@ -126,9 +127,16 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     tables["payload_sizes"] = _save(transform.payload_sizes(records), out_dir, "payload_sizes")
 
     tell("charts")
-    firsts = [r["first_timestamp"] for r in tables["partitions"] if r["first_timestamp"]]
-    lasts = [r["last_timestamp"] for r in tables["partitions"] if r["last_timestamp"]]
-    bucket = chart_bucket_ms(max(lasts) - min(firsts) if firsts else 0)
+    # One bucket size for the whole time span (records and events), so that no chart has
+    # more than a few hundred points however long the store's history is.
+    span = events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
+    stamps = [
+        stamp
+        for row in tables["partitions"]
+        for stamp in (row["first_timestamp"], row["last_timestamp"])
+        if stamp is not None
+    ] + [stamp for stamp in (span or {}) if stamp is not None]
+    bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
     lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
     charts = {
         "throughput": report.throughput_chart(

@@ -30,7 +30,7 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    return (
+    session = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -40,3 +40,6 @@ def build_session(
         .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={LOG4J_CONFIG}")
         .getOrCreate()
     )
+    # Under spark-submit the JVM started before the options above: quiet it from here on.
+    session.sparkContext.setLogLevel("ERROR")
+    return session
