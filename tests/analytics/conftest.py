@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-
-def need(program: str, package: str) -> None:
-    """Skip when a system program is missing; in CI (where .ci/run installs it) fail."""
-    if shutil.which(program) is None:
-        message = f"{program} is not installed (apt-get install {package})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: .ci/run installs it")
-        pytest.skip(message)
+from analytics_helpers import need
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ from spoolmq.errors import SchemaVersionError, StorageError
 
 # The newest state.db schema this job understands (spoolmq.store.state.SCHEMA_VERSION).
 _STATE_SCHEMA_VERSION = 1
-_SEGMENT_PATH = r"/([^/]+)/([0-9]+)/[0-9]{20}\.jsonl$"
 
 
 @dataclass(frozen=True)
@@ -85,10 +84,11 @@ def segment_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
     if not files:
         return spark.createDataFrame([], schemas.SEGMENT_LINES)
     raw = spark.read.text([str(path) for path in files])
+    # .../logs/<topic>/<partition>/<base>.jsonl (cheaper per line than a regular expression)
     path = F.col("_metadata.file_path")
     return raw.select(
-        F.regexp_extract(path, _SEGMENT_PATH, 1).alias("topic"),
-        F.regexp_extract(path, _SEGMENT_PATH, 2).cast("int").alias("partition"),
+        F.substring_index(F.substring_index(path, "/", -3), "/", 1).alias("topic"),
+        F.substring_index(F.substring_index(path, "/", -2), "/", 1).cast("int").alias("partition"),
         F.col("value").alias("line"),
     )
 

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import the insta
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, transform
 from spoolmq.analytics.session import build_session
@@ -52,11 +53,17 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.collect()]
 
 
-def _write(frame: DataFrame, out_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Write one aggregate table as Parquet; return its rows (small by construction)."""
-    path = out_dir / "tables" / name
-    frame.coalesce(1).write.mode("overwrite").parquet(str(path))
-    return _rows(frame.sparkSession.read.parquet(str(path)))
+def _save(frame: DataFrame, out_dir: Path, name: str) -> list[dict[str, Any]]:
+    """Compute a small aggregate table once, write it as Parquet, return its rows."""
+    rows = frame.collect()
+    written = frame.sparkSession.createDataFrame(rows, frame.schema)
+    written.coalesce(1).write.mode("overwrite").parquet(str(out_dir / "tables" / name))
+    return [row.asDict() for row in rows]
+
+
+def _save_large(frame: DataFrame, out_dir: Path, name: str) -> None:
+    """Write a table that grows with the store's age (time series) without collecting it."""
+    frame.coalesce(1).write.mode("overwrite").parquet(str(out_dir / "tables" / name))
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -83,9 +90,9 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     tell("parsing message segments")
     parsed = transform.parse_records(extract.segment_lines(spark, inputs.segment_files))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    records_all = transform.mark_incomplete_batches(parsed).persist(StorageLevel.MEMORY_AND_DISK)
-    records_all.count()
-    parsed.unpersist()
+    incomplete = transform.incomplete_batches(parsed)
+    cuts = spark.createDataFrame(incomplete.collect(), incomplete.schema)  # a row or two
+    records_all = transform.mark_incomplete_batches(parsed, cuts)
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
 
     tell("parsing delivery events")
@@ -95,41 +102,41 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     outcomes = transform.delivery_outcomes(events).persist(StorageLevel.MEMORY_AND_DISK)
 
     tables: dict[str, list[dict[str, Any]]] = {}
-    tell("counting lines read and skipped")
-    tables["lines"] = _write(transform.line_counts(records_all, events_all), out_dir, "lines")
+    tables["lines"] = _save(transform.line_counts(records_all, events_all), out_dir, "lines")
     tell("messages and bytes per partition")
     partitions = transform.partition_stats(records, topics, state_partitions)
-    tables["partitions"] = _write(partitions, out_dir, "partitions")
+    tables["partitions"] = _save(partitions, out_dir, "partitions")
     tell("throughput per minute")
-    tables["throughput_per_minute"] = _write(
-        transform.throughput(records, events, 60_000), out_dir, "throughput_per_minute"
-    )
+    _save_large(transform.throughput(records, events, 60_000), out_dir, "throughput_per_minute")
     tell("latency percentiles")
-    tables["latency"] = _write(transform.latency(outcomes), out_dir, "latency")
+    tables["latency"] = _save(transform.latency(outcomes), out_dir, "latency")
     tell("processing time per consumer")
-    tables["processing"] = _write(transform.processing_time(events), out_dir, "processing_time")
+    tables["processing"] = _save(transform.processing_time(events), out_dir, "processing_time")
     tell("delivery attempts, retries, expiry and dead letters")
-    tables["attempts"] = _write(
-        transform.attempts_histogram(outcomes), out_dir, "delivery_attempts"
-    )
-    tables["outcomes"] = _write(transform.outcome_rates(outcomes), out_dir, "outcomes")
+    tables["attempts"] = _save(transform.attempts_histogram(outcomes), out_dir, "delivery_attempts")
+    tables["outcomes"] = _save(transform.outcome_rates(outcomes), out_dir, "outcomes")
     tell("consumers")
-    tables["consumers"] = _write(transform.consumer_stats(events), out_dir, "consumers")
+    tables["consumers"] = _save(transform.consumer_stats(events), out_dir, "consumers")
     tell("consumer-group lag")
-    partitions_written = spark.read.parquet(str(out_dir / "tables" / "partitions"))
-    tables["lag_now"] = _write(
-        transform.lag_now(group_offsets, partitions_written), out_dir, "lag_now"
-    )
+    ends = spark.createDataFrame(tables["partitions"], partitions.schema)
+    tables["lag_now"] = _save(transform.lag_now(group_offsets, ends), out_dir, "lag_now")
     snapshots = transform.lag_over_time(events)
-    _write(snapshots, out_dir, "lag_over_time")
+    _save_large(snapshots, out_dir, "lag_over_time")
     tell("key skew and payload sizes")
-    tables["top_keys"] = _write(transform.top_keys(records, TOP_KEYS), out_dir, "top_keys")
-    tables["payload_sizes"] = _write(transform.payload_sizes(records), out_dir, "payload_sizes")
+    tables["top_keys"] = _save(transform.top_keys(records, TOP_KEYS), out_dir, "top_keys")
+    tables["payload_sizes"] = _save(transform.payload_sizes(records), out_dir, "payload_sizes")
 
     tell("charts")
-    stamps = [r["first_timestamp"] for r in tables["partitions"] if r["first_timestamp"]]
-    ends = [r["last_timestamp"] for r in tables["partitions"] if r["last_timestamp"]]
-    bucket = chart_bucket_ms(max(ends) - min(stamps) if stamps else 0)
+    # One bucket size for the whole time span (records and events), so that no chart has
+    # more than a few hundred points however long the store's history is.
+    span = events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
+    stamps = [
+        stamp
+        for row in tables["partitions"]
+        for stamp in (row["first_timestamp"], row["last_timestamp"])
+        if stamp is not None
+    ] + [stamp for stamp in (span or {}) if stamp is not None]
+    bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
     lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
     charts = {
         "throughput": report.throughput_chart(
@@ -145,7 +152,7 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         ),
         "attempts": report.attempts_chart(tables["attempts"], out_dir / "charts" / "attempts.png"),
     }
-    for frame in (records_all, events_all, outcomes):
+    for frame in (parsed, events_all, outcomes):
         frame.unpersist()
 
     tell("summary and report")

@@ -62,7 +62,9 @@ def _time_chart(
         axes.xaxis.set_major_locator(locator)
         formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
         axes.xaxis.set_major_formatter(formatter)
-        axes.set_ylim(bottom=0)
+        # From zero, with a little room below it so a flat line at 0 (no lag) stays visible.
+        top = max((max(values) for _, _, values, _ in series if values), default=0.0) or 1.0
+        axes.set_ylim(-0.03 * top, 1.08 * top)
         axes.set_ylabel(ylabel)
         axes.set_xlabel(f"time (UTC), {bucket_ms / 1000:g} s buckets")
         axes.legend(fontsize="small", loc="upper right")
@@ -83,10 +85,11 @@ def throughput_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
     for topic in sorted({r["topic"] for r in rows}):
         points = _points(rows, "topic", topic)
         stamps = [r["bucket_start_ms"] for r in points]
-        series.append((f"{topic} stored", stamps, [r["published"] / seconds for r in points], "-"))
+        stored = [r["published"] / seconds for r in points]
+        series.append((f"{topic} stored", stamps, stored, ".-"))
         if any(r["acked"] for r in points):
             acked = [r["acked"] / seconds for r in points]
-            series.append((f"{topic} ACKed", stamps, acked, "--"))
+            series.append((f"{topic} ACKed", stamps, acked, ".--"))
     return _time_chart(series, bucket_ms, "messages/s", "Throughput", "no messages", path)
 
 
@@ -105,7 +108,11 @@ def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
 def latency_chart(rows: Sequence[Row], path: Path) -> Path:
     """p50/p90/p99 of publish→first delivery and publish→ACK per topic."""
     figure, axes = plt.subplots(figsize=_SIZE)
-    labels = sorted({(r["topic"], r["measure"]) for r in rows})
+    order = {"first_delivery": 0, "ack": 1}
+    labels = sorted(
+        {(r["topic"], r["measure"]) for r in rows},
+        key=lambda label: (label[0], order.get(label[1], 2)),
+    )
     if labels:
         by_label = {(r["topic"], r["measure"]): r for r in rows}
         width = 0.25

@@ -23,20 +23,23 @@ def build_session(
     local = master is None or master.startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # The JVM started below inherits this: glibc's per-thread malloc arenas otherwise
+        # let its native memory (outside the 1 GiB heap) grow past another GiB.
+        os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    return (
+    session = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        # Spark rewrites one from_json read for several fields into one from_json per field,
-        # parsing every line once per field; transform.py parses each line once instead.
-        .config("spark.sql.optimizer.enableJsonExpressionOptimization", "false")
         # A segment deleted by retention between listing and reading is not an error.
         .config("spark.sql.files.ignoreMissingFiles", "true")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={LOG4J_CONFIG}")
         .getOrCreate()
     )
+    # Under spark-submit the JVM started before the options above: quiet it from here on.
+    session.sparkContext.setLogLevel("ERROR")
+    return session

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from spoolmq.analytics import schemas
 
@@ -51,6 +52,26 @@ def _ratio(part: str, whole: str) -> Column:
 # -- parsing -----------------------------------------------------------------------------
 
 
+def _parse_json_lines(lines: DataFrame, keep: list[str], schema: StructType) -> DataFrame:
+    """The top-level fields of ``schema`` from each JSON line, typed as the schema says.
+
+    One ``json_tuple`` pass per line (about twice as fast as ``from_json`` here), then a
+    ``try_cast`` per field: a line that is not a JSON object, or is cut off, gives nulls;
+    so does a field of the wrong type.
+    """
+    raw = [f"_json_{field.name}" for field in schema.fields]
+    parsed = lines.select(
+        *keep, F.json_tuple(F.col("line"), *(f.name for f in schema.fields)).alias(*raw)
+    )
+    return parsed.select(
+        *keep,
+        *(
+            F.col(r).try_cast(f.dataType).alias(f.name)
+            for r, f in zip(raw, schema.fields, strict=True)
+        ),
+    )
+
+
 def parse_records(lines: DataFrame) -> DataFrame:
     """Segment lines (topic, partition, line) to records with a ``problem`` column.
 
@@ -58,66 +79,60 @@ def parse_records(lines: DataFrame) -> DataFrame:
     torn write, or damage) or ``checksum mismatch`` (``crc`` is not the CRC-32 of the
     bytes before the last ``,"crc":``, as the store writes it).
     """
-    # Parse each line once: a column of the parsed struct, then fields of that column (the
-    # session turns off Spark's rewrite of one from_json into one per field).
-    parsed_lines = lines.select(
-        "topic", "partition", "line", F.from_json(F.col("line"), schemas.RECORD_LINE).alias("r")
-    )
-    parsed = F.col("r")
+    parsed = _parse_json_lines(lines, ["topic", "partition", "line"], schemas.RECORD_LINE)
     after_mark = F.substring_index(F.col("line"), _CRC_MARK, -1)
     before_mark = F.expr(
         "left(line, length(line) - length(substring_index(line, ',\"crc\":', -1)) - 7)"
     )
-    good_checksum = F.crc32(before_mark.cast("binary")) == parsed["crc"]
+    good_checksum = F.crc32(before_mark.cast("binary")) == F.col("crc")
     problem = (
         F.when(
-            parsed["offset"].isNull() | parsed["timestamp"].isNull() | parsed["crc"].isNull(),
+            F.col("offset").isNull() | F.col("timestamp").isNull() | F.col("crc").isNull(),
             F.lit("unparsable"),
         )
         .when(~good_checksum | (after_mark == F.col("line")), F.lit("checksum mismatch"))
         .otherwise(F.lit(None).cast("string"))
     )
-    return parsed_lines.select(
+    return parsed.select(
         "topic",
         "partition",
-        parsed["offset"].alias("offset"),
-        parsed["timestamp"].alias("timestamp"),
-        F.coalesce(parsed["key"], parsed["key_b64"]).alias("key"),
+        "offset",
+        "timestamp",
+        F.coalesce(F.col("key"), F.col("key_b64")).alias("key"),
         (F.octet_length("line") + 1).cast("long").alias("bytes"),
-        parsed["batch_records"].alias("batch_records"),
+        "batch_records",
         problem.alias("problem"),
     )
 
 
-def mark_incomplete_batches(records: DataFrame) -> DataFrame:
-    """Mark the records of a partition's last batch whose lines are not all in the file yet.
+def incomplete_batches(records: DataFrame) -> DataFrame:
+    """Where a partition's newest batch starts, when not all of its lines are in the file:
+    (topic, partition, cut_from).
 
     A writer appends a batch with one ``write``; a reader can see part of it (a write in
-    progress, or a crash mid-write before recovery). The store's readers never return part
-    of a batch, and neither does this job: those records get the problem
-    ``incomplete batch``. Only the newest batch of a partition can be incomplete: its head
-    (the newest record with ``batch_records`` N) must have N - 1 records after it.
+    progress, or a crash mid-write before recovery). Only the newest batch of a partition
+    can be incomplete: its head (the newest record with ``batch_records`` N) must have
+    N - 1 records after it. One row per such partition, so the result is tiny.
     """
-    good = records.where(F.col("problem").isNull())
     heads = F.when(F.col("batch_records").isNotNull(), F.col("offset"))
-    tails = (
-        good.groupBy("topic", "partition")
+    return (
+        records.where(F.col("problem").isNull())
+        .groupBy("topic", "partition")
         .agg(
             F.max("offset").alias("_max_offset"),
             F.max(heads).alias("_head"),
             F.max_by("batch_records", heads).alias("_head_records"),
         )
-        .select(
-            "topic",
-            "partition",
-            F.when(
-                F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"), F.col("_head")
-            ).alias("_cut_from"),
-        )
-        .where(F.col("_cut_from").isNotNull())
+        .where(F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"))
+        .select("topic", "partition", F.col("_head").alias("cut_from"))
     )
-    joined = records.join(F.broadcast(tails), ["topic", "partition"], "left")
-    incomplete = F.col("problem").isNull() & (F.col("offset") >= F.col("_cut_from"))
+
+
+def mark_incomplete_batches(records: DataFrame, cuts: DataFrame) -> DataFrame:
+    """Give the records from each ``cut_from`` on the problem ``incomplete batch``: the
+    store's readers never return part of a batch, and neither does this job."""
+    joined = records.join(F.broadcast(cuts), ["topic", "partition"], "left")
+    incomplete = F.col("problem").isNull() & (F.col("offset") >= F.col("cut_from"))
     return joined.select(
         *(c for c in records.columns if c != "problem"),
         F.when(incomplete, F.lit("incomplete batch")).otherwise(F.col("problem")).alias("problem"),
@@ -127,15 +142,11 @@ def mark_incomplete_batches(records: DataFrame) -> DataFrame:
 def parse_events(lines: DataFrame) -> DataFrame:
     """Event lines to events (docs/FORMAT.md fields) with a ``problem`` column:
     ``unparsable`` when a line is not an event (a torn last line, damage)."""
-    parsed = F.col("e")
     missing = F.lit(False)
     for name in ("ts", "type", "group", "topic", "partition"):
-        missing = missing | parsed[name].isNull()
+        missing = missing | F.col(name).isNull()
     problem = F.when(missing, F.lit("unparsable")).otherwise(F.lit(None).cast("string"))
-    return lines.select(F.from_json(F.col("line"), schemas.EVENT_LINE).alias("e")).select(
-        *(parsed[f.name].alias(f.name) for f in schemas.EVENT_LINE.fields),
-        problem.alias("problem"),
-    )
+    return _parse_json_lines(lines, [], schemas.EVENT_LINE).select("*", problem.alias("problem"))
 
 
 def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
@@ -403,7 +414,9 @@ def lag_now(group_offsets: DataFrame, partitions: DataFrame) -> DataFrame:
 
 
 def lag_over_time(events: DataFrame) -> DataFrame:
-    """The broker's periodic lag snapshots (``lag`` events)."""
+    """The broker's periodic lag snapshots (``lag`` events); a snapshot without its ``lag``
+    field gets ``log_end_offset - committed``."""
+    derived = F.greatest(F.col("log_end_offset") - F.col("committed"), F.lit(0))
     return events.where(F.col("type") == "lag").select(
         "group",
         "topic",
@@ -412,7 +425,7 @@ def lag_over_time(events: DataFrame) -> DataFrame:
         F.timestamp_millis("ts").alias("time"),
         "committed",
         "log_end_offset",
-        "lag",
+        F.coalesce(F.col("lag"), derived).alias("lag"),
     )
 
 
@@ -424,6 +437,8 @@ def lag_by_bucket(snapshots: DataFrame, bucket_ms: int) -> DataFrame:
     per_partition = snapshots.groupBy("group", "topic", "partition", start).agg(
         F.max("lag").alias("lag")
     )
-    return per_partition.groupBy("group", "bucket_start_ms").agg(
-        F.sum("lag").cast("long").alias("lag")
+    return (
+        per_partition.groupBy("group", "bucket_start_ms")
+        .agg(F.sum("lag").cast("long").alias("lag"))
+        .where(F.col("lag").isNotNull())
     )

@@ -1,0 +1,251 @@
+"""Benchmark of ``spoolmq analytics`` (issue 4): a cold run over a store of N messages.
+
+    uv run python scripts/bench_analytics.py                       # 1M messages
+    uv run python scripts/bench_analytics.py --messages 100000 --messages 1000000
+
+Builds the store directly in the documented format (docs/FORMAT.md) in a temporary
+directory: the segments through the store library (``Log.append_batch``), the delivery
+events and lag snapshots as JSON lines written with orjson, committed offsets in
+``state.db``. Then runs ``python -m spoolmq analytics`` as a new process (a cold JVM) and
+reports its wall time and the peak RSS of the driver: the Python process and its JVM,
+sampled every 0.1 s. Prints a Markdown table for BENCHMARKS.md; deletes the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+
+from spoolmq import Log, Message
+
+TOPIC = "orders"
+GROUP = "billing"
+PARTITIONS = 4
+BATCH = 1000
+CONSUMERS = [f"c{n}-bench#{n}" for n in range(4)]
+LAG_EVERY_MS = 5_000
+
+
+def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
+    """N messages on 4 partitions with one group's events: ~3 % retried once, ~0.1 %
+    dead-lettered after 3 attempts. Returns counts of what was written."""
+    rng = random.Random(seed)
+    events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
+    with Log(data) as log:
+        log.create_topic(TOPIC, partitions=PARTITIONS)
+        events_dir.mkdir(parents=True, mode=0o700)
+        out = (events_dir / f"{int(time.time() * 1000)}-{os.getpid()}.jsonl").open("wb")
+        written = {"messages": 0, "events": 0, "dead_lettered": 0}
+        ends = [0] * PARTITIONS
+        next_lag = 0
+        for start in range(0, count, BATCH):
+            batch = [
+                Message(
+                    {"order_id": i, "customer": f"customer-{i % 997}", "amount": 12.5, "items": 3},
+                    key=f"customer-{i % 997}",
+                )
+                for i in range(start, min(count, start + BATCH))
+            ]
+            positions = log.append_batch(TOPIC, batch, acks="1")
+            lines = []
+            for position in positions:
+                ends[position.partition] = position.offset + 1
+                common = {
+                    "group": GROUP,
+                    "topic": TOPIC,
+                    "partition": position.partition,
+                    "offset": position.offset,
+                    "key": None,
+                    "published_at": position.timestamp,
+                    "bytes": 110,
+                }
+                ts = position.timestamp + rng.randint(0, 20)
+                roll = rng.random()
+                attempts = 3 if roll < 0.001 else 2 if roll < 0.03 else 1
+                for attempt in range(1, attempts + 1):
+                    consumer = rng.choice(CONSUMERS)
+                    worked = rng.randint(1, 30)
+                    kind = "acked" if attempt == attempts and attempts < 3 else "nacked"
+                    lines.append(
+                        {
+                            "ts": ts,
+                            "type": "delivered",
+                            "consumer": consumer,
+                            "attempt": attempt,
+                            **common,
+                        }
+                    )
+                    ts += worked
+                    lines.append(
+                        {
+                            "ts": ts,
+                            "type": kind,
+                            "consumer": consumer,
+                            "attempt": attempt,
+                            "processing_ms": float(worked),
+                            **common,
+                        }
+                    )
+                    ts += 200 if kind == "nacked" else 0
+                if attempts == 3:
+                    lines.append(
+                        {
+                            "ts": ts,
+                            "type": "dead_lettered",
+                            "consumer": consumer,
+                            "attempt": 3,
+                            "reason": "bad address",
+                            **common,
+                        }
+                    )
+                    written["dead_lettered"] += 1
+            if positions and positions[-1].timestamp >= next_lag:
+                for partition in range(PARTITIONS):
+                    committed = max(0, ends[partition] - rng.randint(0, 500))
+                    lines.append(
+                        {
+                            "ts": positions[-1].timestamp,
+                            "type": "lag",
+                            "group": GROUP,
+                            "topic": TOPIC,
+                            "partition": partition,
+                            "committed": committed,
+                            "log_end_offset": ends[partition],
+                            "lag": ends[partition] - committed,
+                        }
+                    )
+                next_lag = positions[-1].timestamp + LAG_EVERY_MS
+            out.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+            written["messages"] += len(positions)
+            written["events"] += len(lines)
+        out.close()
+    db = sqlite3.connect(data / "state.db")
+    with db:
+        db.executemany(
+            "INSERT OR REPLACE INTO group_offsets VALUES (?, ?, ?, ?, ?)",
+            [(GROUP, TOPIC, p, ends[p], int(time.time() * 1000)) for p in range(PARTITIONS)],
+        )
+    db.close()
+    return written
+
+
+def run_job(data: Path, out: Path, master: str) -> dict[str, float]:
+    """Run the job as a new process; its wall time and the driver's peak RSS."""
+    command = [
+        sys.executable,
+        "-m",
+        "spoolmq",
+        "analytics",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--master",
+        master,
+    ]
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    process = psutil.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak_total = peak_python = peak_jvm = peak_anonymous = 0
+    cpu_seconds: dict[int, float] = {}  # last seen per process: CPU is a figure less
+    # disturbed than wall time by other work on a shared machine
+    while process.poll() is None:
+        try:
+            children = process.children(recursive=True)
+            memory = [each.memory_info() for each in (process, *children)]
+            python_rss = memory[0].rss
+            jvm_rss = sum(m.rss for m in memory[1:])
+            # RSS also counts file pages mapped in (Spark maps spilled cache blocks and
+            # jars): what is reclaimable; resident minus shared is the memory it holds.
+            peak_anonymous = max(peak_anonymous, sum(m.rss - m.shared for m in memory))
+            for each in (process, *children):
+                times = each.cpu_times()
+                cpu_seconds[each.pid] = times.user + times.system
+        except psutil.Error:
+            python_rss = jvm_rss = 0
+        peak_python = max(peak_python, python_rss)
+        peak_jvm = max(peak_jvm, jvm_rss)
+        peak_total = max(peak_total, python_rss + jvm_rss)
+        time.sleep(0.1)  # sampling another process's memory: nothing to wait on
+    wall = time.perf_counter() - started
+    output = process.stdout.read().decode() if process.stdout else ""
+    if process.returncode != 0:
+        raise SystemExit(f"the job failed ({process.returncode}):\n{output[-3000:]}")
+    return {
+        "wall_s": wall,
+        "cpu_s": sum(cpu_seconds.values()),
+        "load_1min": (load_before + os.getloadavg()[0]) / 2,
+        "rss_total_mib": peak_total / 2**20,
+        "anonymous_mib": peak_anonymous / 2**20,
+        "rss_python_mib": peak_python / 2**20,
+        "rss_jvm_mib": peak_jvm / 2**20,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--messages",
+        type=int,
+        action="append",
+        help="store size; repeat for several (default: 1000000)",
+    )
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--keep", action="store_true", help="keep the stores (prints where)")
+    args = parser.parse_args()
+    sizes = args.messages or [1_000_000]
+    rows = []
+    for count in sizes:
+        root = Path(tempfile.mkdtemp(prefix="spoolmq-bench-analytics-"))
+        try:
+            started = time.perf_counter()
+            written = build_store(root / "queue_data", count)
+            built = time.perf_counter() - started
+            size = sum(p.stat().st_size for p in (root / "queue_data").rglob("*.jsonl"))
+            print(
+                f"built {written} ({size / 2**20:.0f} MiB of JSON lines) in {built:.1f} s",
+                flush=True,
+            )
+            figures = run_job(root / "queue_data", root / "analytics_out", args.master)
+            summary = orjson.loads((root / "analytics_out" / "summary.json").read_bytes())
+            if summary["topics"][TOPIC]["messages"] != count:
+                raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
+            rows.append((count, written["events"], size, figures))
+            print(figures, flush=True)
+        finally:
+            if args.keep:
+                print(f"kept {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"\nmachine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}, master {args.master}\n"
+    )
+    print(
+        "| messages | events | JSON lines | wall | CPU | driver peak RSS (Python + JVM) "
+        "| of which not file-backed | load average (1 min, start/end mean) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for count, events, size, f in rows:
+        print(
+            f"| {count:,} | {events:,} | {size / 2**20:.0f} MiB | {f['wall_s']:.1f} s | "
+            f"{f['cpu_s']:.0f} s | "
+            f"{f['rss_total_mib']:.0f} MiB ({f['rss_python_mib']:.0f} + "
+            f"{f['rss_jvm_mib']:.0f}) | {f['anonymous_mib']:.0f} MiB | {f['load_1min']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

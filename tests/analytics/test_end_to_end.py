@@ -1,0 +1,444 @@
+"""The real broker, a workload from the public clients, then ``spoolmq analytics`` as a user
+runs it; every figure of summary.json is checked against a computation in plain Python over
+the same files (segments, events, state.db), written here independently of the job.
+
+The report of that run is then opened in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import analytics_workers
+import orjson
+import pytest
+from analytics_helpers import need
+
+from spoolmq import Log, Publisher
+
+pytestmark = pytest.mark.spark
+
+MESSAGES = 240
+TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Run:
+    data: Path
+    out: Path
+    stdout: str
+
+
+def _wait_for(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # another process's progress: nothing to wait on
+
+
+def _workload(data: Path) -> None:
+    """Two billing consumers (NACKs, a poison message per 40, a held key) and one audit
+    consumer, in their own processes, while this process publishes."""
+    context = multiprocessing.get_context("spawn")
+    consumers = []
+    for group, name in (("billing", "billing-1"), ("billing", "billing-2"), ("audit", "audit-1")):
+        ready = data.parent / f"ready-{name}"
+        consumers.append(
+            (
+                context.Process(
+                    target=analytics_workers.consume,
+                    args=(str(data), group, name, str(ready), 4.0),
+                    name=name,
+                ),
+                ready,
+            )
+        )
+    try:
+        for process, _ in consumers:
+            process.start()
+        for process, ready in consumers:
+            _wait_for(ready.exists, TIMEOUT_S, f"consumer {process.name}")
+        with Publisher(data=data, name="e2e-publisher") as publisher:
+            futures = [
+                publisher.publish_async(
+                    "orders",
+                    {"n": n, "note": "naïve €"} if n % 5 == 0 else {"n": n},
+                    key=None if n % 11 == 0 else f"customer-{n % 9}",
+                    headers={"source": "e2e"},
+                )
+                for n in range(1, MESSAGES + 1)
+            ]
+            # A message that holds its key for a while in billing, and one behind it that
+            # lives for 0.5 s: billing sees it expire.
+            publisher.publish("orders", {"n": 0, "hold": True}, key="held")
+            publisher.publish("orders", {"n": 0}, key="held", ttl=0.5)
+            for future in futures:
+                future.result()
+        for process, _ in consumers:
+            process.join(TIMEOUT_S)
+            assert process.exitcode == 0, f"{process.name} exited with {process.exitcode}"
+    finally:
+        for process, _ in consumers:
+            if process.is_alive():
+                process.terminate()
+                process.join(10)
+
+
+def _tear_last_lines(data: Path) -> None:
+    """A crash mid-write: a cut line at the end of a segment and of an events file."""
+    segment = sorted((data / "logs" / "orders" / "0").glob("*.jsonl"))[-1]
+    with segment.open("ab") as file:
+        file.write(b'{"offset":99999,"timestamp":17')
+    events = sorted((data / "events").glob("date=*/*.jsonl"))[-1]
+    with events.open("ab") as file:
+        file.write(b'{"ts":1763830000123,"type":"acked","gro')
+
+
+@pytest.fixture(scope="module")
+def e2e() -> Iterator[Run]:
+    need("java", "openjdk-17-jre-headless")
+    root = Path(tempfile.mkdtemp(prefix="spoolmq-e2e-analytics-"))
+    data = root / "queue_data"
+    with Log(data) as log:
+        log.create_topic("orders", partitions=2)
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "spoolmq", "broker", "--data", str(data), "--log-level", "warning"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for((data / "broker.sock").exists, 60, "the broker's socket")
+        _workload(data)
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        try:
+            broker.wait(60)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait(10)
+    assert broker.returncode == 0
+    _tear_last_lines(data)
+    out = root / "out"
+    command = [sys.executable, "-m", "spoolmq", "analytics", "--data", str(data)]
+    completed = subprocess.run(
+        [*command, "--out", str(out), "--master", "local[1]"],
+        capture_output=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-3000:]
+    yield Run(data=data, out=out, stdout=completed.stdout.decode())
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the independent computation ----------------------------------------------------------
+
+
+def _lines(path: Path) -> list[bytes]:
+    """Lines as a text reader sees them: split on newlines, a last line without one kept."""
+    pieces = path.read_bytes().split(b"\n")
+    return pieces[:-1] if pieces[-1] == b"" else pieces
+
+
+def _record(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        fields = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None, "unparsable"
+    if not isinstance(fields, dict) or not all(
+        type(fields.get(name)) is int for name in ("offset", "timestamp", "crc")
+    ):
+        return None, "unparsable"
+    if zlib.crc32(line[: line.rfind(b',"crc":')]) != fields["crc"]:
+        return None, "checksum mismatch"
+    return fields, None
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """Exact, linear interpolation between the closest ranks (Spark's ``percentile``)."""
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _figures(values: list[float], *extra: str) -> dict[str, float] | None:
+    if not values:
+        return None
+    out: dict[str, float] = {}
+    if "min" in extra:
+        out["min"] = float(min(values))
+    if "mean" in extra:
+        out["mean"] = sum(values) / len(values)
+    for name, fraction in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        out[name] = _percentile(values, fraction)
+    out["max"] = float(max(values))
+    return out
+
+
+def expected_summary(data: Path) -> dict[str, Any]:
+    db = sqlite3.connect(f"{(data / 'state.db').as_uri()}?mode=ro", uri=True)
+    declared = dict(db.execute("SELECT name, partitions FROM topics").fetchall())
+    rows = db.execute("SELECT topic, partition, log_end_offset FROM partitions").fetchall()
+    state_ends = {(topic, partition): end for topic, partition, end in rows}
+    committed = db.execute(
+        "SELECT group_name, topic, partition, committed_offset FROM group_offsets"
+    ).fetchall()
+    db.close()
+
+    # Segments: good records, minus an incomplete newest batch per partition.
+    segment_files = sorted((data / "logs").glob("*/*/" + "[0-9]" * 20 + ".jsonl"))
+    segment_status: Counter[str] = Counter()
+    good: dict[tuple[str, int], list[tuple[dict[str, Any], int]]] = defaultdict(list)
+    for path in segment_files:
+        where = (path.parent.parent.name, int(path.parent.name))
+        for line in _lines(path):
+            fields, problem = _record(line)
+            if fields is None:
+                segment_status[problem or ""] += 1
+            else:
+                good[where].append((fields, len(line) + 1))
+    for where, records in good.items():
+        heads = [f for f, _ in records if f.get("batch_records") is not None]
+        newest = max((f["offset"] for f, _ in records), default=-1)
+        if heads:
+            head = max(heads, key=lambda f: f["offset"])
+            if head["offset"] + head["batch_records"] - 1 > newest:
+                kept = [(f, b) for f, b in records if f["offset"] < head["offset"]]
+                segment_status["incomplete batch"] += len(records) - len(kept)
+                good[where] = kept
+    segment_status["used"] = sum(len(r) for r in good.values())
+
+    # Events and each (group, message)'s outcome.
+    event_files = sorted((data / "events").glob("date=*/*.jsonl"))
+    events: list[dict[str, Any]] = []
+    event_status: Counter[str] = Counter()
+    for path in event_files:
+        for line in _lines(path):
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict) or any(
+                event.get(name) is None for name in ("ts", "type", "group", "topic", "partition")
+            ):
+                event_status["unparsable"] += 1
+            else:
+                event_status["used"] += 1
+                events.append(event)
+    outcomes: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+    for e in events:
+        if e["type"] == "lag" or e.get("offset") is None:
+            continue
+        o = outcomes.setdefault(
+            (e["group"], e["topic"], e["partition"], e["offset"]),
+            {"published_at": None, "first": None, "attempts": None, "acked_at": None,
+             "dead": False, "expired": False},
+        )  # fmt: skip
+        if e.get("published_at") is not None:
+            o["published_at"] = max(o["published_at"] or 0, e["published_at"])
+        if e["type"] == "delivered":
+            o["first"] = e["ts"] if o["first"] is None else min(o["first"], e["ts"])
+            o["attempts"] = max(o["attempts"] or 0, e["attempt"])
+        elif e["type"] == "acked":
+            o["acked_at"] = e["ts"] if o["acked_at"] is None else min(o["acked_at"], e["ts"])
+        o["dead"] |= e["type"] == "dead_lettered"
+        o["expired"] |= e["type"] == "expired"
+
+    partitions: dict[str, set[int]] = defaultdict(set)
+    for topic, count in declared.items():
+        partitions[topic].update(range(count))
+    for topic, partition in [*state_ends, *good]:
+        partitions[topic].add(partition)
+    names = set(partitions) | {key[1] for key in outcomes}
+    topics: dict[str, Any] = {}
+    ends: dict[tuple[str, int], int] = {}
+    for topic in sorted(names):
+        parts = {}
+        for partition in sorted(partitions[topic]):
+            records = good.get((topic, partition), [])
+            newest = max((f["offset"] for f, _ in records), default=-1)
+            end = max(state_ends.get((topic, partition), 0), newest + 1)
+            ends[(topic, partition)] = end
+            parts[str(partition)] = {
+                "messages": len(records),
+                "bytes": sum(b for _, b in records),
+                "log_end_offset": end,
+            }
+        mine = [o for key, o in outcomes.items() if key[1] == topic]
+        histogram = Counter(o["attempts"] for o in mine if o["attempts"] is not None)
+        sizes = [float(b) for p in partitions[topic] for _, b in good.get((topic, p), [])]
+        tracked = len(mine)
+        counts = {
+            "delivered": sum(o["attempts"] is not None for o in mine),
+            "acked": sum(o["acked_at"] is not None for o in mine),
+            "retried": sum((o["attempts"] or 0) > 1 for o in mine),
+            "dead_lettered": sum(o["dead"] for o in mine),
+            "expired": sum(o["expired"] for o in mine),
+        }
+        topics[topic] = {
+            "messages": sum(p["messages"] for p in parts.values()),
+            "bytes": sum(p["bytes"] for p in parts.values()),
+            "partitions": parts,
+            "e2e_latency_ms": _figures(
+                [o["first"] - o["published_at"] for o in mine
+                 if o["first"] is not None and o["published_at"] is not None]
+            ),
+            "ack_latency_ms": _figures(
+                [o["acked_at"] - o["published_at"] for o in mine
+                 if o["acked_at"] is not None and o["published_at"] is not None]
+            ),
+            "delivery_attempts": {str(k): histogram[k] for k in sorted(histogram)},
+            "tracked": tracked,
+            **counts,
+            "retry_rate": counts["retried"] / tracked if tracked else None,
+            "dlq_rate": counts["dead_lettered"] / tracked if tracked else None,
+            "expiry_rate": counts["expired"] / tracked if tracked else None,
+            "payload_bytes": _figures(sizes, "min", "mean"),
+        }  # fmt: skip
+
+    groups: dict[str, Any] = defaultdict(lambda: defaultdict(dict))
+    for group, topic, partition, offset in committed:
+        end = max(ends.get((topic, partition), offset), offset)
+        groups[group][topic][str(partition)] = {
+            "committed": offset, "log_end_offset": end, "lag": end - offset,
+        }  # fmt: skip
+
+    consumers: dict[str, Any] = defaultdict(dict)
+    worked: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("consumer") is not None and e["type"] in (
+            "delivered", "acked", "nacked", "lease_expired", "released",
+        ):  # fmt: skip
+            worked[(e["group"], e["consumer"])].append(e)
+    for (group, consumer), mine_events in worked.items():
+        kinds = Counter(e["type"] for e in mine_events)
+        failures = kinds["nacked"] + kinds["lease_expired"] + kinds["released"]
+        times = [
+            float(e["processing_ms"])
+            for e in mine_events
+            if e["type"] == "acked" and e.get("processing_ms") is not None
+        ]
+        consumers[group][consumer] = {
+            "deliveries": kinds["delivered"],
+            "acked": kinds["acked"],
+            "failures": failures,
+            "failure_rate": failures / kinds["delivered"] if kinds["delivered"] else None,
+            "processing_ms": _figures(times, "mean"),
+        }
+
+    return {
+        "data": str(data),
+        "inputs": {
+            "segment_files": len(segment_files),
+            "segment_lines": sum(segment_status.values()),
+            "event_files": len(event_files),
+            "event_lines": sum(event_status.values()),
+        },
+        "skipped": {
+            "segments": {k: v for k, v in segment_status.items() if k != "used"},
+            "events": {k: v for k, v in event_status.items() if k != "used"},
+        },
+        "topics": topics,
+        "groups": {g: dict(t) for g, t in groups.items()},
+        "consumers": dict(consumers),
+    }
+
+
+def assert_same(actual: Any, expected: Any, where: str = "summary") -> None:
+    """Equal, recursively, with the same keys; floats equal up to rounding (1e-9)."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), where
+        assert set(actual) == set(expected), f"{where}: {sorted(actual)} != {sorted(expected)}"
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, float) or isinstance(actual, float):
+        assert isinstance(actual, int | float) and isinstance(expected, int | float), where
+        assert math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9), (
+            f"{where}: {actual} != {expected}"
+        )
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+        assert type(actual) is type(expected), f"{where}: {type(actual)} != {type(expected)}"
+
+
+def test_every_summary_figure_matches_a_plain_python_count(e2e: Run) -> None:
+    summary = orjson.loads((e2e.out / "summary.json").read_bytes())
+    expected = expected_summary(e2e.data)
+    assert_same(summary, expected)
+    # The workload did what it was meant to, so the figures above cover every path.
+    orders = summary["topics"]["orders"]
+    poison = MESSAGES // analytics_workers.POISON_EVERY
+    assert orders["messages"] == MESSAGES + 2
+    assert orders["dead_lettered"] == poison
+    assert summary["topics"]["orders.dlq"]["messages"] == poison
+    assert orders["expired"] >= 1
+    assert orders["retried"] > poison and orders["delivery_attempts"]["3"] >= poison
+    assert set(summary["groups"]) == {"billing", "audit"}
+    assert summary["skipped"] == {"segments": {"unparsable": 1}, "events": {"unparsable": 1}}
+    assert len(summary["consumers"]["billing"]) == 2
+
+
+def test_the_job_says_where_the_report_is_and_writes_every_table(e2e: Run) -> None:
+    assert f"report: {e2e.out / 'report.html'}" in e2e.stdout
+    tables = {p.name for p in (e2e.out / "tables").iterdir()}
+    assert tables == {
+        "lines", "partitions", "throughput_per_minute", "latency", "processing_time",
+        "delivery_attempts", "outcomes", "consumers", "lag_now", "lag_over_time", "top_keys",
+        "payload_sizes",
+    }  # fmt: skip
+    for table in tables:
+        assert list((e2e.out / "tables" / table).glob("part-*.parquet")), table
+
+
+def test_the_report_renders_in_chromium(e2e: Run, tmp_path: Path) -> None:
+    chromium = need("chromium", "chromium")
+    chromedriver = need("chromedriver", "chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,900",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get((e2e.out / "report.html").as_uri())
+        assert driver.title == "spoolmq analytics"
+        widths = driver.execute_script(
+            "return Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)"
+        )
+        assert len(widths) == 4 and all(width > 0 for width in widths), widths
+        text = driver.find_element("tag name", "body").text
+        assert "orders.dlq" in text and "billing" in text and "audit" in text
+        height = driver.execute_script("return document.body.scrollHeight")
+        driver.set_window_size(1200, min(int(height) + 200, 8000))
+        shot = tmp_path / "report.png"  # kept by pytest (tmp_path) for a person to look at
+        assert driver.save_screenshot(str(shot))
+        assert shot.read_bytes().startswith(b"\x89PNG")
+        severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        assert severe == []
+    finally:
+        driver.quit()

@@ -1,0 +1,166 @@
+"""The job over stores that are empty, damaged, or being written to (in-process, one session)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from analytics_helpers import record_line
+from pyspark.sql import SparkSession
+
+from spoolmq import Log, Message
+from spoolmq.analytics import run
+from spoolmq.analytics.job import default_out_dir
+from spoolmq.cli import main as cli_main
+
+pytestmark = pytest.mark.spark
+
+TABLES = {
+    "lines", "partitions", "throughput_per_minute", "latency", "processing_time",
+    "delivery_attempts", "outcomes", "consumers", "lag_now", "lag_over_time", "top_keys",
+    "payload_sizes",
+}  # fmt: skip
+
+
+def test_a_missing_data_directory_is_one_line_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli_main(["analytics", "--data", str(tmp_path / "nothing-here")])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spoolmq: no data directory at ") and err.count("\n") == 1
+
+
+def test_default_out_dir_is_next_to_the_data(tmp_path: Path) -> None:
+    assert default_out_dir(tmp_path / "queue_data") == tmp_path.resolve() / "analytics_out"
+
+
+def test_an_empty_directory_gives_an_empty_report(spark: SparkSession, tmp_path: Path) -> None:
+    (tmp_path / "queue_data").mkdir()
+    result = run(spark, tmp_path / "queue_data", tmp_path / "out")
+    summary = orjson.loads((tmp_path / "out" / "summary.json").read_bytes())
+    assert summary == result.summary
+    assert summary["topics"] == {} and summary["groups"] == {}
+    assert summary["inputs"] == {
+        "segment_files": 0, "segment_lines": 0, "event_files": 0, "event_lines": 0,
+    }  # fmt: skip
+    assert {p.name for p in (tmp_path / "out" / "tables").iterdir()} == TABLES
+    assert spark.read.parquet(str(tmp_path / "out" / "tables" / "partitions")).count() == 0
+    assert {p.name for p in (tmp_path / "out" / "charts").iterdir()} == {
+        "throughput.png", "latency.png", "lag.png", "attempts.png",
+    }  # fmt: skip
+    assert "Every line was read" in result.report.read_text()
+
+
+def test_topics_without_messages_show_their_partitions(spark: SparkSession, tmp_path: Path) -> None:
+    with Log(tmp_path / "queue_data") as log:
+        log.create_topic("idle", partitions=2)
+    summary = run(spark, tmp_path / "queue_data", tmp_path / "out").summary
+    empty = {"messages": 0, "bytes": 0, "log_end_offset": 0}
+    assert summary["topics"]["idle"]["partitions"] == {"0": empty, "1": empty}
+    assert summary["topics"]["idle"]["e2e_latency_ms"] is None
+
+
+def _segment(data: Path, topic: str) -> Path:
+    return sorted((data / "logs" / topic / "0").glob("*.jsonl"))[-1]
+
+
+def test_damaged_lines_are_skipped_and_reported(spark: SparkSession, tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with Log(data) as log:
+        log.create_topic("t", partitions=1)
+        log.append_batch("t", [Message({"n": n}, key=f"k{n % 2}") for n in range(5)])
+        for n in range(5, 8):
+            log.append("t", {"n": n}, key="k1")
+    segment = _segment(data, "t")
+    lines = segment.read_bytes().splitlines(keepends=True)
+    # Damage in the middle: one value changed after its checksum was computed.
+    assert b'{"n":2}' in lines[2]
+    lines[2] = lines[2].replace(b'{"n":2}', b'{"n":9}')
+    # A batch of 3 of which 2 lines are written, then a line cut mid-write.
+    stamp = orjson.loads(lines[-1])["timestamp"]
+    tail = [
+        record_line(offset=8, timestamp=stamp, key="k0", value=8, headers=[], batch_records=3),
+        record_line(offset=9, timestamp=stamp, key="k1", value=9, headers=[]),
+    ]
+    segment.write_bytes(
+        b"".join(lines) + "".join(f"{line}\n" for line in tail).encode() + b'{"offset":10,"ti'
+    )
+    day = data / "events" / "date=2026-11-23"
+    day.mkdir(parents=True)
+    good = {"group": "g", "topic": "t", "partition": 0, "consumer": "c", "published_at": stamp}
+    (day / "1-1.jsonl").write_bytes(
+        orjson.dumps({"ts": stamp + 5, "type": "delivered", "offset": 0, "attempt": 1, **good})
+        + b"\n"
+        + orjson.dumps({"ts": stamp + 9, "type": "acked", "offset": 0, "attempt": 1, **good})
+        + b'\n{"ts": 17, "type": "del'
+    )
+    summary = run(spark, data, tmp_path / "out").summary
+    assert summary["skipped"] == {
+        "segments": {"checksum mismatch": 1, "incomplete batch": 2, "unparsable": 1},
+        "events": {"unparsable": 1},
+    }
+    # 8 stored + 2 of the incomplete batch + the cut line; 2 events + the cut one.
+    assert summary["inputs"]["segment_lines"] == 11 and summary["inputs"]["event_lines"] == 3
+    topic = summary["topics"]["t"]
+    assert topic["messages"] == 7
+    assert topic["partitions"]["0"]["log_end_offset"] == 8  # offset 7 is the newest whole one
+    assert topic["acked"] == 1 and topic["delivery_attempts"] == {"1": 1}
+    assert topic["e2e_latency_ms"] == {"p50": 5.0, "p90": 5.0, "p99": 5.0, "max": 5.0}
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "2 segments line(s): incomplete batch" in page
+    assert "1 events line(s): unparsable" in page
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from spoolmq import Log, Message
+data, stop = Path(sys.argv[1]), Path(sys.argv[2])
+with Log(data) as log:
+    n = 0
+    while not stop.exists():
+        log.append_batch("busy", [Message({"n": n + i}, key=f"k{i}") for i in range(50)], acks=1)
+        n += 50
+        (data.parent / "written").write_text(str(n))
+"""
+
+
+def test_a_store_being_written_to_is_read_without_failing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = tmp_path / "queue_data"
+    with Log(data) as log:
+        log.create_topic("busy", partitions=2, segment_bytes=64 * 1024)
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(data), str(stop)])
+    try:
+        deadline = time.monotonic() + 60
+        written = tmp_path / "written"
+        while not (written.exists() and int(written.read_text() or 0) >= 2000):
+            assert time.monotonic() < deadline, "the writer did not get going"
+            assert writer.poll() is None, "the writer died"
+            time.sleep(0.05)  # another process's progress: nothing to wait on
+        before = int(written.read_text())
+        summary: dict[str, Any] = run(spark, data, tmp_path / "out").summary
+        assert writer.poll() is None, "the writer stopped while the job ran"
+    finally:
+        stop.touch()
+        writer.wait(30)
+    after = int(written.read_text())
+    assert writer.returncode == 0
+    messages = summary["topics"]["busy"]["messages"]
+    # Whatever was stored when the job began is counted; nothing is counted twice; a
+    # batch being written at that moment is either counted whole or reported as skipped.
+    assert before <= messages <= after
+    skipped = summary["skipped"]["segments"]
+    assert set(skipped) <= {"incomplete batch", "unparsable"}
+    parts = summary["topics"]["busy"]["partitions"]
+    assert sum(p["messages"] for p in parts.values()) == messages
+    for partition in parts.values():
+        assert partition["log_end_offset"] >= partition["messages"]
