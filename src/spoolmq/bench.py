@@ -116,6 +116,18 @@ class _RssSampler:
         self._thread.join()
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (gone ones count 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 # -- a broker under test -----------------------------------------------------------------------
 
 
@@ -330,9 +342,11 @@ def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dic
                     process.start()
                 barrier.wait()
                 started = time.perf_counter()
+                cpu_before = cpu_seconds(broker.pids())
                 for process in processes:
                     process.join()
                 elapsed = time.perf_counter() - started
+                broker_cpu = cpu_seconds(broker.pids()) - cpu_before
             if any(p.exitcode for p in processes):
                 raise SpoolError("a producer process failed")
         finally:
@@ -343,6 +357,7 @@ def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dic
             "messages": args.n,
             "seconds": round(elapsed, 4),
             "msgs_per_s": round(args.n / elapsed, 1),
+            "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
             "broker_rss_idle_mib": round(idle_mib, 1),
             "broker_start_s": round(reopen_s, 3),
@@ -373,8 +388,10 @@ def spool_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                     process.start()
                 barrier.wait()
                 started = time.perf_counter()
+                cpu_before = cpu_seconds(broker.pids())
                 finished = done.wait(max(60.0, args.n / 1000))
                 elapsed = time.perf_counter() - started
+                broker_cpu = cpu_seconds(broker.pids()) - cpu_before
                 for process in processes:
                     process.join(30)
         finally:
@@ -390,6 +407,7 @@ def spool_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(elapsed, 4),
             "msgs_per_s": round(len(set(ids)) / elapsed, 1) if finished else 0.0,
             "completed": finished,
+            "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
             **{k: counted[k] for k in ("duplicates", "missing")},
         }
