@@ -128,6 +128,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's children that have been waited for."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 # -- a broker under test -----------------------------------------------------------------------
 
 
@@ -139,8 +147,6 @@ class _Broker:
 
     def start(self) -> float:
         """Start and return the seconds until it answered."""
-        from spoolmq.client import Admin
-
         started = time.monotonic()
         self.process = subprocess.Popen(
             [
@@ -160,13 +166,21 @@ class _Broker:
             if self.process.poll() is not None:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
-                with Admin(self.data) as admin:
-                    self.children = [p for p in admin.stats()["pids"].values() if p]
+                self.refresh()
                 return time.monotonic() - started
             except SpoolError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
+
+    def refresh(self) -> int:
+        """Re-read the child processes' pids; returns how many restarts the broker made."""
+        from spoolmq.client import Admin
+
+        with Admin(self.data) as admin:
+            stats = admin.stats()
+        self.children = [p for p in stats["pids"].values() if p]
+        return sum(stats.get("restarts", {}).values())
 
     def pids(self) -> list[int]:
         return ([self.process.pid] if self.process else []) + self.children
@@ -338,6 +352,7 @@ def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dic
                     )
                     for i in range(args.producers)
                 ]
+                clients_before = children_cpu_seconds()
                 for process in processes:
                     process.start()
                 barrier.wait()
@@ -347,6 +362,8 @@ def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dic
                     process.join()
                 elapsed = time.perf_counter() - started
                 broker_cpu = cpu_seconds(broker.pids()) - cpu_before
+                clients_cpu = children_cpu_seconds() - clients_before
+                restarts = broker.refresh()
             if any(p.exitcode for p in processes):
                 raise SpoolError("a producer process failed")
         finally:
@@ -358,6 +375,8 @@ def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dic
             "seconds": round(elapsed, 4),
             "msgs_per_s": round(args.n / elapsed, 1),
             "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
+            "publishers_cpu_us_per_message": round(clients_cpu / args.n * 1e6, 2),
+            "broker_restarts": restarts,
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
             "broker_rss_idle_mib": round(idle_mib, 1),
             "broker_start_s": round(reopen_s, 3),
@@ -392,6 +411,7 @@ def spool_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 finished = done.wait(max(60.0, args.n / 1000))
                 elapsed = time.perf_counter() - started
                 broker_cpu = cpu_seconds(broker.pids()) - cpu_before
+                restarts = broker.refresh()
                 for process in processes:
                     process.join(30)
         finally:
@@ -408,6 +428,7 @@ def spool_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "msgs_per_s": round(len(set(ids)) / elapsed, 1) if finished else 0.0,
             "completed": finished,
             "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
+            "broker_restarts": restarts,
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
             **{k: counted[k] for k in ("duplicates", "missing")},
         }
