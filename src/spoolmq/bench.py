@@ -167,11 +167,14 @@ class _Broker:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
                 self.refresh()
-                return time.monotonic() - started
+                if len(self.children) == 2:  # the publisher and the consumer side are up
+                    return time.monotonic() - started
             except SpoolError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
+            if time.monotonic() > deadline:
+                raise SpoolError("the broker's child processes did not start in 60 s")
+            time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
 
     def refresh(self) -> int:
         """Re-read the child processes' pids; returns how many restarts the broker made."""
