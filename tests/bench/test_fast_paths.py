@@ -9,10 +9,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import FIRST_COMPLETED, as_completed, wait
 
+import orjson
 import pytest
 
 from spoolmq.client.publisher import _PublishFuture
+from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
 from spoolmq.store.log import Position
+from spoolmq.store.names import check_topic
+from spoolmq.store.record import Message, encode_message, message_fields
 
 POSITION = Position("t", 0, 7, 1000)
 
@@ -78,3 +82,61 @@ def test_publish_futures_work_with_concurrent_futures_wait_and_as_completed() ->
     assert done
     assert sorted(f.result().offset for f in as_completed(futures, timeout=30)) == [0, 1, 2]
     timer.join()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "sequence", "producer_id"),
+    [
+        (None, {"id": 1, "p": "x"}, 5, "p-1"),
+        ("k", [1, 2.5, None], 0, "p-2"),
+        (None, "text", None, None),
+        ("k", None, 9, None),
+    ],
+)
+def test_common_message_encodes_like_the_general_path(
+    key: str | None, value: object, sequence: int | None, producer_id: str | None
+) -> None:
+    message = Message(value=value, key=key, sequence=sequence, producer_id=producer_id)
+    # A tag forces the general path; its fields minus the tag are what the fast path
+    # must give, in the same order (the order is part of the stored line).
+    general = message_fields(
+        Message(value=value, key=key, sequence=sequence, producer_id=producer_id, tags=["t"])
+    )
+    del general["tags"]
+    assert list(message_fields(message).items()) == list(general.items())
+    assert encode_message(message).body == encode_message(message, parsed_json=True).body
+
+
+@pytest.mark.parametrize(
+    ("sequence", "producer_id", "error"),
+    [
+        (-1, "p", InvalidArgumentError),
+        (True, "p", InvalidArgumentError),
+        (1.5, "p", InvalidArgumentError),
+        (1, "", InvalidArgumentError),
+        (1, 7, InvalidArgumentError),
+    ],
+)
+def test_bad_sequence_or_producer_id_is_refused(
+    sequence: object, producer_id: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        message_fields(Message(value=1, sequence=sequence, producer_id=producer_id))  # type: ignore[arg-type]
+
+
+def test_non_finite_value_is_refused_unless_parsed_from_json() -> None:
+    with pytest.raises(SerializationError):
+        encode_message(Message(value={"x": float("nan")}))
+    # Parsed JSON cannot hold NaN: orjson refuses it, so the broker skips the search.
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(b'{"x": 1e999}')
+
+
+def test_topic_check_remembers_only_valid_names() -> None:
+    assert check_topic("orders.v2") == "orders.v2"
+    assert check_topic("orders.v2") == "orders.v2"  # the remembered answer
+    for bad in ("", ".hidden", "a/b", "x" * 129, 7, None, ["orders"]):
+        with pytest.raises(InvalidTopicError):
+            check_topic(bad)
+        with pytest.raises(InvalidTopicError):
+            check_topic(bad)

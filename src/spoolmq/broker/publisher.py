@@ -85,11 +85,8 @@ def _decode_bytes(text: Any, what: str) -> bytes:
         raise SerializationError(f"{what} is not valid base64") from None
 
 
-def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str, Message]:
-    """Validate one message of a publish frame and build the store's Message."""
-    if not isinstance(raw, dict):
-        raise ProtocolError("each message must be a JSON object")
-    unknown = set(raw) - {
+_WIRE_FIELDS = frozenset(
+    {
         "topic",
         "value",
         "value_b64",
@@ -103,7 +100,15 @@ def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str,
         "ttl_ms",
         "sequence",
     }
-    if unknown:
+)
+
+
+def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str, Message]:
+    """Validate one message of a publish frame and build the store's Message."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("each message must be a JSON object")
+    if not _WIRE_FIELDS.issuperset(raw):
+        unknown = set(raw) - _WIRE_FIELDS
         raise ProtocolError(f"unknown message field(s): {', '.join(sorted(unknown))[:200]}")
     topic = check_topic(raw.get("topic"))
     value = _decode_bytes(raw["value_b64"], "value_b64") if "value_b64" in raw else raw.get("value")
@@ -128,12 +133,15 @@ def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str,
     for name, number in (("delay_ms", delay_ms), ("ttl_ms", ttl_ms)):
         if number is not None and (not isinstance(number, int | float) or isinstance(number, bool)):
             raise InvalidArgumentError(f"{name} must be a number")
-    deliver_at, expires_at = delay_to_deliver_at(
-        None if delay_ms is None else delay_ms / 1000,
-        raw.get("deliver_at"),
-        None if ttl_ms is None else ttl_ms / 1000,
-        now,
-    )
+    deliver_at = raw.get("deliver_at")
+    expires_at = None
+    if delay_ms is not None or deliver_at is not None or ttl_ms is not None:
+        deliver_at, expires_at = delay_to_deliver_at(
+            None if delay_ms is None else delay_ms / 1000,
+            deliver_at,
+            None if ttl_ms is None else ttl_ms / 1000,
+            now,
+        )
     sequence = raw.get("sequence")
     return topic, Message(
         value=value,
@@ -275,7 +283,9 @@ class PublisherBroker:
                     partition = self.log.choose_partition(
                         topic, config, message.key, message.partition
                     )
-                    encoded = encode_message(message, max_bytes=self.log.config.max_message_bytes)
+                    encoded = encode_message(
+                        message, max_bytes=self.log.config.max_message_bytes, parsed_json=True
+                    )
                 except SpoolError as exc:
                     frame.results[index] = {"error": exc.code, "message": str(exc)}
                     self.stats.errors += 1
