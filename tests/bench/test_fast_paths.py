@@ -6,12 +6,15 @@ or checks that input the fast path must refuse still is refused.
 
 from __future__ import annotations
 
+import gc
 import threading
 from concurrent.futures import FIRST_COMPLETED, as_completed, wait
+from typing import Any
 
 import orjson
 import pytest
 
+from spoolmq.broker.delivery import Group, GroupSettings, Pending
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
 from spoolmq.store.log import Position
@@ -140,3 +143,41 @@ def test_topic_check_remembers_only_valid_names() -> None:
             check_topic(bad)
         with pytest.raises(InvalidTopicError):
             check_topic(bad)
+
+
+def _delivered_batch(count: int, lease_ms: int) -> tuple[Group, Any, list[Pending]]:
+    group = Group("g", GroupSettings(lease_ms=lease_ms))
+    state = group.add_partition("orders", 0, 0)
+    group.add_consumer("a", prefetch=count, topics=["orders"])
+    for offset in range(count):
+        group.add_record(
+            state, {"offset": offset, "timestamp": 1, "key": None, "headers": []}, b"line", 0
+        )
+    sent = group.dispatch(now=0)["a"]
+    assert len(sent) == count  # one batch: one lease timer for all of it
+    return group, state, sent
+
+
+def test_one_lease_timer_per_batch_expires_only_the_unanswered() -> None:
+    group, state, (acked, extended, forgotten) = _delivered_batch(3, lease_ms=1_000)
+    group.ack(acked.tag, "a", now=10)
+    group.extend(extended.tag, "a", now=10, seconds=5)
+    group.events.clear()
+    group.run_timers(now=1_000)
+    assert [(e.type, e.pending.offset) for e in group.events] == [
+        ("lease_expired", forgotten.offset)
+    ]
+    assert [p.offset for p in group.dispatch(now=1_000)["a"]] == [forgotten.offset]
+    assert group.next_timer() == 2_000  # the redelivery's lease, before the extended one
+    group.ack(extended.tag, "a", now=4_000)
+    assert extended.finished and state.committed() == forgotten.offset
+
+
+def test_an_acked_message_is_not_held_until_its_lease_ends() -> None:
+    group, _, sent = _delivered_batch(50, lease_ms=30_000)
+    for pending in sent:
+        group.ack(pending.tag, "a", now=5)
+    group.events.clear()
+    for pending in sent:
+        # Only this test's list still refers to it: no timer keeps it for 30 s.
+        assert all(referrer is sent for referrer in gc.get_referrers(pending))
