@@ -150,14 +150,6 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def children_cpu_seconds() -> float:
-    """User + system CPU seconds of this process's children that have been waited for."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 # -- a broker under test -----------------------------------------------------------------------
 
 
@@ -242,23 +234,34 @@ def _fresh_store(root: Path, name: str) -> Iterator[Path]:
 # -- spoolmq workers (module level: spawned processes import them) --------------------------------
 
 
-def _spool_producer(data: str, first: int, count: int, size: int, acks: str, barrier: Any) -> None:
+def _spool_producer(
+    data: str, first: int, count: int, size: int, acks: str, barrier: Any, cpu: Any
+) -> None:
     from spoolmq.client import Publisher
 
     payload = _payload(size)
     with Publisher(data=data, acks=acks, batch_size=100, max_in_flight=16) as publisher:
         barrier.wait()
+        started = time.process_time()  # every thread's CPU: the I/O thread's too
         for message_id in range(first, first + count):
             publisher.publish_async(TOPIC, {"id": message_id, "p": payload})
         publisher.flush()
+        _add_cpu(cpu, time.process_time() - started)
 
 
-def _spool_consumer(data: str, total: int, out: str, barrier: Any, done: Any) -> None:
+def _add_cpu(cpu: Any, seconds: float) -> None:
+    """Add this worker's CPU seconds of the measured part (start-up left out)."""
+    with cpu.get_lock():
+        cpu.value += seconds
+
+
+def _spool_consumer(data: str, total: int, out: str, barrier: Any, done: Any, cpu: Any) -> None:
     from spoolmq.client import Consumer
 
     ids: list[int] = []
     uncounted = 0
     barrier.wait()  # subscribing starts the pushes, so it is part of the measured time
+    started = time.process_time()
     with Consumer(TOPIC, GROUP, data=data, prefetch=500) as consumer:
         while not done.is_set():
             message = consumer.receive(timeout=0)
@@ -276,6 +279,7 @@ def _spool_consumer(data: str, total: int, out: str, barrier: Any, done: Any) ->
             message.ack(wait=False)
             uncounted += 1
         _add_done(done, uncounted, total)
+    _add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
 
 
@@ -400,6 +404,7 @@ def _produce_round(
     with _RssSampler(broker.pids) as rss:
         idle_mib = rss.current_mib()
         barrier = context.Barrier(args.producers + 1)
+        cpu = context.Value("d", 0.0)
         share = args.n // args.producers
         processes = [
             context.Process(
@@ -412,11 +417,11 @@ def _produce_round(
                     args.size,
                     args.acks,
                     barrier,
+                    cpu,
                 ),
             )
             for i in range(args.producers)
         ]
-        clients_before = children_cpu_seconds()
         for process in processes:
             process.start()
         barrier.wait()
@@ -431,7 +436,7 @@ def _produce_round(
                 progress(f"stored {_rate(stored - stored_before, started)}")
         elapsed = time.perf_counter() - started
         broker_cpu = cpu_seconds(broker.pids()) - cpu_before
-        clients_cpu = children_cpu_seconds() - clients_before
+        clients_cpu = cpu.value
         restarts = broker.refresh()
     if any(p.exitcode for p in processes):
         raise SpoolError("a producer process failed")
@@ -457,13 +462,15 @@ def _consume_round(
     with _RssSampler(broker.pids) as rss:
         barrier = context.Barrier(args.consumers + 1)
         done = _Done(context)
+        cpu = context.Value("d", 0.0)
         processes = [
             context.Process(
-                target=_spool_consumer, args=(str(data), args.n, out, barrier, done), daemon=True
+                target=_spool_consumer,
+                args=(str(data), args.n, out, barrier, done, cpu),
+                daemon=True,
             )
             for out in outs
         ]
-        clients_before = children_cpu_seconds()
         for process in processes:
             process.start()
         barrier.wait()
@@ -477,7 +484,7 @@ def _consume_round(
         restarts = broker.refresh()
         for process in processes:
             process.join(30)
-        clients_cpu = children_cpu_seconds() - clients_before
+        clients_cpu = cpu.value
     ids: list[int] = []
     for out in outs:
         with contextlib.suppress(FileNotFoundError):
