@@ -870,6 +870,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acks", default="all", choices=["0", "1", "all"])
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--prefill", type=int, default=0, help="also measure with N stored")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each throughput phase (spoolmq and Redis in turn); the median is kept",
+    )
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     parser.add_argument("--compare", choices=["redis"], help="run the same workload on Redis")
     parser.add_argument("--phases", default="produce,consume,latency", help="comma-separated")
@@ -887,6 +893,20 @@ def _flatten(figures: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield f"{prefix}{name}", value
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (the lower middle one of an even count), with
+    every run's throughput beside it; a run that did not complete counts as 0 msg/s.
+
+    >>> median_run([{"msgs_per_s": 3.0}, {"msgs_per_s": 1.0}, {"msgs_per_s": 2.0}])
+    {'msgs_per_s': 2.0, 'runs_msgs_per_s': [3.0, 1.0, 2.0]}
+    """
+    ordered = sorted(runs, key=lambda run: float(run["msgs_per_s"]))
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "runs_msgs_per_s": [run["msgs_per_s"] for run in runs],
+    }
+
+
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     return round(float(a["msgs_per_s"]) / max(1e-9, float(b["msgs_per_s"])), 3)
 
@@ -896,7 +916,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(stderr=True)
-    for name in ("n", "producers", "consumers", "size", "rate", "partitions"):
+    for name in ("n", "producers", "consumers", "size", "rate", "partitions", "repeat"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name} must be at least 1")
     if args.duration <= 0:
@@ -934,10 +954,25 @@ def run(args: argparse.Namespace) -> int:
                 return lambda text: status.update(f"{name}: {text}")
 
             spool = results["spoolmq"]
-            if "produce" in phases:
-                spool["produce"] = spool_produce(root, args, step("spoolmq produce"))
-            if "consume" in phases:
-                spool["consume"] = spool_consume(root, args, step("spoolmq consume + ACK"))
+            if compare:
+                results["redis"] = {}
+            throughput = {
+                "produce": (spool_produce, redis_produce, "produce"),
+                "consume": (spool_consume, redis_consume, "consume + ACK"),
+            }
+            for phase, (spool_phase, redis_phase, title) in throughput.items():
+                if phase not in phases:
+                    continue
+                # spoolmq and Redis take turns, so both see the same load on a shared machine.
+                spool_runs, redis_runs = [], []
+                for attempt in range(args.repeat):
+                    of = f" (run {attempt + 1} of {args.repeat})" if args.repeat > 1 else ""
+                    spool_runs.append(spool_phase(root, args, step(f"spoolmq {title}{of}")))
+                    if compare:
+                        redis_runs.append(redis_phase(root, args, step(f"redis {title}{of}")))
+                spool[phase] = median_run(spool_runs)
+                if compare:
+                    results["redis"][phase] = median_run(redis_runs)
             if "latency" in phases:
                 spool["latency"] = spool_latency(
                     root, args, step(f"spoolmq latency at {args.rate} msg/s")
@@ -951,13 +986,6 @@ def run(args: argparse.Namespace) -> int:
                 }
                 spool["prefilled"] = prefilled
             if compare:
-                results["redis"] = {}
-                if "produce" in phases:
-                    results["redis"]["produce"] = redis_produce(root, args, step("redis produce"))
-                if "consume" in phases:
-                    results["redis"]["consume"] = redis_consume(
-                        root, args, step("redis consume + ACK")
-                    )
                 results["ratios"] = {
                     phase: _ratio(spool[phase], results["redis"][phase])
                     for phase in ("produce", "consume")

@@ -18,7 +18,7 @@ import orjson
 import psutil
 import pytest
 
-from spoolmq.bench import count_ids, percentile
+from spoolmq.bench import count_ids, median_run, percentile
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -30,6 +30,14 @@ def test_percentile_is_nearest_rank() -> None:
 
 def test_count_ids_finds_duplicates_and_missing() -> None:
     assert count_ids([0, 1, 1, 3], 5) == {"received": 4, "duplicates": 1, "missing": 2}
+
+
+def test_median_run_keeps_the_middle_run_and_every_throughput() -> None:
+    runs = [{"msgs_per_s": 30.0, "run": "a"}, {"msgs_per_s": 10.0, "run": "b"}]
+    runs.append({"msgs_per_s": 20.0, "run": "c"})
+    assert median_run(runs) == {"msgs_per_s": 20.0, "run": "c", "runs_msgs_per_s": [30, 10, 20]}
+    assert median_run(runs[:2])["run"] == "b"  # even count: the lower middle, not a mean
+    assert median_run(runs[:1])["runs_msgs_per_s"] == [30.0]
 
 
 def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
@@ -119,6 +127,8 @@ def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(
             "500",
             "--phases",
             "produce",
+            "--repeat",
+            "2",
             "--compare",
             "redis",
             "--json",
@@ -133,7 +143,10 @@ def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(
     assert b"apt-get install redis-server" in completed.stderr
     result = orjson.loads(out.read_bytes())
     assert "redis" not in result and "ratios" not in result
-    assert result["spoolmq"]["produce"]["missing"] == 0
+    produce = result["spoolmq"]["produce"]
+    assert produce["missing"] == 0 and produce["duplicates"] == 0
+    assert len(produce["runs_msgs_per_s"]) == 2
+    assert produce["msgs_per_s"] == min(produce["runs_msgs_per_s"])  # lower middle of two
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
