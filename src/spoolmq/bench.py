@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -936,6 +937,14 @@ def run(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
         compare = False
+    if compare and importlib.util.find_spec("redis") is None:
+        console.print(
+            "[yellow]the Python client for the comparison is missing: `uv sync` in a checkout "
+            "(it is a development dependency) or `pip install redis hiredis`. Running spoolmq "
+            "alone.[/yellow]",
+            soft_wrap=True,
+        )
+        compare = False
     results: dict[str, Any] = {
         "parameters": {
             k: v for k, v in vars(args).items() if k not in ("handler", "command", "data")
@@ -955,7 +964,22 @@ def run(args: argparse.Namespace) -> int:
 
             spool = results["spoolmq"]
             if compare:
-                results["redis"] = {}
+                import redis
+                import redis.utils
+
+                results["redis"] = {
+                    "client": {
+                        "redis_py": redis.__version__,
+                        "hiredis_parser": bool(redis.utils.HIREDIS_AVAILABLE),
+                        "server": subprocess.run(
+                            ["redis-server", "--version"],
+                            capture_output=True,
+                            text=True,
+                            check=False,
+                            timeout=30,
+                        ).stdout.strip(),
+                    }
+                }
             throughput = {
                 "produce": (spool_produce, redis_produce, "produce"),
                 "consume": (spool_consume, redis_consume, "consume + ACK"),

@@ -106,6 +106,7 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
         assert abs(prefilled["vs_empty"][phase] - ratio) < 0.01
     assert prefilled["consume"]["completed"] is True
     assert result["redis"]["produce"]["server_rss_peak_mib"] > 1
+    assert result["redis"]["client"]["hiredis_parser"] is True
     assert set(result["ratios"]) == {"produce", "consume"}
     ratio = produce["msgs_per_s"] / result["redis"]["produce"]["msgs_per_s"]
     assert abs(result["ratios"]["produce"] - ratio) < 0.01
