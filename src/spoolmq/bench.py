@@ -1003,10 +1003,19 @@ def run(args: argparse.Namespace) -> int:
                 )
             if args.prefill:
                 prefilled = spool_prefilled(root, args, step(f"spoolmq, {args.prefill:,} stored"))
+                compared = [phase for phase in ("produce", "consume") if phase in spool]
                 prefilled["vs_empty"] = {
-                    phase: _ratio(prefilled[phase], spool[phase])
-                    for phase in ("produce", "consume")
-                    if phase in spool
+                    phase: _ratio(prefilled[phase], spool[phase]) for phase in compared
+                }
+                # The broker's CPU per message moves far less with the machine's load than
+                # throughput does: the steadier answer to "does a big store slow it down".
+                prefilled["broker_cpu_vs_empty"] = {
+                    phase: round(
+                        prefilled[phase]["broker_cpu_us_per_message"]
+                        / max(1e-9, spool[phase]["broker_cpu_us_per_message"]),
+                        3,
+                    )
+                    for phase in compared
                 }
                 spool["prefilled"] = prefilled
             if compare:
