@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from spoolmq.broker.delivery import Group, GroupSettings, Pending
+from spoolmq.broker.publisher import encode_common_message, message_from_wire
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
 from spoolmq.store.log import Position
@@ -181,3 +182,42 @@ def test_an_acked_message_is_not_held_until_its_lease_ends() -> None:
     for pending in sent:
         # Only this test's list still refers to it: no timer keeps it for 30 s.
         assert all(referrer is sent for referrer in gc.get_referrers(pending))
+
+
+COMMON_MESSAGES = [
+    {"topic": "orders", "value": {"id": 1, "p": "x" * 50}, "sequence": 0},
+    {"topic": "orders", "value": [1, 2.5, None, "é"], "key": "customer-7", "sequence": 9},
+    {"topic": "orders", "value": "text"},  # no sequence: stored without a producer id
+    {"topic": "orders", "key": "k", "sequence": 3},  # no value: stored as null
+    {"topic": "orders.v2", "value": {"nested": {"deep": [True, False]}}, "key": None},
+]
+
+
+@pytest.mark.parametrize("raw", COMMON_MESSAGES)
+def test_common_wire_message_is_stored_like_the_general_path(raw: dict[str, Any]) -> None:
+    fast = encode_common_message(raw, "p-1", 1_000_000)
+    assert fast is not None
+    topic, message = message_from_wire(raw, "p-1", now=0)
+    general = encode_message(message, max_bytes=1_000_000)
+    assert fast == (topic, message.key, general)
+
+
+@pytest.mark.parametrize(
+    ("raw", "producer_id"),
+    [
+        ({"topic": "orders", "value": 1, "sequence": 1}, ""),  # refused: empty producer id
+        ({"topic": "orders", "value": 1, "sequence": True}, "p"),  # refused: not a number
+        ({"topic": "orders", "value": 1, "sequence": -1}, "p"),
+        ({"topic": "a/b", "value": 1}, "p"),  # refused: bad topic
+        ({"topic": "orders", "value": 1, "key": 5}, "p"),  # refused: key not text
+        ({"topic": "orders", "value": "x" * 2_000}, "p"),  # refused: too large
+        ({"topic": "orders", "value": 1, "key_b64": "AA=="}, "p"),  # general path: bytes key
+        ({"topic": "orders", "value": 1, "headers": [["h", "v"]]}, "p"),  # general path
+        ({"topic": "orders", "value": 1, "delay_ms": 5}, "p"),  # general path
+        ({"topic": "orders", "value": 1, "partition": 0}, "p"),  # general path
+        ({"topic": "orders", "value": 1, "bogus": 1}, "p"),  # refused: unknown field
+        (["orders", 1], "p"),  # refused: not an object
+    ],
+)
+def test_other_wire_messages_are_left_to_the_general_path(raw: Any, producer_id: str) -> None:
+    assert encode_common_message(raw, producer_id, 1_000) is None

@@ -112,6 +112,19 @@ def normalize_headers(headers: HeadersInput) -> list[list[str]]:
     return stored
 
 
+def common_fields(
+    key: str | None, value: Any, sequence: int | None, producer_id: str | None
+) -> dict[str, Any]:
+    """The fields of a message with a text key or none, a JSON value, no headers, tags or
+    schedule, in the order ``message_fields`` gives them. The caller has checked them."""
+    fields: dict[str, Any] = {"key": key, "value": value, "headers": []}
+    if sequence is not None:
+        fields["sequence"] = sequence
+    if producer_id is not None:
+        fields["producer_id"] = producer_id
+    return fields
+
+
 def message_fields(message: Message) -> dict[str, Any]:
     """The JSON fields a message contributes (everything but offset, timestamp, batch, crc).
 
@@ -131,12 +144,7 @@ def message_fields(message: Message) -> dict[str, Any]:
     ):
         # The common case (a broker's message carries a sequence and a producer id): the
         # same fields in the same order as below, without the general checks.
-        common: dict[str, Any] = {"key": key, "value": value, "headers": []}
-        if sequence is not None:
-            common["sequence"] = sequence
-        if producer_id is not None:
-            common["producer_id"] = producer_id
-        return common
+        return common_fields(key, value, sequence, producer_id)
     fields: dict[str, Any] = {}
     key = message.key
     if key is None or isinstance(key, str):
