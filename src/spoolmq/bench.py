@@ -588,10 +588,29 @@ def spool_prefilled(root: Path, args: argparse.Namespace, progress: Progress) ->
         }
 
 
+def fdatasync_ms(directory: Path, count: int = 200, size: int = 350) -> list[float]:
+    """Times (ms) of ``count`` appends of ``size`` bytes each followed by fdatasync, in a
+    file in ``directory``: the disk's floor under a publish with ACK ``all``."""
+    times: list[float] = []
+    fd, name = tempfile.mkstemp(dir=directory)
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * size)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return times
+
+
 def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     from spoolmq.client import Admin, Publisher
 
     context = multiprocessing.get_context("spawn")
+    progress("timing the disk's fdatasync")
+    syncs = fdatasync_ms(root)
     with _fresh_store(root, "latency") as data:
         _create_topic(data, args.partitions)
         broker = _Broker(data)
@@ -648,6 +667,8 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
             "p999_ms": round(percentile(latencies, 0.999), 3),
             "max_ms": round(max(latencies), 3) if latencies else float("nan"),
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
+            "disk_fdatasync_p50_ms": round(percentile(syncs, 0.5), 3),
+            "disk_fdatasync_p99_ms": round(percentile(syncs, 0.99), 3),
             "duplicates": counted["duplicates"],
             "missing": counted["missing"],
         }

@@ -91,6 +91,7 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     assert latency["messages"] == 400
     assert latency["duplicates"] == 0 and latency["missing"] == 0
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["p999_ms"] <= latency["max_ms"]
+    assert 0 < latency["disk_fdatasync_p50_ms"] <= latency["disk_fdatasync_p99_ms"]
     assert produce["broker_cpu_us_per_message"] > 0 and produce["broker_restarts"] == 0
     assert consume["broker_cpu_us_per_message"] > 0 and consume["broker_rss_peak_mib"] > 10
     prefilled = result["spoolmq"]["prefilled"]
