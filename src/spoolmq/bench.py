@@ -5,8 +5,11 @@ Phases:
   produce   P publisher processes send N messages as fast as they can; all ACKed.
   consume   C consumer processes of one group drain N pre-stored messages, ACKing each.
   latency   one publisher at a fixed offered rate, one consumer; publish-to-receive times.
-  prefill   (with --prefill M) produce again on a store already holding M messages, the
-            time to reopen that store, and broker memory at both points.
+  prefilled (with --prefill M) a broker started on a store already holding M messages:
+            its start time and memory, then produce and consume as above on that store.
+
+With --compare redis the produce and consume phases also run on a redis-server the bench
+starts (and stops, also on Ctrl-C or SIGTERM), taking turns with spoolmq.
 
 Every phase counts duplicates and missing messages exactly (by message id).
 """
@@ -128,15 +131,21 @@ class _RssSampler:
         while not self._stop.wait(0.05):
             self.peak_mib = max(self.peak_mib, self.current_mib())
 
-    def __enter__(self) -> _RssSampler:
+    def start(self) -> None:
         self.peak_mib = self.current_mib()
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def __enter__(self) -> _RssSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -618,7 +627,7 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
         out = str(data.parent / "latency.json")
         rss = _RssSampler(broker.pids)
         try:
-            rss.__enter__()
+            rss.start()
             ready, stop = context.Event(), context.Event()
             consumer = context.Process(
                 daemon=True, target=_spool_latency_consumer, args=(str(data), out, ready, stop)
@@ -651,7 +660,7 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
             stop.set()
             consumer.join(30)
         finally:
-            rss.__exit__()
+            rss.stop()
             broker.stop()
         records = orjson.loads(Path(out).read_bytes()) if Path(out).exists() else []
         with contextlib.suppress(FileNotFoundError):
@@ -784,7 +793,7 @@ def redis_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
     server.start()
     rss = _RssSampler(server.pids)
     try:
-        rss.__enter__()
+        rss.start()
         client: Any = redis.Redis(port=server.port)
         barrier = context.Barrier(args.producers + 1)
         share = args.n // args.producers
@@ -810,7 +819,7 @@ def redis_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
             alive[0].join(0.5)
             progress(f"stored {_rate(client.xlen(TOPIC), started)}")
         elapsed = time.perf_counter() - started
-        rss.__exit__()
+        rss.stop()
         ids = [orjson.loads(fields[b"v"])["id"] for _, fields in client.xrange(TOPIC)]
         counted = count_ids(ids, args.n)
         return {
@@ -822,7 +831,7 @@ def redis_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
             "missing": counted["missing"],
         }
     finally:
-        rss.__exit__()
+        rss.stop()
         server.stop()
 
 
