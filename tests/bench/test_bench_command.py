@@ -187,8 +187,8 @@ def test_interrupted_bench_stops_what_it_started_and_removes_its_files(
         env={**os.environ, "TMPDIR": str(tmp_path)},
         start_new_session=True,  # the signal reaches the bench alone, not a process group
     )
+    seen: list[psutil.Process] = []
     try:
-        seen: list[psutil.Process] = []
         deadline = time.monotonic() + 180
         while not any(_started(p, wait_for) for p in seen):
             assert time.monotonic() < deadline, f"{wait_for} never started"
@@ -201,7 +201,8 @@ def test_interrupted_bench_stops_what_it_started_and_removes_its_files(
         assert not alive, [p.cmdline() for p in alive]
         assert list(tmp_path.iterdir()) == []  # the bench's temporary directory is removed
     finally:
-        for process in _descendants(bench.pid):
+        # Whatever the bench left behind, orphans included (they are no longer its children).
+        for process in [*seen, *_descendants(bench.pid)]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         bench.kill()
