@@ -5,8 +5,11 @@ Phases:
   produce   P publisher processes send N messages as fast as they can; all ACKed.
   consume   C consumer processes of one group drain N pre-stored messages, ACKing each.
   latency   one publisher at a fixed offered rate, one consumer; publish-to-receive times.
-  prefill   (with --prefill M) produce again on a store already holding M messages, the
-            time to reopen that store, and broker memory at both points.
+  prefilled (with --prefill M) a broker started on a store already holding M messages:
+            its start time and memory, then produce and consume as above on that store.
+
+With --compare redis the produce and consume phases also run on a redis-server the bench
+starts (and stops, also on Ctrl-C or SIGTERM), taking turns with spoolmq.
 
 Every phase counts duplicates and missing messages exactly (by message id).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -67,10 +71,14 @@ def _payload(size: int) -> str:
 
 
 def machine_facts() -> dict[str, Any]:
+    from spoolmq import __version__
+
     facts: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "spoolmq": __version__,
+        "load_average_start": list(os.getloadavg()),
     }
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -81,6 +89,23 @@ def machine_facts() -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
                 facts["memory_kib"] = int(line.split()[1])
+    return facts
+
+
+def disk_facts(path: Path) -> dict[str, Any]:
+    """The filesystem and block device holding ``path`` (from /proc/mounts), if known."""
+    facts: dict[str, Any] = {}
+    best = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount, fstype = line.split()[:3]
+            if str(path).startswith(mount) and len(mount) > len(best):
+                best = mount
+                facts = {"disk_device": device, "disk_mount": mount, "disk_filesystem": fstype}
+    name = Path(facts.get("disk_device", "")).name
+    with contextlib.suppress(OSError):
+        rotational = Path(f"/sys/block/{name}/queue/rotational").read_text().strip()
+        facts["disk_rotational"] = rotational == "1"
     return facts
 
 
@@ -106,14 +131,33 @@ class _RssSampler:
         while not self._stop.wait(0.05):
             self.peak_mib = max(self.peak_mib, self.current_mib())
 
-    def __enter__(self) -> _RssSampler:
+    def start(self) -> None:
         self.peak_mib = self.current_mib()
         self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __enter__(self) -> _RssSampler:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.stop()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (gone ones count 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
 
 
 # -- a broker under test -----------------------------------------------------------------------
@@ -127,8 +171,6 @@ class _Broker:
 
     def start(self) -> float:
         """Start and return the seconds until it answered."""
-        from spoolmq.client import Admin
-
         started = time.monotonic()
         self.process = subprocess.Popen(
             [
@@ -143,18 +185,37 @@ class _Broker:
             ],
             stdin=subprocess.DEVNULL,
         )
-        deadline = started + 60
+        try:
+            self._wait_ready(started + 60)
+        except BaseException:  # Ctrl-C while it comes up included: stop what was started
+            self.stop()
+            raise
+        return time.monotonic() - started
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self.process is not None
         while True:
             if self.process.poll() is not None:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
-                with Admin(self.data) as admin:
-                    self.children = [p for p in admin.stats()["pids"].values() if p]
-                return time.monotonic() - started
+                self.refresh()
+                if len(self.children) == 2:  # the publisher and the consumer side are up
+                    return
             except SpoolError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
+            if time.monotonic() > deadline:
+                raise SpoolError("the broker's child processes did not start in 60 s")
+            time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
+
+    def refresh(self) -> int:
+        """Re-read the child processes' pids; returns how many restarts the broker made."""
+        from spoolmq.client import Admin
+
+        with Admin(self.data) as admin:
+            stats = admin.stats()
+        self.children = [p for p in stats["pids"].values() if p]
+        return sum(stats.get("restarts", {}).values())
 
     def pids(self) -> list[int]:
         return ([self.process.pid] if self.process else []) + self.children
@@ -183,34 +244,61 @@ def _fresh_store(root: Path, name: str) -> Iterator[Path]:
 # -- spoolmq workers (module level: spawned processes import them) --------------------------------
 
 
-def _spool_producer(data: str, first: int, count: int, size: int, acks: str, barrier: Any) -> None:
+def _spool_producer(
+    data: str, first: int, count: int, size: int, acks: str, barrier: Any, cpu: Any
+) -> None:
     from spoolmq.client import Publisher
 
     payload = _payload(size)
     with Publisher(data=data, acks=acks, batch_size=100, max_in_flight=16) as publisher:
         barrier.wait()
+        started = time.process_time()  # every thread's CPU: the I/O thread's too
         for message_id in range(first, first + count):
             publisher.publish_async(TOPIC, {"id": message_id, "p": payload})
         publisher.flush()
+        _add_cpu(cpu, time.process_time() - started)
 
 
-def _spool_consumer(data: str, total: int, out: str, barrier: Any, done: Any) -> None:
+def _add_cpu(cpu: Any, seconds: float) -> None:
+    """Add this worker's CPU seconds of the measured part (start-up left out)."""
+    with cpu.get_lock():
+        cpu.value += seconds
+
+
+def _spool_consumer(data: str, total: int, out: str, barrier: Any, done: Any, cpu: Any) -> None:
     from spoolmq.client import Consumer
 
     ids: list[int] = []
+    uncounted = 0
     barrier.wait()  # subscribing starts the pushes, so it is part of the measured time
+    started = time.process_time()
     with Consumer(TOPIC, GROUP, data=data, prefetch=500) as consumer:
         while not done.is_set():
-            message = consumer.receive(timeout=0.2)
+            message = consumer.receive(timeout=0)
+            if message is None or uncounted >= 100:
+                # The shared count is taken 100 at a time or when this consumer has run
+                # out of work, like the Redis consumer's (a lock per message would cost
+                # more than the receiving measured here).
+                _add_done(done, uncounted, total)
+                uncounted = 0
             if message is None:
-                continue
+                message = consumer.receive(timeout=0.2)
+                if message is None:
+                    continue
             ids.append(message.value["id"])
             message.ack(wait=False)
-            with done.get_lock():
-                done.value += 1
-                if done.value >= total:
-                    done.set()
+            uncounted += 1
+        _add_done(done, uncounted, total)
+    _add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
+
+
+def _add_done(done: Any, count: int, total: int) -> None:
+    if count:
+        with done.get_lock():
+            done.value += count
+            if done.value >= total:
+                done.set()
 
 
 def _spool_latency_consumer(data: str, out: str, ready: Any, stop: Any) -> None:
@@ -257,32 +345,50 @@ class _Done:
         return bool(self._event.wait(timeout))
 
 
-def _prefill(data: Path, count: int, size: int, partitions: int) -> None:
-    """Store ``count`` messages directly through the embedded store (no broker)."""
-    from spoolmq.store import Log, Message
+Progress = Callable[[str], None]
 
-    payload = _payload(size)
+
+def _prefill(
+    data: Path, first: int, count: int, args: argparse.Namespace, progress: Progress
+) -> dict[int, int]:
+    """Store messages ``first .. first+count-1`` directly through the embedded store (no
+    broker), round-robin over the partitions, in the same lines a broker writes for them.
+    Returns each partition's log end offset afterwards."""
+    from spoolmq.store import Log
+    from spoolmq.store.record import EncodedMessage
+
+    payload = _payload(args.size)
     with Log(data) as log:
-        log.create_topic(TOPIC, partitions=partitions)
-        for start in range(0, count, 1000):
-            log.append_batch(
-                TOPIC,
-                [Message({"id": i, "p": payload}) for i in range(start, min(count, start + 1000))],
-                acks="1",
-            )
+        if TOPIC not in log.topics():
+            log.create_topic(TOPIC, partitions=args.partitions)
+        batches: list[list[EncodedMessage]] = [[] for _ in range(args.partitions)]
+        for message_id in range(first, first + count):
+            value = orjson.dumps({"id": message_id, "p": payload})
+            batch = batches[message_id % args.partitions]
+            batch.append(EncodedMessage(b'"key":null,"value":%s,"headers":[]' % value))
+            if len(batch) >= 1000:
+                log.append_encoded(TOPIC, message_id % args.partitions, batch, "1")
+                batch.clear()
+            if (message_id - first) % 200_000 == 0 and message_id > first:
+                progress(f"storing {message_id - first:,} of {count:,} messages")
+        for partition, batch in enumerate(batches):
+            if batch:
+                log.append_encoded(TOPIC, partition, batch, "1")
         log.flush()
+        return {p: log.log_end_offset(TOPIC, p) for p in range(args.partitions)}
 
 
-def _stored_ids(data: Path) -> list[int]:
+def _stored_ids(data: Path, starts: dict[int, int] | None = None) -> list[int]:
+    """The ids of the messages stored from ``starts`` (partition: offset; default: all)."""
     from spoolmq.store import Log
 
     ids: list[int] = []
     with Log(data) as log:
         config = log.topic_config(TOPIC)
         for partition in range(config.partitions):
-            reader = log.reader(TOPIC, partition)
-            while batch := reader.poll_batch(5000):
-                ids.extend(record.value["id"] for record in batch)
+            reader = log.reader(TOPIC, partition, offset=(starts or {}).get(partition))
+            while batch := reader.read_entries(5000):
+                ids.extend(fields["value"]["id"] for fields, _ in batch)
             reader.close()
     return ids
 
@@ -291,125 +397,257 @@ def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*.jsonl") if f.is_file())
 
 
+def _rate(done: int, started: float) -> str:
+    return f"{done:,} ({done / max(1e-9, time.perf_counter() - started):,.0f} msg/s)"
+
+
 # -- spoolmq phases --------------------------------------------------------------------------------
 
 
-def spool_produce(root: Path, args: argparse.Namespace, prefill: int = 0) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    name = "produce" if not prefill else "produce-prefilled"
-    with _fresh_store(root, name) as data:
-        if prefill:
-            _prefill(data, prefill, args.size, args.partitions)
-        else:
-            from spoolmq.store import Log
+def _produce_round(
+    data: Path, broker: _Broker, args: argparse.Namespace, first: int, progress: Progress
+) -> dict[str, Any]:
+    """Producers send ids ``first .. first+n-1`` as fast as they can; timed until all ACKed."""
+    from spoolmq.client import Admin
 
-            with Log(data) as log:
-                log.create_topic(TOPIC, partitions=args.partitions)
+    context = multiprocessing.get_context("spawn")
+    with _RssSampler(broker.pids) as rss:
+        idle_mib = rss.current_mib()
+        barrier = context.Barrier(args.producers + 1)
+        cpu = context.Value("d", 0.0)
+        share = args.n // args.producers
+        processes = [
+            context.Process(
+                daemon=True,
+                target=_spool_producer,
+                args=(
+                    str(data),
+                    first + i * share,
+                    share if i < args.producers - 1 else args.n - share * i,
+                    args.size,
+                    args.acks,
+                    barrier,
+                    cpu,
+                ),
+            )
+            for i in range(args.producers)
+        ]
+        for process in processes:
+            process.start()
+        barrier.wait()
+        started = time.perf_counter()
+        cpu_before = cpu_seconds(broker.pids())
+        stored_before = -1
+        while alive := [p for p in processes if p.is_alive()]:
+            alive[0].join(0.5)
+            with contextlib.suppress(SpoolError), Admin(data) as admin:
+                stored = admin.stats()["publisher"].get("messages", 0)
+                stored_before = stored if stored_before < 0 else stored_before
+                progress(f"stored {_rate(stored - stored_before, started)}")
+        elapsed = time.perf_counter() - started
+        broker_cpu = cpu_seconds(broker.pids()) - cpu_before
+        clients_cpu = cpu.value
+        restarts = broker.refresh()
+    if any(p.exitcode for p in processes):
+        raise SpoolError("a producer process failed")
+    commits = _group_commits(data, args.n)  # a fresh broker: its count starts at 0
+    return {
+        "messages": args.n,
+        "seconds": round(elapsed, 4),
+        "msgs_per_s": round(args.n / elapsed, 1),
+        "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
+        "publishers_cpu_us_per_message": round(clients_cpu / args.n * 1e6, 2),
+        "broker_restarts": restarts,
+        "broker_rss_idle_mib": round(idle_mib, 1),
+        "broker_rss_peak_mib": round(rss.peak_mib, 1),
+        "messages_per_group_commit": commits,
+    }
+
+
+def _group_commits(data: Path, stored: int) -> float | None:
+    """Messages per group commit (one write and one fsync each) since the broker started,
+    once its PublisherBroker has reported ``stored`` messages (it reports every second)."""
+    from spoolmq.client import Admin
+
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        with contextlib.suppress(SpoolError), Admin(data) as admin:
+            figures = admin.stats()["publisher"]
+            if figures.get("messages", 0) >= stored and figures.get("batches"):
+                return round(int(figures["messages"]) / int(figures["batches"]), 1)
+        time.sleep(0.2)  # the broker's next report; nothing to wait on
+    return None
+
+
+def _consume_round(
+    data: Path, broker: _Broker, args: argparse.Namespace, progress: Progress
+) -> tuple[dict[str, Any], list[int]]:
+    """Consumers of one group drain ``n`` stored messages, ACKing each; returns the figures
+    and the ids received."""
+    context = multiprocessing.get_context("spawn")
+    outs = [str(data.parent / f"consume-{i}.json") for i in range(args.consumers)]
+    with _RssSampler(broker.pids) as rss:
+        barrier = context.Barrier(args.consumers + 1)
+        done = _Done(context)
+        cpu = context.Value("d", 0.0)
+        processes = [
+            context.Process(
+                target=_spool_consumer,
+                args=(str(data), args.n, out, barrier, done, cpu),
+                daemon=True,
+            )
+            for out in outs
+        ]
+        for process in processes:
+            process.start()
+        barrier.wait()
+        started = time.perf_counter()
+        cpu_before = cpu_seconds(broker.pids())
+        deadline = started + max(60.0, args.n / 1000)
+        while not (finished := done.wait(0.5)) and time.perf_counter() < deadline:
+            progress(f"received and ACKed {_rate(done.value, started)}")
+        elapsed = time.perf_counter() - started
+        broker_cpu = cpu_seconds(broker.pids()) - cpu_before
+        restarts = broker.refresh()
+        for process in processes:
+            process.join(30)
+        clients_cpu = cpu.value
+    ids: list[int] = []
+    for out in outs:
+        with contextlib.suppress(FileNotFoundError):
+            ids.extend(orjson.loads(Path(out).read_bytes()))
+            os.unlink(out)
+    return {
+        "messages": args.n,
+        "seconds": round(elapsed, 4),
+        "msgs_per_s": round(len(set(ids)) / elapsed, 1) if finished else 0.0,
+        "completed": finished,
+        "broker_cpu_us_per_message": round(broker_cpu / args.n * 1e6, 2),
+        "consumers_cpu_us_per_message": round(clients_cpu / args.n * 1e6, 2),
+        "broker_restarts": restarts,
+        "broker_rss_peak_mib": round(rss.peak_mib, 1),
+    }, ids
+
+
+def _create_topic(data: Path, partitions: int) -> None:
+    from spoolmq.store import Log
+
+    with Log(data) as log:
+        log.create_topic(TOPIC, partitions=partitions)
+
+
+def spool_produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    with _fresh_store(root, "produce") as data:
+        _create_topic(data, args.partitions)
         broker = _Broker(data)
-        reopen_s = broker.start()
+        start_s = broker.start()
         try:
-            with _RssSampler(broker.pids) as rss:
-                idle_mib = rss.current_mib()
-                barrier = context.Barrier(args.producers + 1)
-                share = args.n // args.producers
-                processes = [
-                    context.Process(
-                        target=_spool_producer,
-                        args=(
-                            str(data),
-                            prefill + i * share,
-                            share if i < args.producers - 1 else args.n - share * i,
-                            args.size,
-                            args.acks,
-                            barrier,
-                        ),
-                    )
-                    for i in range(args.producers)
-                ]
-                for process in processes:
-                    process.start()
-                barrier.wait()
-                started = time.perf_counter()
-                for process in processes:
-                    process.join()
-                elapsed = time.perf_counter() - started
-            if any(p.exitcode for p in processes):
-                raise SpoolError("a producer process failed")
+            figures = _produce_round(data, broker, args, 0, progress)
         finally:
             broker.stop()
-        ids = [i - prefill for i in _stored_ids(data) if i >= prefill]
-        counted = count_ids(ids, args.n)
+        counted = count_ids(_stored_ids(data), args.n)
         return {
-            "messages": args.n,
-            "seconds": round(elapsed, 4),
-            "msgs_per_s": round(args.n / elapsed, 1),
-            "broker_rss_peak_mib": round(rss.peak_mib, 1),
-            "broker_rss_idle_mib": round(idle_mib, 1),
-            "broker_start_s": round(reopen_s, 3),
-            "bytes_per_message": round(_disk_bytes(data) / max(1, args.n + prefill), 1),
+            **figures,
+            "broker_start_s": round(start_s, 3),
+            "bytes_per_message": round(_disk_bytes(data) / args.n, 1),
             "duplicates": counted["duplicates"],
             "missing": counted["missing"],
         }
 
 
-def spool_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
+def spool_consume(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     with _fresh_store(root, "consume") as data:
-        _prefill(data, args.n, args.size, args.partitions)
+        _prefill(data, 0, args.n, args, progress)
         broker = _Broker(data)
         broker.start()
-        outs = [str(data.parent / f"consume-{i}.json") for i in range(args.consumers)]
         try:
-            with _RssSampler(broker.pids) as rss:
-                barrier = context.Barrier(args.consumers + 1)
-                done = _Done(context)
-                processes = [
-                    context.Process(
-                        target=_spool_consumer, args=(str(data), args.n, out, barrier, done)
-                    )
-                    for out in outs
-                ]
-                for process in processes:
-                    process.start()
-                barrier.wait()
-                started = time.perf_counter()
-                finished = done.wait(max(60.0, args.n / 1000))
-                elapsed = time.perf_counter() - started
-                for process in processes:
-                    process.join(30)
+            figures, ids = _consume_round(data, broker, args, progress)
         finally:
             broker.stop()
-        ids: list[int] = []
-        for out in outs:
-            with contextlib.suppress(FileNotFoundError):
-                ids.extend(orjson.loads(Path(out).read_bytes()))
-                os.unlink(out)
         counted = count_ids(ids, args.n)
+        return {**figures, "duplicates": counted["duplicates"], "missing": counted["missing"]}
+
+
+def spool_prefilled(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """``--prefill N``: N messages stored first; then the broker's start on that store,
+    its memory, and produce and consume throughput of n more messages."""
+    from spoolmq.store import Log
+
+    stored = args.prefill
+    with _fresh_store(root, "prefilled") as data:
+        began = time.perf_counter()
+        ends = _prefill(data, 0, stored, args, progress)
+        prefill_s = time.perf_counter() - began
+        with Log(data) as log:
+            # The group starts where the new messages will: it drains only those.
+            log.state.commit_offsets(GROUP, {(TOPIC, p): end for p, end in ends.items()})
+        progress(f"starting a broker on {stored:,} stored messages")
+        broker = _Broker(data)
+        reopen_s = broker.start()
+        try:
+            idle_mib = _RssSampler(broker.pids).current_mib()
+            progress(f"produce with {stored:,} stored")
+            produce = _produce_round(
+                data,
+                broker,
+                args,
+                stored,
+                lambda text: progress(f"produce with {stored:,} stored: {text}"),
+            )
+            consume, received = _consume_round(
+                data, broker, args, lambda text: progress(f"consume with {stored:,} stored: {text}")
+            )
+        finally:
+            broker.stop()
+        produced = count_ids([i - stored for i in _stored_ids(data, ends)], args.n)
+        consumed = count_ids([i - stored for i in received], args.n)
+        produce.update(duplicates=produced["duplicates"], missing=produced["missing"])
+        consume.update(duplicates=consumed["duplicates"], missing=consumed["missing"])
         return {
-            "messages": args.n,
-            "seconds": round(elapsed, 4),
-            "msgs_per_s": round(len(set(ids)) / elapsed, 1) if finished else 0.0,
-            "completed": finished,
-            "broker_rss_peak_mib": round(rss.peak_mib, 1),
-            **{k: counted[k] for k in ("duplicates", "missing")},
+            "stored": stored,
+            "store_bytes": _disk_bytes(data),
+            "prefill_s": round(prefill_s, 2),
+            "broker_start_s": round(reopen_s, 3),
+            "broker_rss_idle_mib": round(idle_mib, 1),
+            "produce": produce,
+            "consume": consume,
         }
 
 
-def spool_latency(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from spoolmq.client import Publisher
-    from spoolmq.store import Log
+def fdatasync_ms(directory: Path, count: int = 200, size: int = 350) -> list[float]:
+    """Times (ms) of ``count`` appends of ``size`` bytes each followed by fdatasync, in a
+    file in ``directory``: the disk's floor under a publish with ACK ``all``."""
+    times: list[float] = []
+    fd, name = tempfile.mkstemp(dir=directory)
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * size)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return times
+
+
+def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    from spoolmq.client import Admin, Publisher
 
     context = multiprocessing.get_context("spawn")
+    progress("timing the disk's fdatasync")
+    syncs = fdatasync_ms(root)
     with _fresh_store(root, "latency") as data:
-        with Log(data) as log:
-            log.create_topic(TOPIC, partitions=args.partitions)
+        _create_topic(data, args.partitions)
         broker = _Broker(data)
         broker.start()
         out = str(data.parent / "latency.json")
+        rss = _RssSampler(broker.pids)
         try:
+            rss.start()
             ready, stop = context.Event(), context.Event()
             consumer = context.Process(
-                target=_spool_latency_consumer, args=(str(data), out, ready, stop)
+                daemon=True, target=_spool_latency_consumer, args=(str(data), out, ready, stop)
             )
             consumer.start()
             ready.wait(30)
@@ -426,12 +664,12 @@ def spool_latency(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                     publisher.publish_async(
                         TOPIC, {"id": message_id, "t": time.time_ns(), "p": payload}
                     )
+                    if message_id % 1000 == 999:
+                        progress(f"sent {_rate(message_id + 1, started)} of {total:,}")
                 publisher.flush()
                 sent_s = time.perf_counter() - started
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                from spoolmq.client import Admin
-
                 with Admin(data) as admin:
                     if admin.stats()["consumer"].get("acked", 0) >= total:
                         break
@@ -439,6 +677,7 @@ def spool_latency(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             stop.set()
             consumer.join(30)
         finally:
+            rss.stop()
             broker.stop()
         records = orjson.loads(Path(out).read_bytes()) if Path(out).exists() else []
         with contextlib.suppress(FileNotFoundError):
@@ -453,6 +692,9 @@ def spool_latency(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             "p99_ms": round(percentile(latencies, 0.99), 3),
             "p999_ms": round(percentile(latencies, 0.999), 3),
             "max_ms": round(max(latencies), 3) if latencies else float("nan"),
+            "broker_rss_peak_mib": round(rss.peak_mib, 1),
+            "disk_fdatasync_p50_ms": round(percentile(syncs, 0.5), 3),
+            "disk_fdatasync_p99_ms": round(percentile(syncs, 0.99), 3),
             "duplicates": counted["duplicates"],
             "missing": counted["missing"],
         }
@@ -503,14 +745,21 @@ class _Redis:
         )
         client: Any = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise SpoolError("redis-server did not start") from None
-                time.sleep(0.05)  # another process coming up
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or self.process.poll() is not None:
+                        raise SpoolError("redis-server did not start") from None
+                    time.sleep(0.05)  # another process coming up
+        except BaseException:  # Ctrl-C while it comes up included
+            self.stop()
+            raise
+
+    def pids(self) -> list[int]:
+        return [self.process.pid] if self.process is not None else []
 
     def stop(self) -> None:
         if self.process is not None:
@@ -549,24 +798,25 @@ def _redis_consumer(port: int, name: str, total: int, out: str, barrier: Any, do
         entries = reply[0][1]
         ids.extend(orjson.loads(fields[b"v"])["id"] for _, fields in entries)
         client.xack(TOPIC, GROUP, *[entry_id for entry_id, _ in entries])
-        with done.get_lock():
-            done.value += len(entries)
-            if done.value >= total:
-                done.set()
+        _add_done(done, len(entries), total)
     Path(out).write_bytes(orjson.dumps(ids))
 
 
-def redis_produce(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def redis_produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     import redis
 
     context = multiprocessing.get_context("spawn")
     server = _Redis(root)
     server.start()
+    rss = _RssSampler(server.pids)
     try:
+        rss.start()
+        client: Any = redis.Redis(port=server.port)
         barrier = context.Barrier(args.producers + 1)
         share = args.n // args.producers
         processes = [
             context.Process(
+                daemon=True,
                 target=_redis_producer,
                 args=(
                     server.port,
@@ -582,24 +832,27 @@ def redis_produce(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             process.start()
         barrier.wait()
         started = time.perf_counter()
-        for process in processes:
-            process.join()
+        while alive := [p for p in processes if p.is_alive()]:
+            alive[0].join(0.5)
+            progress(f"stored {_rate(client.xlen(TOPIC), started)}")
         elapsed = time.perf_counter() - started
-        client: Any = redis.Redis(port=server.port)
+        rss.stop()
         ids = [orjson.loads(fields[b"v"])["id"] for _, fields in client.xrange(TOPIC)]
         counted = count_ids(ids, args.n)
         return {
             "messages": args.n,
             "seconds": round(elapsed, 4),
             "msgs_per_s": round(args.n / elapsed, 1),
+            "server_rss_peak_mib": round(rss.peak_mib, 1),
             "duplicates": counted["duplicates"],
             "missing": counted["missing"],
         }
     finally:
+        rss.stop()
         server.stop()
 
 
-def redis_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+def redis_consume(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     import redis
 
     context = multiprocessing.get_context("spawn")
@@ -619,7 +872,9 @@ def redis_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         done = _Done(context)
         processes = [
             context.Process(
-                target=_redis_consumer, args=(server.port, f"c{i}", args.n, out, barrier, done)
+                daemon=True,
+                target=_redis_consumer,
+                args=(server.port, f"c{i}", args.n, out, barrier, done),
             )
             for i, out in enumerate(outs)
         ]
@@ -627,7 +882,9 @@ def redis_consume(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             process.start()
         barrier.wait()
         started = time.perf_counter()
-        finished = done.wait(max(60.0, args.n / 1000))
+        deadline = started + max(60.0, args.n / 1000)
+        while not (finished := done.wait(0.5)) and time.perf_counter() < deadline:
+            progress(f"received and ACKed {_rate(done.value, started)}")
         elapsed = time.perf_counter() - started
         for process in processes:
             process.join(30)
@@ -661,9 +918,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acks", default="all", choices=["0", "1", "all"])
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--prefill", type=int, default=0, help="also measure with N stored")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each throughput phase (spoolmq and Redis in turn); the median is kept",
+    )
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     parser.add_argument("--compare", choices=["redis"], help="run the same workload on Redis")
     parser.add_argument("--phases", default="produce,consume,latency", help="comma-separated")
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM: stop like Ctrl-C, so every server started is stopped
+
+
+def _flatten(figures: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, value in figures.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (the lower middle one of an even count), with
+    every run's throughput beside it; a run that did not complete counts as 0 msg/s.
+
+    >>> median_run([{"msgs_per_s": 3.0}, {"msgs_per_s": 1.0}, {"msgs_per_s": 2.0}])
+    {'msgs_per_s': 2.0, 'runs_msgs_per_s': [3.0, 1.0, 2.0]}
+    """
+    ordered = sorted(runs, key=lambda run: float(run["msgs_per_s"]))
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "runs_msgs_per_s": [run["msgs_per_s"] for run in runs],
+    }
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    return round(float(a["msgs_per_s"]) / max(1e-9, float(b["msgs_per_s"])), 3)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -671,11 +964,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(stderr=True)
-    for name in ("n", "producers", "consumers", "size", "rate", "partitions"):
+    for name in ("n", "producers", "consumers", "size", "rate", "partitions", "repeat"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name} must be at least 1")
     if args.duration <= 0:
         raise InvalidArgumentError("--duration must be positive")
+    if args.prefill < 0:
+        raise InvalidArgumentError("--prefill must not be negative")
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     unknown = phases - {"produce", "consume", "latency"}
     if unknown:
@@ -683,8 +978,18 @@ def run(args: argparse.Namespace) -> int:
     compare = args.compare == "redis"
     if compare and shutil.which("redis-server") is None:
         console.print(
-            "[yellow]redis-server is not installed: `apt-get install redis-server` (Debian) "
-            "for the comparison; running spoolmq alone[/yellow]"
+            "[yellow]redis-server is not installed; for the comparison install it with "
+            "`sudo apt-get install redis-server` (Debian/Ubuntu), `sudo dnf install redis` "
+            "(Fedora) or `brew install redis` (macOS). Running spoolmq alone.[/yellow]",
+            soft_wrap=True,
+        )
+        compare = False
+    if compare and importlib.util.find_spec("redis") is None:
+        console.print(
+            "[yellow]the Python client for the comparison is missing: `uv sync` in a checkout "
+            "(it is a development dependency) or `pip install redis hiredis`. Running spoolmq "
+            "alone.[/yellow]",
+            soft_wrap=True,
         )
         compare = False
     results: dict[str, Any] = {
@@ -695,45 +1000,87 @@ def run(args: argparse.Namespace) -> int:
         "spoolmq": {},
     }
     root = Path(tempfile.mkdtemp(prefix="spoolmq-bench-"))
+    results["machine"].update(disk_facts(root))
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         with console.status("benchmarking") as status:
-            if "produce" in phases:
-                status.update("spoolmq: produce")
-                results["spoolmq"]["produce"] = spool_produce(root, args)
-            if "consume" in phases:
-                status.update("spoolmq: consume + ACK")
-                results["spoolmq"]["consume"] = spool_consume(root, args)
-            if "latency" in phases:
-                status.update(f"spoolmq: latency at {args.rate} msg/s")
-                results["spoolmq"]["latency"] = spool_latency(root, args)
-            if args.prefill:
-                status.update(f"spoolmq: produce with {args.prefill} stored")
-                results["spoolmq"]["prefilled"] = spool_produce(root, args, prefill=args.prefill)
+
+            def step(name: str) -> Progress:
+                status.update(name)
+                return lambda text: status.update(f"{name}: {text}")
+
+            spool = results["spoolmq"]
             if compare:
-                results["redis"] = {}
-                if "produce" in phases:
-                    status.update("redis: produce")
-                    results["redis"]["produce"] = redis_produce(root, args)
-                if "consume" in phases:
-                    status.update("redis: consume + ACK")
-                    results["redis"]["consume"] = redis_consume(root, args)
-                results["ratios"] = {
+                import redis
+                import redis.utils
+
+                results["redis"] = {
+                    "client": {
+                        "redis_py": redis.__version__,
+                        "hiredis_parser": bool(redis.utils.HIREDIS_AVAILABLE),
+                        "server": subprocess.run(
+                            ["redis-server", "--version"],
+                            capture_output=True,
+                            text=True,
+                            check=False,
+                            timeout=30,
+                        ).stdout.strip(),
+                    }
+                }
+            throughput = {
+                "produce": (spool_produce, redis_produce, "produce"),
+                "consume": (spool_consume, redis_consume, "consume + ACK"),
+            }
+            for phase, (spool_phase, redis_phase, title) in throughput.items():
+                if phase not in phases:
+                    continue
+                # spoolmq and Redis take turns, so both see the same load on a shared machine.
+                spool_runs, redis_runs = [], []
+                for attempt in range(args.repeat):
+                    of = f" (run {attempt + 1} of {args.repeat})" if args.repeat > 1 else ""
+                    spool_runs.append(spool_phase(root, args, step(f"spoolmq {title}{of}")))
+                    if compare:
+                        redis_runs.append(redis_phase(root, args, step(f"redis {title}{of}")))
+                spool[phase] = median_run(spool_runs)
+                if compare:
+                    results["redis"][phase] = median_run(redis_runs)
+            if "latency" in phases:
+                spool["latency"] = spool_latency(
+                    root, args, step(f"spoolmq latency at {args.rate} msg/s")
+                )
+            if args.prefill:
+                prefilled = spool_prefilled(root, args, step(f"spoolmq, {args.prefill:,} stored"))
+                compared = [phase for phase in ("produce", "consume") if phase in spool]
+                prefilled["vs_empty"] = {
+                    phase: _ratio(prefilled[phase], spool[phase]) for phase in compared
+                }
+                # The broker's CPU per message moves far less with the machine's load than
+                # throughput does: the steadier answer to "does a big store slow it down".
+                prefilled["broker_cpu_vs_empty"] = {
                     phase: round(
-                        results["spoolmq"][phase]["msgs_per_s"]
-                        / max(1e-9, results["redis"][phase]["msgs_per_s"]),
+                        prefilled[phase]["broker_cpu_us_per_message"]
+                        / max(1e-9, spool[phase]["broker_cpu_us_per_message"]),
                         3,
                     )
+                    for phase in compared
+                }
+                spool["prefilled"] = prefilled
+            if compare:
+                results["ratios"] = {
+                    phase: _ratio(spool[phase], results["redis"][phase])
                     for phase in ("produce", "consume")
                     if phase in results["redis"]
                 }
     finally:
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(root, ignore_errors=True)
+    results["machine"]["load_average_end"] = list(os.getloadavg())
     table = Table(title="spoolmq bench")
     for column in ("phase", "system", "figure", "value"):
         table.add_column(column)
     for system in ("spoolmq", "redis"):
         for phase, figures in results.get(system, {}).items():
-            for figure, value in figures.items():
+            for figure, value in _flatten(figures):
                 table.add_row(phase, system, figure, str(value))
     for phase, ratio in results.get("ratios", {}).items():
         table.add_row(phase, "spoolmq / redis", "ratio", str(ratio))

@@ -5,16 +5,20 @@ No speed is asserted: figures are recorded in BENCHMARKS.md, never checked by te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
-from spoolmq.bench import count_ids, percentile
+from spoolmq.bench import count_ids, median_run, percentile
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -26,6 +30,14 @@ def test_percentile_is_nearest_rank() -> None:
 
 def test_count_ids_finds_duplicates_and_missing() -> None:
     assert count_ids([0, 1, 1, 3], 5) == {"received": 4, "duplicates": 1, "missing": 2}
+
+
+def test_median_run_keeps_the_middle_run_and_every_throughput() -> None:
+    runs = [{"msgs_per_s": 30.0, "run": "a"}, {"msgs_per_s": 10.0, "run": "b"}]
+    runs.append({"msgs_per_s": 20.0, "run": "c"})
+    assert median_run(runs) == {"msgs_per_s": 20.0, "run": "c", "runs_msgs_per_s": [30, 10, 20]}
+    assert median_run(runs[:2])["run"] == "b"  # even count: the lower middle, not a mean
+    assert median_run(runs[:1])["runs_msgs_per_s"] == [30.0]
 
 
 def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
@@ -46,6 +58,8 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
             "2",
             "--rate",
             "200",
+            "--prefill",
+            "3000",
             "--compare",
             "redis",
             "--json",
@@ -59,7 +73,11 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     result = orjson.loads(out.read_bytes())
     assert set(result) >= {"parameters", "machine", "spoolmq", "redis", "ratios"}
     assert result["parameters"]["n"] == 2000
-    assert result["machine"]["cpus"] >= 1
+    machine = result["machine"]
+    assert machine["cpus"] >= 1
+    assert machine["python"].count(".") == 2
+    assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
+    assert machine["disk_filesystem"] and machine["disk_mount"].startswith("/")
     produce = result["spoolmq"]["produce"]
     consume = result["spoolmq"]["consume"]
     latency = result["spoolmq"]["latency"]
@@ -73,6 +91,119 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     assert latency["messages"] == 400
     assert latency["duplicates"] == 0 and latency["missing"] == 0
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["p999_ms"] <= latency["max_ms"]
+    assert 0 < latency["disk_fdatasync_p50_ms"] <= latency["disk_fdatasync_p99_ms"]
+    assert produce["broker_cpu_us_per_message"] > 0 and produce["broker_restarts"] == 0
+    # Group commit: 2 publishers with frames of 100 and several in flight; at least a frame
+    # per commit, at most every message of the phase in one.
+    assert 1 <= produce["messages_per_group_commit"] <= 2000
+    assert consume["broker_cpu_us_per_message"] > 0 and consume["broker_rss_peak_mib"] > 10
+    prefilled = result["spoolmq"]["prefilled"]
+    assert prefilled["stored"] == 3000
+    assert prefilled["store_bytes"] > 3000 * 200
+    assert prefilled["broker_start_s"] > 0 and prefilled["broker_rss_idle_mib"] > 10
+    for phase in ("produce", "consume"):
+        figures = prefilled[phase]
+        assert figures["messages"] == 2000
+        assert figures["duplicates"] == 0 and figures["missing"] == 0
+        assert figures["broker_rss_peak_mib"] > 10
+        ratio = figures["msgs_per_s"] / result["spoolmq"][phase]["msgs_per_s"]
+        assert abs(prefilled["vs_empty"][phase] - ratio) < 0.01
+        cpu = figures["broker_cpu_us_per_message"]
+        cpu_ratio = cpu / result["spoolmq"][phase]["broker_cpu_us_per_message"]
+        assert abs(prefilled["broker_cpu_vs_empty"][phase] - cpu_ratio) < 0.01
+    assert prefilled["consume"]["completed"] is True
+    assert result["redis"]["produce"]["server_rss_peak_mib"] > 1
+    assert result["redis"]["client"]["hiredis_parser"] is True
     assert set(result["ratios"]) == {"produce", "consume"}
     ratio = produce["msgs_per_s"] / result["redis"]["produce"]["msgs_per_s"]
     assert abs(result["ratios"]["produce"] - ratio) < 0.01
+
+
+def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(
+    tmp_path: Path,
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spoolmq",
+            "bench",
+            "--n",
+            "500",
+            "--phases",
+            "produce",
+            "--repeat",
+            "2",
+            "--compare",
+            "redis",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=240,
+        check=False,
+        env={**os.environ, "PATH": str(empty)},  # no redis-server to be found
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    assert b"apt-get install redis-server" in completed.stderr
+    result = orjson.loads(out.read_bytes())
+    assert "redis" not in result and "ratios" not in result
+    produce = result["spoolmq"]["produce"]
+    assert produce["missing"] == 0 and produce["duplicates"] == 0
+    assert len(produce["runs_msgs_per_s"]) == 2
+    assert produce["msgs_per_s"] == min(produce["runs_msgs_per_s"])  # lower middle of two
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return list(psutil.Process(pid).children(recursive=True))
+    return []
+
+
+def _started(process: psutil.Process, what: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.is_running() and what in " ".join(process.cmdline())
+    return False
+
+
+@pytest.mark.parametrize(
+    ("signum", "wait_for"), [(signal.SIGINT, "redis-server"), (signal.SIGTERM, "spoolmq broker")]
+)
+def test_interrupted_bench_stops_what_it_started_and_removes_its_files(
+    tmp_path: Path, signum: int, wait_for: str
+) -> None:
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing in CI: .ci/run installs it")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    command = [sys.executable, "-m", "spoolmq", "bench", "--n", "300000", "--phases", "consume"]
+    bench = subprocess.Popen(
+        [*command, "--compare", "redis"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        start_new_session=True,  # the signal reaches the bench alone, not a process group
+    )
+    seen: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not any(_started(p, wait_for) for p in seen):
+            assert time.monotonic() < deadline, f"{wait_for} never started"
+            assert bench.poll() is None, "the bench ended before it started " + wait_for
+            time.sleep(0.1)
+            seen = _descendants(bench.pid)
+        bench.send_signal(signum)
+        bench.wait(90)
+        _, alive = psutil.wait_procs(seen, timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert list(tmp_path.iterdir()) == []  # the bench's temporary directory is removed
+    finally:
+        # Whatever the bench left behind, orphans included (they are no longer its children).
+        for process in [*seen, *_descendants(bench.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        bench.kill()
+        bench.wait(10)

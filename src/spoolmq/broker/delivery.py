@@ -198,6 +198,10 @@ class Group:
         self.events: list[Event] = []
         self.dead: list[Pending] = []
         self._timers: list[tuple[int, int, str, Pending, int]] = []
+        # Lease ends, one entry per dispatched batch holding delivery tags only: a message
+        # ACKed long before its lease would end must not stay in memory until then (at
+        # 50k msg/s and a 30 s lease, that held 1.5M delivered records).
+        self._leases: list[tuple[int, int, tuple[int, ...]]] = []
         self._sequence = itertools.count()
         self._tags = itertools.count(1)
         self._rotation: deque[str] = deque()
@@ -283,25 +287,34 @@ class Group:
         heapq.heappush(self._timers, (when, next(self._sequence), kind, pending, tag))
 
     def next_timer(self) -> int | None:
-        return self._timers[0][0] if self._timers else None
+        heads = [heap[0][0] for heap in (self._timers, self._leases) if heap]
+        return min(heads) if heads else None
 
     def run_timers(self, now: int) -> None:
         """Move due retries and delayed messages to ready; expire leases."""
-        while self._timers and self._timers[0][0] <= now:
-            _, _, kind, pending, tag = heapq.heappop(self._timers)
-            if pending.finished:
-                continue
-            if kind == "due":
-                self.ready.append(pending)
-            elif kind == "lease" and pending.tag == tag and tag in self.in_flight:
+        while self._leases and self._leases[0][0] <= now:
+            _, _, tags = heapq.heappop(self._leases)
+            for tag in tags:
+                pending = self.in_flight.get(tag)
+                if pending is None:
+                    continue  # answered, or expired already
                 if pending.lease_expires_at > now:  # extended meanwhile
-                    self._schedule(pending.lease_expires_at, "lease", pending, tag)
+                    self._schedule_lease(pending.lease_expires_at, (tag,))
                     continue
                 self._drop_in_flight(pending)
                 self.events.append(
                     Event(now, "lease_expired", pending, pending.consumer, "lease expired")
                 )
                 self._failed(pending, now, "lease expired", delay_ms=0)
+        while self._timers and self._timers[0][0] <= now:
+            _, _, kind, pending, tag = heapq.heappop(self._timers)
+            if pending.finished:
+                continue
+            if kind == "due":
+                self.ready.append(pending)
+
+    def _schedule_lease(self, when: int, tags: tuple[int, ...]) -> None:
+        heapq.heappush(self._leases, (when, next(self._sequence), tags))
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -333,6 +346,8 @@ class Group:
     def _take(self, slot: ConsumerSlot, room: int, now: int) -> list[Pending]:
         taken: list[Pending] = []
         skipped: list[Pending] = []
+        tags: list[int] = []
+        lease_end = now + self.settings.lease_ms
         while self.ready and len(taken) < room:
             pending = self.ready.popleft()
             if pending.finished:
@@ -354,11 +369,13 @@ class Group:
                 self._finish(pending, now)
             else:
                 pending.tag = next(self._tags)
-                pending.lease_expires_at = now + self.settings.lease_ms
+                pending.lease_expires_at = lease_end
                 self.in_flight[pending.tag] = pending
                 slot.in_flight.add(pending.tag)
-                self._schedule(pending.lease_expires_at, "lease", pending, pending.tag)
+                tags.append(pending.tag)
             taken.append(pending)
+        if tags:
+            self._schedule_lease(lease_end, tuple(tags))
         self.ready.extendleft(reversed(skipped))
         return taken
 

@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED, PENDING
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -48,8 +49,54 @@ class _Outgoing:
     topic: str
     body: bytes
     acks: str
-    future: Future[Position]
+    future: _PublishFuture
     deadline: float
+
+
+# Guards the moment a _PublishFuture gets its Condition against the moment it is resolved.
+_CONDITION_LOCK = threading.Lock()
+
+
+class _PublishFuture(Future[Position]):
+    """A Future that builds its Condition only when someone waits on it or adds a callback.
+
+    ``Future()`` builds a Condition (a lock and waiter bookkeeping) per instance, and
+    resolving one takes it and notifies: together the largest per-message cost of
+    ``publish_async``, whose futures are mostly never looked at. Every method of
+    ``Future`` that waits or registers a callback reads ``self._condition``, which makes it
+    here (``__getattr__``); ``resolve`` finishes an untouched future without one.
+    """
+
+    def __init__(self) -> None:  # Future.__init__ is skipped on purpose: no Condition yet
+        self._state = PENDING
+        self._result: Position | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_condition":
+            raise AttributeError(name)
+        with _CONDITION_LOCK:
+            condition = self.__dict__.get("_condition")
+            if condition is None:
+                condition = self.__dict__["_condition"] = threading.Condition()
+        return condition
+
+    def resolve(self, result: Position | None, error: BaseException | None) -> None:
+        with _CONDITION_LOCK:
+            if "_condition" not in self.__dict__:
+                # Nobody waits and no callback is registered: both need the Condition.
+                if self._state == PENDING:
+                    self._result, self._exception = result, error
+                    self._state = FINISHED
+                return
+        if self.done():
+            return
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(result)  # type: ignore[arg-type]
 
 
 def encode_wire_message(
@@ -274,16 +321,21 @@ class Publisher:
                 sequence=sequence,
             )
             self._sequence += 1
-            future: Future[Position] = Future()
+            future = _PublishFuture()
+            # The I/O thread needs a wake-up only when there is something new for it to do:
+            # a first message starts its linger clock, a full batch or a blocking publish
+            # ends it. Waking it per message cost a syscall and a thread switch each.
+            wake = not self._queue
             self._queue.append(
                 _Outgoing(
                     sequence, topic, body, level, future, time.monotonic() + self.delivery_timeout
                 )
             )
             self._outstanding += 1
-            if urgent or len(self._queue) >= self.batch_size:
-                self._urgent = True
-            self._wake()
+            if not self._urgent and (urgent or len(self._queue) >= self.batch_size):
+                self._urgent = wake = True
+            if wake:
+                self._wake()
         return future
 
     def _wake(self) -> None:
@@ -371,7 +423,8 @@ class Publisher:
             self._conn.send_bytes(head + b",".join(m.body for m in batch) + b"]}")
             if acks == "0":
                 for item in batch:
-                    self._resolve(item, Position(item.topic, -1, -1, -1))
+                    item.future.resolve(Position(item.topic, -1, -1, -1), None)
+                self._done(len(batch))
 
     def _wait_and_read(self) -> None:
         assert self._conn is not None
@@ -398,14 +451,19 @@ class Publisher:
             if batch is None:
                 raise OSError(f"the broker closed this connection: {error}")
             for item in batch:
-                self._fail(item, error)
+                item.future.resolve(None, error)
+            self._done(len(batch))
             return
         if batch is None:
             return
         results = frame.get("results") or []
+        answered = 0
         for item, result in zip(batch, results, strict=False):
+            answered += 1
             if "error" in result:
-                self._fail(item, error_from_code(result["error"], result.get("message", "")))
+                item.future.resolve(
+                    None, error_from_code(result["error"], result.get("message", ""))
+                )
             else:
                 position = Position(
                     item.topic,
@@ -414,21 +472,13 @@ class Publisher:
                     result.get("timestamp", -1),
                     bool(result.get("duplicate")),
                 )
-                self._resolve(item, position)
+                item.future.resolve(position, None)
+        self._done(answered)
 
-    def _resolve(self, item: _Outgoing, position: Position) -> None:
-        if not item.future.done():
-            item.future.set_result(position)
-        self._done()
-
-    def _fail(self, item: _Outgoing, error: BaseException) -> None:
-        if not item.future.done():
-            item.future.set_exception(error)
-        self._done()
-
-    def _done(self) -> None:
+    def _done(self, count: int) -> None:
+        """``count`` messages were answered: one lock and one notify per frame."""
         with self._cond:
-            self._outstanding -= 1
+            self._outstanding -= count
             self._cond.notify_all()
 
     def _expire(self) -> None:
@@ -441,11 +491,13 @@ class Publisher:
             for frame_id in [f for f, ms in self._in_flight.items() if ms[0].deadline <= now]:
                 expired.extend(self._in_flight.pop(frame_id))
         for item in expired:
-            self._fail(
-                item,
+            item.future.resolve(
+                None,
                 PublishTimeoutError(
                     f"message {item.sequence} to {item.topic!r} was not acknowledged within "
                     f"{self.delivery_timeout:g} s (broker unreachable or overloaded); it may or "
                     "may not have been stored"
                 ),
             )
+        if expired:
+            self._done(len(expired))

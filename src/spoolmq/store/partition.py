@@ -445,6 +445,9 @@ class PartitionLog:
             if m.producer_id is not None and m.sequence is not None
         }
         stored = self._state.find_sequences(pairs)
+        if not stored and len(pairs) == len(messages):
+            # The common batch: every message numbered, none stored before, none repeated.
+            return list(range(len(messages)))
         pending: list[int] = []
         first_in_batch: dict[tuple[str, int], int] = {}
         for i, message in enumerate(messages):

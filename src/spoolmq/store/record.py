@@ -112,23 +112,39 @@ def normalize_headers(headers: HeadersInput) -> list[list[str]]:
     return stored
 
 
+def common_fields(
+    key: str | None, value: Any, sequence: int | None, producer_id: str | None
+) -> dict[str, Any]:
+    """The fields of a message with a text key or none, a JSON value, no headers, tags or
+    schedule, in the order ``message_fields`` gives them. The caller has checked them."""
+    fields: dict[str, Any] = {"key": key, "value": value, "headers": []}
+    if sequence is not None:
+        fields["sequence"] = sequence
+    if producer_id is not None:
+        fields["producer_id"] = producer_id
+    return fields
+
+
 def message_fields(message: Message) -> dict[str, Any]:
     """The JSON fields a message contributes (everything but offset, timestamp, batch, crc).
 
     Raises SerializationError for a key, value, header or tag that can't be stored.
     """
     key, value = message.key, message.value
+    sequence, producer_id = message.sequence, message.producer_id
     if (
         (key is None or type(key) is str)
         and not message.headers
         and not message.tags
         and message.deliver_at is None
         and message.expires_at is None
-        and message.sequence is None
-        and message.producer_id is None
+        and (sequence is None or (type(sequence) is int and sequence >= 0))
+        and (producer_id is None or (type(producer_id) is str and producer_id))
         and not isinstance(value, bytes | bytearray | memoryview)
     ):
-        return {"key": key, "value": value, "headers": []}  # the common case, same fields
+        # The common case (a broker's message carries a sequence and a producer id): the
+        # same fields in the same order as below, without the general checks.
+        return common_fields(key, value, sequence, producer_id)
     fields: dict[str, Any] = {}
     key = message.key
     if key is None or isinstance(key, str):
@@ -174,15 +190,21 @@ class EncodedMessage(NamedTuple):
     sequence: int | None = None
 
 
-def encode_message(message: Message, *, max_bytes: int | None = None) -> EncodedMessage:
-    """Validate and serialise a message once; SerializationError / MessageTooLargeError."""
+def encode_message(
+    message: Message, *, max_bytes: int | None = None, parsed_json: bool = False
+) -> EncodedMessage:
+    """Validate and serialise a message once; SerializationError / MessageTooLargeError.
+
+    ``parsed_json`` says the value was parsed from JSON text (the broker's case), so it
+    cannot hold NaN or infinity and is not searched for them.
+    """
     fields = message_fields(message)
     try:
         body = orjson.dumps(fields)
     except TypeError as exc:
         raise SerializationError(f"value can't be stored as JSON: {exc}") from None
     # orjson writes NaN and infinities as null; refuse them instead of changing the data.
-    if b"null" in body and has_non_finite(fields.get("value")):
+    if not parsed_json and b"null" in body and has_non_finite(fields.get("value")):
         raise SerializationError("value contains NaN or infinity, which JSON can't represent")
     if max_bytes is not None and len(body) + RECORD_OVERHEAD > max_bytes:
         raise MessageTooLargeError(
@@ -323,17 +345,18 @@ def record_from_fields(data: Mapping[str, Any]) -> Record:
             headers.append((entry[0], _unb64(entry[1], "a header")))
         else:
             headers.append((entry[0], entry[1]))
+    # Positional: a NamedTuple built with keywords costs twice as much, once per record read.
     return Record(
-        offset=data["offset"],
-        timestamp=data["timestamp"],
-        key=key,
-        value=value,
-        headers=headers,
-        tags=tuple(data.get("tags") or ()),
-        deliver_at=data.get("deliver_at"),
-        expires_at=data.get("expires_at"),
-        producer_id=data.get("producer_id"),
-        sequence=data.get("sequence"),
+        data["offset"],
+        data["timestamp"],
+        key,
+        value,
+        headers,
+        tuple(data.get("tags") or ()),
+        data.get("deliver_at"),
+        data.get("expires_at"),
+        data.get("producer_id"),
+        data.get("sequence"),
     )
 
 

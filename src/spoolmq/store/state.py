@@ -16,9 +16,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from spoolmq.config import TopicConfig
 from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
@@ -104,8 +103,10 @@ _TOPIC_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SequenceRow:
+class SequenceRow(NamedTuple):
+    """Where one (producer, sequence) was stored; a tuple in the table's column order, so
+    a batch's rows go to SQLite as they are (one is made per published message)."""
+
     producer_id: str
     sequence: int
     topic: str
@@ -316,10 +317,7 @@ class StateDB:
         for row in rows:
             last[row.producer_id] = max(last.get(row.producer_id, -1), row.sequence)
         with self.write() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO producer_sequences VALUES (?, ?, ?, ?, ?)",
-                [(r.producer_id, r.sequence, r.topic, r.partition, r.offset) for r in rows],
-            )
+            db.executemany("INSERT OR IGNORE INTO producer_sequences VALUES (?, ?, ?, ?, ?)", rows)
             db.executemany(
                 "INSERT INTO producers VALUES (?, ?, ?) ON CONFLICT (producer_id) DO UPDATE SET "
                 "last_sequence = MAX(last_sequence, excluded.last_sequence), "
