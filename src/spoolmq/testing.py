@@ -95,6 +95,11 @@ class BrokerProcess:
         """The pids of the PublisherBroker and the ConsumerBroker, as the manager reports them."""
         return {name: int(pid) for name, pid in self.stats()["pids"].items() if pid}
 
+    def tcp_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the broker's TCP listener (``--listen``), None without one."""
+        listen = self.stats().get("listen")
+        return (str(listen[0]), int(listen[1])) if listen else None
+
     def pids(self) -> list[int]:
         """The manager and its children (the children as last seen)."""
         children = [int(p) for p in self._stats.get("pids", {}).values() if p]
