@@ -101,5 +101,6 @@ def test_a_publisher_gives_up_after_its_delivery_timeout(
     # With no broker at all a Publisher fails at once, saying what to do.
     with pytest.raises(BrokerUnavailableError, match="spoolmq broker"):
         Publisher(data=data_dir)
-    with pytest.raises(BrokerUnavailableError, match="spoolmq broker"):
+    with pytest.raises(BrokerUnavailableError, match=r"^no broker is listening"):
+        # At once: the reconnect timeout is for a broker that went away later.
         Consumer("gone", group="g", data=data_dir, reconnect_timeout=5)

@@ -169,10 +169,10 @@ class Consumer:
         self.refused: list[dict[str, Any]] = []
         self._acks: list[int] = []  # ACKs made with wait=False, sent 100 to a frame
         self._conn: Connection | None = None
-        try:
-            self._open()
-        except (EOFError, OSError):  # the broker went away mid-handshake: it restarts
-            self._reconnect()
+        # Connect once in the caller, as Publisher does, so a missing broker or a wrong key
+        # fails loudly here instead of after reconnect_timeout; reconnects are for a broker
+        # that went away later.
+        self._open()
 
     # -- connection -----------------------------------------------------------------------
 
