@@ -68,14 +68,15 @@ class BrokerProcess:
         return time.monotonic() - started
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Wait until the broker answers with both children up; return its `stats`."""
+        """Wait until the broker answers with both children up and reporting; return its
+        `stats`."""
         deadline = time.monotonic() + timeout
         while True:
             if self.process is not None and self.process.poll() is not None:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
                 stats = self.stats()
-                if all(stats["pids"].values()):
+                if all(stats["pids"].values()) and stats["publisher"] and stats["consumer"]:
                     return stats
             except SpoolError:
                 pass

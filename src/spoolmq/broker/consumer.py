@@ -93,6 +93,8 @@ class ConsumerBroker:
 
     def run(self) -> None:
         self._report(("ready", "consumer", os.getpid()))
+        # Figures from the start, so `spoolmq stats` has its full shape at once.
+        self._report(("stats", "consumer", self.stats()))
         try:
             while not self.stopping:
                 self.loop(self._timeout())
