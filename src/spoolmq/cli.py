@@ -391,7 +391,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
             with Admin(data) as admin:
                 admin.reset_group(args.group, targets)
         else:
-            log.state.commit_offsets(args.group, targets)
+            log.state.reset_group(args.group, targets)
     return 0
 
 

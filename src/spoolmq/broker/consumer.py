@@ -555,17 +555,7 @@ class ConsumerBroker:
             self._checkpoint()
             del self.groups[name]
         new = {(t, int(p)): int(o) for t, p, o in offsets}
-        self.log.state.commit_offsets(name, new)
-        with self.log.state.write() as db:
-            for topic, partition in new:
-                db.execute(
-                    "DELETE FROM deliveries WHERE group_name = ? AND topic = ? AND partition = ?",
-                    (name, topic, partition),
-                )
-                db.execute(
-                    "DELETE FROM scheduled WHERE group_name = ? AND topic = ? AND partition = ?",
-                    (name, topic, partition),
-                )
+        self.log.state.reset_group(name, new)
         return {"reset": len(new)}
 
     def stats(self) -> dict[str, Any]:
