@@ -55,27 +55,21 @@ def readme_program(name: str) -> str:
     return match.group(1)
 
 
+def run_program(directory: Path, name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, name], cwd=directory, capture_output=True, text=True, timeout=120
+    )
+
+
 def test_the_readme_publisher_and_consumer_run_as_written(tmp_path: Path) -> None:
     for name in ("publisher.py", "consumer.py"):
         (tmp_path / name).write_text(readme_program(name))
     # As the README says: a broker on ./queue_data, then each program from that directory.
     with BrokerProcess(tmp_path / "queue_data"):
-        published = subprocess.run(
-            [sys.executable, "publisher.py"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        published = run_program(tmp_path, "publisher.py")
         assert published.returncode == 0, published.stderr
         assert published.stdout.splitlines() == ["stored at 0 0", "last offset 98"]
-        consumed = subprocess.run(
-            [sys.executable, "consumer.py"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        consumed = run_program(tmp_path, "consumer.py")
         assert consumed.returncode == 0, consumed.stderr
     orders = [int(line.split()[-1]) for line in consumed.stdout.splitlines()]
     assert consumed.stdout.startswith("billing order 1\n")
