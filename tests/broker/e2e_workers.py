@@ -182,3 +182,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def flaky_handler(message: Any) -> None:
+    """A handler for ``run_workers``: record each call in ``$E2E_OUT/<pid>``; fail the first
+    attempt of every value divisible by 5 (so the worker NACKs it and it comes back)."""
+    lines = _Lines(str(Path(os.environ["E2E_OUT"]) / str(os.getpid())))
+    lines.add(value=message.value, attempt=message.attempt, pid=os.getpid())
+    lines.close()
+    if message.value % 5 == 0 and message.attempt == 1:
+        raise RuntimeError(f"value {message.value} fails once")

@@ -3,6 +3,7 @@ expired ones are not delivered (and are recorded as expired), and subscription f
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -101,3 +102,67 @@ def test_filters_deliver_only_matching_messages(broker: BrokerProcess, data_dir:
     for name in ("vips", "refunds", "both", "all"):
         (row,) = groups[name]["partitions"]
         assert (row["committed"], row["lag"], row["in_flight"]) == (5, 0, 0), name
+
+
+def test_a_nack_delay_and_the_backoff_are_never_cut_short(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("retry", "flaky")
+    with Consumer(
+        "retry", group="g", data=data_dir, retry_backoff=0.2, retry_backoff_max=0.5
+    ) as consumer:
+        arrivals = []
+        for step in range(4):
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.attempt == step + 1
+            arrivals.append(time.monotonic())
+            if step == 0:
+                message.nack(delay=1.0, reason="asked for 1 s")
+            elif step < 3:
+                message.nack(reason="backoff")
+            else:
+                message.ack()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    # The asked delay, then the backoff after attempt 2 (0.2 * 2) and after attempt 3 (0.2 * 4,
+    # capped at 0.5).
+    for gap, least in zip(gaps, (1.0, 0.4, 0.5), strict=True):
+        assert gap >= least - 0.01, f"redelivered after {gap:.3f} s, before {least} s"
+    nacked = wait_until(
+        lambda: len(events_of(data_dir, "nacked")) == 3 and events_of(data_dir, "nacked"),
+        30,
+        "the nack events",
+    )
+    assert [(e["attempt"], e["reason"]) for e in nacked] == [
+        (1, "asked for 1 s"),
+        (2, "backoff"),
+        (3, "backoff"),
+    ]
+
+
+def test_an_extended_lease_keeps_the_message(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("long", "work")
+    with Consumer("long", group="g", data=data_dir, lease=1.0) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None
+        message.extend_lease(5.0)
+        time.sleep(1.5)  # past the original lease, inside the extended one
+        message.ack()  # not refused
+    assert [e["offset"] for e in wait_until(lambda: events_of(data_dir, "acked"), 30, "ack")] == [0]
+    assert events_of(data_dir, "lease_expired") == []
+
+
+def test_a_consumer_that_leaves_has_its_messages_redelivered_at_once(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("handover", "job")
+    first = Consumer("handover", group="g", data=data_dir, lease=300)
+    message = first.receive(timeout=30)
+    assert message is not None and message.attempt == 1
+    with Consumer("handover", group="g", data=data_dir, lease=300) as second:
+        first.close()  # without an ACK; the 300 s lease does not hold the message back
+        again = second.receive(timeout=30)
+        assert again is not None and (again.offset, again.attempt) == (0, 2)
+        again.ack()

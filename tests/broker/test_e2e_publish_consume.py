@@ -5,6 +5,7 @@ publisher that caused them, idempotent retries, and bad frames costing one conne
 from __future__ import annotations
 
 import collections
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from e2e_workers import (
     wait_until,
 )
 
-from spoolmq import Log, Publisher, protocol
+from spoolmq import Consumer, Log, Publisher, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import InvalidTopicError, MessageTooLargeError
 from spoolmq.testing import BrokerProcess
@@ -231,15 +232,22 @@ def test_a_retried_publish_is_stored_once_with_the_first_offset(
     assert stored_values(data_dir, "idem") == {(0, 0): {"n": 0}, (0, 1): {"n": 1}, (0, 2): {"n": 2}}
 
 
+@pytest.mark.parametrize("role", ["publisher", "consumer"])
 @pytest.mark.parametrize(
-    "garbage", [b"not json", b"[1, 2]", b'{"op": "launch_missiles"}', b'{"op": "subscribe"}']
+    "garbage",
+    [b"not json", b"[1, 2]", b'{"op": "launch_missiles"}', b'{"op": "ack", "tags": [1]}'],
 )
 def test_a_bad_frame_closes_only_its_own_connection(
-    broker: BrokerProcess, data_dir: Path, garbage: bytes
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path, role: str, garbage: bytes
 ) -> None:
-    with Publisher(data=data_dir) as healthy:
-        healthy.publish("frames", "before")
-        conn = raw_publisher(data_dir)
+    with (
+        Publisher(data=data_dir) as publisher,
+        Consumer("frames", group="g", data=data_dir) as consumer,
+    ):
+        publisher.publish("frames", "before")
+        conn, _ = connect(
+            str(data_dir / protocol.SOCKET_FILE), protocol.read_authkey(data_dir), role
+        )
         try:
             conn.send_bytes(garbage)
             reply = protocol.receive(conn)
@@ -250,5 +258,40 @@ def test_a_bad_frame_closes_only_its_own_connection(
                 conn.recv_bytes()
         finally:
             conn.close()
-        assert healthy.publish("frames", "after").offset == 1
+        # The other clients of both broker processes carry on.
+        assert publisher.publish("frames", "after").offset == 1
+        for expected in ("before", "after"):
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.value == expected
+            message.ack()
     assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
+    # The reason is logged.
+    assert f"closing {role}" in (tmp_path / "broker.log").read_text()
+
+
+def test_a_frame_over_the_size_limit_closes_its_connection(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as healthy:
+        conn = raw_publisher(data_dir)
+        try:
+            with contextlib.suppress(OSError):  # the broker may hang up mid-send
+                conn.send_bytes(b"{" + b" " * protocol.MAX_FRAME_BYTES + b"}")
+            assert conn.poll(30)
+            with pytest.raises((EOFError, ConnectionResetError)):
+                conn.recv_bytes()
+        finally:
+            conn.close()
+        assert healthy.publish("big-frames", "fine").offset == 0
+    assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
+
+
+def test_acks_0_does_not_wait_and_the_message_is_stored(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir, acks="0") as publisher:
+        positions = [publisher.publish("fire", n) for n in range(5)]
+    # No answer means no position to report.
+    assert {(p.partition, p.offset) for p in positions} == {(-1, -1)}
+    wait_until(lambda: len(stored_values(data_dir, "fire")) == 5, 30, "the acks=0 messages")
+    assert sorted(stored_values(data_dir, "fire").values()) == [0, 1, 2, 3, 4]
