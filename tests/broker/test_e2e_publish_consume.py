@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from e2e_workers import (
 
 from spoolmq import Consumer, Log, Publisher, protocol
 from spoolmq.client.connection import connect
-from spoolmq.errors import InvalidTopicError, MessageTooLargeError
+from spoolmq.errors import InvalidTopicError, MessageTooLargeError, StorageError
 from spoolmq.testing import BrokerProcess
 
 
@@ -295,3 +296,29 @@ def test_acks_0_does_not_wait_and_the_message_is_stored(
     assert {(p.partition, p.offset) for p in positions} == {(-1, -1)}
     wait_until(lambda: len(stored_values(data_dir, "fire")) == 5, 30, "the acks=0 messages")
     assert sorted(stored_values(data_dir, "fire").values()) == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_write_is_an_error_never_an_ack(data_dir: Path, tmp_path: Path) -> None:
+    big = ["a" * 400_000, "b" * 400_000, "c" * 400_000]
+    # No broker process may grow a file past 1 MB: the third big write fails with EFBIG,
+    # as on a full disk. The limit is inherited at start, then lifted for this process.
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
+    try:
+        broker = BrokerProcess(data_dir)
+        broker.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    try:
+        with Publisher(data=data_dir) as publisher:
+            publisher.publish("full", big[0])
+            publisher.publish("full", big[1])
+            with pytest.raises(StorageError, match="nothing from this batch was stored"):
+                publisher.publish("full", big[2])
+            small = publisher.publish("full", "small")
+    finally:
+        assert broker.stop() == 0
+    assert small.offset == 2
+    assert stored_values(data_dir, "full") == {(0, 0): big[0], (0, 1): big[1], (0, 2): "small"}
+    with Log(data_dir) as log:
+        assert log.check("full") == []
