@@ -5,6 +5,7 @@ in-process through ``spoolmq.cli.main`` (as rq tests its CLI); a few as a subpro
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -308,3 +309,55 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "publishers",
         }
     assert "broker pid" in cli(capsys, "stats", "--data", str(data_dir))
+
+
+COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: spoolmq {command}")
+    assert "--data" in out
+
+
+def test_the_data_directory_comes_from_the_option_the_environment_or_the_cwd(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "queue_data"
+    command = [sys.executable, "-m", "spoolmq"]
+    environment = {k: v for k, v in os.environ.items() if k != "SPOOLMQ_DATA"}
+    broker = subprocess.Popen(
+        [*command, "broker", "--log-level", "warning"],
+        env={**environment, "SPOOLMQ_DATA": str(data)},
+        cwd=tmp_path / "..",
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        BrokerProcess(data).wait_ready(60)  # the broker took its directory from SPOOLMQ_DATA
+
+        def publish(value: str, **where: Any) -> dict[str, Any]:
+            done = subprocess.run(
+                [*command, "publish", "where", value, *where.pop("args", [])],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                **where,
+            )
+            assert done.returncode == 0, done.stderr
+            return orjson.loads(done.stdout)
+
+        assert publish("option", args=["--data", str(data)], env=environment)["offset"] == 0
+        assert publish("env", env={**environment, "SPOOLMQ_DATA": str(data)})["offset"] == 1
+        assert publish("cwd", env=environment, cwd=tmp_path)["offset"] == 2
+        # The option wins over the environment.
+        wrong = {**environment, "SPOOLMQ_DATA": str(tmp_path / "elsewhere")}
+        assert publish("both", args=["--data", str(data)], env=wrong)["offset"] == 3
+    finally:
+        broker.terminate()
+        assert broker.wait(60) == 0
+    with Log(data) as log:
+        assert [r.value for r in log.reader("where", 0)] == ["option", "env", "cwd", "both"]
