@@ -166,3 +166,34 @@ def test_a_consumer_that_leaves_has_its_messages_redelivered_at_once(
         again = second.receive(timeout=30)
         assert again is not None and (again.offset, again.attempt) == (0, 2)
         again.ack()
+
+
+def test_prefetched_messages_a_closing_consumer_never_read_are_not_attempts(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        for n in range(6):
+            publisher.publish("one-by-one", n)
+    # One message per connection with a large prefetch: each connection is pushed several
+    # messages and reads one. The others must come back as they were, not as failures that
+    # lead to the DLQ after max_deliveries.
+    handled = []
+    for _ in range(6):
+        with Consumer(
+            "one-by-one", group="g", data=data_dir, prefetch=5, max_deliveries=2
+        ) as consumer:
+            message = consumer.receive(timeout=30)
+            assert message is not None
+            handled.append((message.value, message.attempt))
+            message.ack()
+    assert handled == [(n, 1) for n in range(6)]
+    with Consumer("one-by-one", group="g", data=data_dir) as consumer:
+        assert consumer.receive(timeout=1.0) is None
+    assert events_of(data_dir, "dead_lettered") == []
+    # A message the application got and left unsettled still counts as an attempt.
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("one-by-one", "held")
+    for attempt in (1, 2):
+        with Consumer("one-by-one", group="g", data=data_dir, prefetch=5) as consumer:
+            message = consumer.receive(timeout=30)
+            assert message is not None and (message.value, message.attempt) == ("held", attempt)

@@ -301,6 +301,7 @@ class ConsumerBroker:
             self._subscribe(consumer, frame, now)
             return
         if op == "bye":
+            self._return_unread(consumer, frame)
             self._drop(consumer, "said bye")
             return
         if consumer.group is None:
@@ -354,6 +355,24 @@ class ConsumerBroker:
             if leases:
                 reply["leases"] = leases
             self._send(consumer, reply)
+
+    def _return_unread(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
+        """A closing consumer lists in ``seen`` the deliveries its application got and did
+        not settle; the rest it never read (prefetched, buffered or still in the socket),
+        so they go back without counting an attempt."""
+        seen = frame.get("seen")
+        if consumer.group is None or seen is None:
+            return  # no list: every delivery may have been processed, all count
+        if not isinstance(seen, list) or not all(isinstance(t, int) for t in seen):
+            raise ProtocolError("'seen' must be a list of delivery tags")
+        group = self.groups[consumer.group].group
+        slot = group.consumers.get(consumer.consumer_id)
+        if slot is None:
+            return
+        now = now_ms()
+        for tag in sorted(slot.in_flight - set(seen), reverse=True):  # each goes to the front
+            with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
+                group.release(tag, consumer.consumer_id, now)
 
     def _subscribe(self, consumer: _Consumer, frame: dict[str, Any], now: int) -> None:
         if consumer.group is not None:
@@ -596,11 +615,13 @@ class ConsumerBroker:
                 for name, runtime in self.groups.items():
                     upserts, deletes, schedules = [], [], []
                     for (topic, partition, offset), pending in runtime.dirty.items():
-                        if pending.finished:
+                        if pending.finished or pending.attempt == 0:
                             # Acked within one checkpoint interval: never written, so
                             # nothing to delete (the common case costs no SQL at all).
+                            # Returned unread (attempt 0): nothing to remember either.
                             if pending.persisted:
                                 deletes.append((name, topic, partition, offset))
+                                pending.persisted = False
                             continue
                         pending.persisted = True
                         upserts.append(
