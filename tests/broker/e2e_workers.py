@@ -100,12 +100,17 @@ def consume_worker(
     options: dict[str, Any] | None = None,
     work_seconds: float = 0.0,
     max_messages: int | None = None,
+    subscribed: Any = None,
 ) -> None:
     """Receive until ``idle_timeout`` seconds pass with nothing new; for each message write
-    when it was received and when its ACK was sent (monotonic clock, system-wide on Linux)."""
+    when it was received and when its ACK was sent (monotonic clock, system-wide on Linux).
+    With a ``subscribed`` barrier, start receiving only once every worker has subscribed, so
+    that the first one up cannot take all the work."""
     lines = _Lines(out)
     handled = 0
     with Consumer(list(topics), group, data=data, **(options or {})) as consumer:
+        if subscribed is not None:
+            subscribed.wait(120)
         while max_messages is None or handled < max_messages:
             message = consumer.receive(timeout=idle_timeout)
             if message is None:
@@ -186,9 +191,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def flaky_handler(message: Any) -> None:
     """A handler for ``run_workers``: record each call in ``$E2E_OUT/<pid>``; fail the first
-    attempt of every value divisible by 5 (so the worker NACKs it and it comes back)."""
-    lines = _Lines(str(Path(os.environ["E2E_OUT"]) / str(os.getpid())))
+    attempt of every value divisible by 5 (so the worker NACKs it and it comes back). The
+    first call of each worker waits until ``$E2E_WORKERS`` workers have one, so that the
+    work is spread whatever the order the processes started in."""
+    out = Path(os.environ["E2E_OUT"])
+    first_call = not (out / str(os.getpid())).exists()
+    lines = _Lines(str(out / str(os.getpid())))
     lines.add(value=message.value, attempt=message.attempt, pid=os.getpid())
     lines.close()
+    if first_call:
+        wanted = int(os.environ["E2E_WORKERS"])
+        wait_until(lambda: len(list(out.iterdir())) >= wanted, 60, f"{wanted} busy workers")
     if message.value % 5 == 0 and message.attempt == 1:
         raise RuntimeError(f"value {message.value} fails once")

@@ -8,7 +8,15 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from e2e_workers import client_processes, consume_worker, join_all, publish_all, read_lines, start
+from e2e_workers import (
+    SPAWN,
+    client_processes,
+    consume_worker,
+    join_all,
+    publish_all,
+    read_lines,
+    start,
+)
 
 from spoolmq import Consumer, Log, Publisher
 from spoolmq.testing import BrokerProcess
@@ -67,6 +75,7 @@ def test_same_key_in_order_one_at_a_time_while_keys_run_in_parallel(
             key = f"customer-{n % keys}"
             position = publisher.publish("keyed", {"n": n}, key=key)
             published[key].append(position.offset)
+    subscribed = SPAWN.Barrier(4)
     with client_processes() as processes:
         processes += [
             start(
@@ -78,6 +87,8 @@ def test_same_key_in_order_one_at_a_time_while_keys_run_in_parallel(
                 3.0,
                 {"prefetch": 2},
                 0.02,
+                None,
+                subscribed,
             )
             for i in range(4)
         ]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from e2e_workers import (
+    SPAWN,
     client_processes,
     consume_worker,
     join_all,
@@ -50,6 +51,7 @@ def test_publishers_and_consumers_in_separate_processes(
     publishers, per_publisher = 3, 40
     with Log(data_dir) as log:
         log.create_topic("orders", partitions=3)
+    subscribed = SPAWN.Barrier(4)
     with client_processes() as processes:
         processes += [
             start(
@@ -66,6 +68,9 @@ def test_publishers_and_consumers_in_separate_processes(
                 str(tmp_path / f"{group}-{n}"),
                 5.0,
                 {"prefetch": 5},
+                0.0,
+                None,
+                subscribed,
             )
             for group in ("billing", "shipping")
             for n in range(2)
