@@ -4,6 +4,7 @@ runs a handler in N processes; a handler that returns ACKs, one that raises NACK
 from __future__ import annotations
 
 import collections
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from e2e_workers import flaky_handler, publish_all, read_lines
 
 from spoolmq import Consumer, ReceivedMessage, run_workers
+from spoolmq.errors import InvalidArgumentError
 from spoolmq.testing import BrokerProcess
 
 
@@ -56,3 +58,30 @@ def test_a_consumer_with_a_handler(broker: BrokerProcess, data_dir: Path) -> Non
     with Consumer("handled", group="g", data=data_dir, handler=handle, retry_backoff=0.1) as c:
         assert c.run(idle_timeout=2.0) == 4
     assert sorted(seen) == [("a", 1), ("b", 1), ("b", 2), ("c", 1)]
+
+
+def test_iterating_over_a_consumer(broker: BrokerProcess, data_dir: Path) -> None:
+    publish_all(data_dir, "iterated", [1, 2, 3])
+    values = []
+    with Consumer("iterated", group="g", data=data_dir, prefetch=10) as consumer:
+        for message in consumer:  # pushed by the broker, forever: the loop decides when to stop
+            values.append(message.value)
+            message.ack()
+            if len(values) == 3:
+                break
+        assert consumer.receive(timeout=1.0) is None
+    assert values == [1, 2, 3]
+
+
+def test_auto_ack_is_at_most_once(broker: BrokerProcess, data_dir: Path) -> None:
+    publish_all(data_dir, "fire-and-forget", [1, 2])
+    with Consumer("fire-and-forget", group="g", data=data_dir, auto_ack=True) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == 1
+        with pytest.raises(InvalidArgumentError):
+            message.ack()  # nothing to acknowledge: it was final when sent
+        time.sleep(0.5)  # time enough for the broker to push more, if it was asked to
+    # The consumer left without handling anything more: message 1 is not delivered again.
+    with Consumer("fire-and-forget", group="g", data=data_dir, auto_ack=True) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == 2

@@ -278,6 +278,7 @@ class Consumer:
                     self._reconnect()
                     continue
                 self._flush_acks()  # about to wait: the broker may be waiting for these
+                self._flush_credit()
                 frame = self._read_frame(remaining if remaining is not None else 1.0)
             except (EOFError, OSError) as exc:
                 log.warning("lost the broker (%s); reconnecting", exc)
@@ -290,10 +291,17 @@ class Consumer:
             self._unsettled.add(message.tag)
         if self.auto_ack:
             self._taken += 1
-            if self._taken >= max(1, self.prefetch // 2) or not self._buffer:
-                self._send({"op": "credit", "n": self._taken})
-                self._taken = 0
+            # Refill ahead while messages are still buffered; with none left, ask only when
+            # the application asks for more, or a consumer that stops here would lose the
+            # message the broker pushed (final on sending) into a connection about to close.
+            if self._buffer and self._taken >= max(1, self.prefetch // 2):
+                self._flush_credit()
         return message
+
+    def _flush_credit(self) -> None:
+        if self._taken:
+            self._send({"op": "credit", "n": self._taken})
+            self._taken = 0
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while True:
