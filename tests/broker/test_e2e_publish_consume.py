@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import resource
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +329,40 @@ def test_a_failed_write_is_an_error_never_an_ack(data_dir: Path, tmp_path: Path)
     assert stored_values(data_dir, "full") == {(0, 0): big[0], (0, 1): big[1], (0, 2): "small"}
     with Log(data_dir) as log:
         assert log.check("full") == []
+
+
+def test_frames_that_arrive_together_are_stored_with_one_write(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    def publisher_stats() -> dict[str, Any]:
+        stats: dict[str, Any] = broker.stats()["publisher"]
+        return stats
+
+    conn = raw_publisher(data_dir)
+    try:
+        protocol.send(
+            conn, {"op": "publish", "id": 0, "messages": [{"topic": "group", "value": "warm"}]}
+        )
+        assert protocol.receive(conn)["results"][0]["offset"] == 0
+        before = wait_until(
+            lambda: (s := publisher_stats())["frames"] == 1 and s, 30, "the first figures"
+        )
+        # Five frames in one socket write: they are all there when the broker wakes up.
+        frames = [
+            protocol.encode(
+                {"op": "publish", "id": n, "messages": [{"topic": "group", "value": n}] * 2}
+            )
+            for n in range(1, 6)
+        ]
+        os.write(conn.fileno(), b"".join(struct.pack("!i", len(f)) + f for f in frames))
+        replies = [protocol.receive(conn) for _ in range(5)]
+    finally:
+        conn.close()
+    assert [r["id"] for r in replies] == [1, 2, 3, 4, 5]
+    assert [x["offset"] for r in replies for x in r["results"]] == list(range(1, 11))
+    after = wait_until(
+        lambda: (s := publisher_stats())["frames"] == 6 and s, 30, "the figures of five frames"
+    )
+    # Group commit: one batch (one write, one fsync) for the five frames.
+    assert after["batches"] - before["batches"] == 1
+    assert after["messages"] - before["messages"] == 10
