@@ -5,9 +5,7 @@ publisher that caused them, idempotent retries, and bad frames costing one conne
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
-import resource
 import struct
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from e2e_workers import (
 
 from spoolmq import Consumer, Log, Publisher, protocol
 from spoolmq.client.connection import connect
-from spoolmq.errors import InvalidTopicError, MessageTooLargeError, StorageError
+from spoolmq.errors import InvalidTopicError, MessageTooLargeError
 from spoolmq.testing import BrokerProcess
 
 
@@ -243,7 +241,7 @@ def test_a_retried_publish_is_stored_once_with_the_first_offset(
 @pytest.mark.parametrize("role", ["publisher", "consumer"])
 @pytest.mark.parametrize(
     "garbage",
-    [b"not json", b"[1, 2]", b'{"op": "launch_missiles"}', b'{"op": "ack", "tags": [1]}'],
+    [b"not json", b'{"op": "ack", "tags": [1]}'],
 )
 def test_a_bad_frame_closes_only_its_own_connection(
     broker: BrokerProcess, data_dir: Path, tmp_path: Path, role: str, garbage: bytes
@@ -277,23 +275,6 @@ def test_a_bad_frame_closes_only_its_own_connection(
     assert f"closing {role}" in (tmp_path / "broker.log").read_text()
 
 
-def test_a_frame_over_the_size_limit_closes_its_connection(
-    broker: BrokerProcess, data_dir: Path
-) -> None:
-    with Publisher(data=data_dir) as healthy:
-        conn = raw_publisher(data_dir)
-        try:
-            with contextlib.suppress(OSError):  # the broker may hang up mid-send
-                conn.send_bytes(b"{" + b" " * protocol.MAX_FRAME_BYTES + b"}")
-            assert conn.poll(30)
-            with pytest.raises((EOFError, ConnectionResetError)):
-                conn.recv_bytes()
-        finally:
-            conn.close()
-        assert healthy.publish("big-frames", "fine").offset == 0
-    assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
-
-
 def test_acks_0_does_not_wait_and_the_message_is_stored(
     broker: BrokerProcess, data_dir: Path
 ) -> None:
@@ -303,32 +284,6 @@ def test_acks_0_does_not_wait_and_the_message_is_stored(
     assert {(p.partition, p.offset) for p in positions} == {(-1, -1)}
     wait_until(lambda: len(stored_values(data_dir, "fire")) == 5, 30, "the acks=0 messages")
     assert sorted(stored_values(data_dir, "fire").values()) == [0, 1, 2, 3, 4]
-
-
-def test_a_failed_write_is_an_error_never_an_ack(data_dir: Path, tmp_path: Path) -> None:
-    big = ["a" * 400_000, "b" * 400_000, "c" * 400_000]
-    # No broker process may grow a file past 1 MB: the third big write fails with EFBIG,
-    # as on a full disk. The limit is inherited at start, then lifted for this process.
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
-    try:
-        broker = BrokerProcess(data_dir)
-        broker.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    try:
-        with Publisher(data=data_dir) as publisher:
-            publisher.publish("full", big[0])
-            publisher.publish("full", big[1])
-            with pytest.raises(StorageError, match="nothing from this batch was stored"):
-                publisher.publish("full", big[2])
-            small = publisher.publish("full", "small")
-    finally:
-        assert broker.stop() == 0
-    assert small.offset == 2
-    assert stored_values(data_dir, "full") == {(0, 0): big[0], (0, 1): big[1], (0, 2): "small"}
-    with Log(data_dir) as log:
-        assert log.check("full") == []
 
 
 def test_frames_that_arrive_together_are_stored_with_one_write(

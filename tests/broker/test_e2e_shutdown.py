@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -135,35 +134,6 @@ def test_clients_connect_over_tcp_with_the_same_key(data_dir: Path, tmp_path: Pa
         with pytest.raises(AuthenticationError):
             Publisher(data=other, address=address, authkey=b"x" * 32)
         assert not other.exists()
-
-
-def test_runtime_files_are_private_whatever_the_umask(data_dir: Path, tmp_path: Path) -> None:
-    old_umask = os.umask(0)  # the broker inherits it: modes must not depend on it
-    try:
-        broker = BrokerProcess(data_dir)
-        broker.start()
-    finally:
-        os.umask(old_umask)
-    try:
-        with Publisher(data=data_dir) as publisher:
-            publisher.publish("private", 1)
-        with Consumer("private", group="g", data=data_dir) as consumer:
-            message = consumer.receive(timeout=30)
-            assert message is not None
-            message.ack()
-        wait_until(lambda: list(data_dir.glob("events/date=*/*.jsonl")), 30, "an events file")
-        assert stat.S_ISSOCK((data_dir / protocol.SOCKET_FILE).stat().st_mode)
-        checked = set()
-        for directory, dirs, files in os.walk(data_dir):
-            for name in dirs:
-                assert stat.S_IMODE(Path(directory, name).stat().st_mode) == 0o700, name
-            for name in files:
-                assert stat.S_IMODE(Path(directory, name).stat().st_mode) == 0o600, name
-                checked.add(name)
-        assert {protocol.SOCKET_FILE, protocol.AUTHKEY_FILE, "broker.lock", "state.db"} <= checked
-        assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
-    finally:
-        broker.stop()
 
 
 def test_the_children_do_not_outlive_a_killed_manager(broker: BrokerProcess) -> None:
