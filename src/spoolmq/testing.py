@@ -92,14 +92,14 @@ class BrokerProcess:
             self._stats = admin.stats()
         return self._stats
 
-    def child_pids(self) -> dict[str, int]:
-        """The pids of the PublisherBroker and the ConsumerBroker, as the manager reports them."""
-        return {name: int(pid) for name, pid in self.stats()["pids"].items() if pid}
-
     def tcp_address(self) -> tuple[str, int] | None:
         """The (host, port) of the broker's TCP listener (``--listen``), None without one."""
         listen = self.stats().get("listen")
         return (str(listen[0]), int(listen[1])) if listen else None
+
+    def child_pids(self) -> dict[str, int]:
+        """The pids of the PublisherBroker and the ConsumerBroker, as the manager reports them."""
+        return {name: int(pid) for name, pid in self.stats()["pids"].items() if pid}
 
     def pids(self) -> list[int]:
         """The manager and its children (the children as last seen)."""
