@@ -104,3 +104,22 @@ def test_a_publisher_gives_up_after_its_delivery_timeout(
     with pytest.raises(BrokerUnavailableError, match=r"^no broker is listening"):
         # At once: the reconnect timeout is for a broker that went away later.
         Consumer("gone", group="g", data=data_dir, reconnect_timeout=5)
+
+
+def test_idle_clients_carry_on_after_a_restart(broker: BrokerProcess, data_dir: Path) -> None:
+    with (
+        Publisher(data=data_dir) as publisher,
+        Consumer("idle", group="g", data=data_dir) as consumer,
+    ):
+        assert publisher.publish("idle", "before").offset == 0
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == "before"
+        message.ack()
+        assert broker.stop() == 0
+        broker.start()
+        # Neither client had anything outstanding; both reconnect when next used.
+        assert publisher.publish("idle", "after").offset == 1
+        assert publisher.reconnects == 1
+        message = consumer.receive(timeout=60)
+        assert message is not None and (message.offset, message.value) == (1, "after")
+        message.ack()
