@@ -289,7 +289,7 @@ class Consumer:
         message = self._buffer.popleft()
         if not self.auto_ack:
             self._unsettled.add(message.tag)
-        if self.auto_ack:
+        else:
             self._taken += 1
             # Refill ahead while messages are still buffered; with none left, ask only when
             # the application asks for more, or a consumer that stops here would lose the
