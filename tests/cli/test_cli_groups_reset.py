@@ -171,3 +171,22 @@ def test_a_reset_with_the_broker_stopped_forgets_old_attempts(
         message = consumer.receive(timeout=30)
         assert message is not None and (message.value, message.attempt) == ("flaky", 1)
         message.ack()
+
+
+def test_resets_do_not_leak_the_brokers_files(
+    consumed: dt.datetime, broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    consumer_broker = Path("/proc", str(broker.child_pids()["consumer"]), "fd")
+
+    def open_files() -> int:
+        return len(list(consumer_broker.iterdir()))
+
+    def reset_and_replay() -> None:
+        reset(capsys, data_dir, "--to-earliest", "--execute")
+        assert receive_all(data_dir) == [0, 1, 2, 3, 4, 5]
+
+    reset_and_replay()
+    before = open_files()
+    for _ in range(3):
+        reset_and_replay()
+    assert open_files() == before

@@ -573,6 +573,8 @@ class ConsumerBroker:
         if runtime is not None:
             self._checkpoint()
             del self.groups[name]
+            for reader in runtime.readers.values():
+                reader.close()  # the group starts afresh with new readers
         new = {(t, int(p)): int(o) for t, p, o in offsets}
         self.log.state.reset_group(name, new)
         return {"reset": len(new)}
