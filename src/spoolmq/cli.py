@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -390,7 +390,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
             with Admin(data) as admin:
                 admin.reset_group(args.group, targets)
         else:
-            log.state.commit_offsets(args.group, targets)
+            log.state.reset_group(args.group, targets)
     return 0
 
 
@@ -565,8 +565,16 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 # -- parser -------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's rule for a user's mistake: one line on stderr, starting
+    with ``spoolmq:``, and exit status 2 (argparse prints the whole usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"spoolmq: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spoolmq", description="A durable, file-based message and task queue for one host."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -652,21 +660,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def _validate(args: argparse.Namespace) -> None:
     if args.command == "topics" and args.action != "list" and not args.name:
-        parser.error(f"topics {args.action} needs a topic NAME")
+        raise InvalidArgumentError(f"topics {args.action} needs a topic NAME")
     if args.command == "topics" and args.action == "create":
         TopicConfig(partitions=args.partitions)
     if args.command == "groups":
         if args.action in ("describe", "reset") and not args.group:
-            parser.error(f"groups {args.action} needs a GROUP")
+            raise InvalidArgumentError(f"groups {args.action} needs a GROUP")
         if args.action == "reset":
             if not args.topic:
-                parser.error("groups reset needs --topic")
+                raise InvalidArgumentError("groups reset needs --topic")
             if not (
                 args.to_earliest or args.to_latest or args.to_offset is not None or args.to_datetime
             ):
-                parser.error(
+                raise InvalidArgumentError(
                     "groups reset needs one of --to-earliest, --to-latest, --to-offset, "
                     "--to-datetime"
                 )
@@ -676,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        _validate(args, parser)
+        _validate(args)
         handler: Handler = args.handler
         return handler(args)
     except SpoolError as exc:

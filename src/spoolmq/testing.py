@@ -68,14 +68,15 @@ class BrokerProcess:
         return time.monotonic() - started
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Wait until the broker answers with both children up; return its `stats`."""
+        """Wait until the broker answers with both children up and reporting; return its
+        `stats`."""
         deadline = time.monotonic() + timeout
         while True:
             if self.process is not None and self.process.poll() is not None:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
                 stats = self.stats()
-                if all(stats["pids"].values()):
+                if all(stats["pids"].values()) and stats["publisher"] and stats["consumer"]:
                     return stats
             except SpoolError:
                 pass
@@ -90,6 +91,11 @@ class BrokerProcess:
         with Admin(self.data) as admin:
             self._stats = admin.stats()
         return self._stats
+
+    def tcp_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the broker's TCP listener (``--listen``), None without one."""
+        listen = self.stats().get("listen")
+        return (str(listen[0]), int(listen[1])) if listen else None
 
     def child_pids(self) -> dict[str, int]:
         """The pids of the PublisherBroker and the ConsumerBroker, as the manager reports them."""

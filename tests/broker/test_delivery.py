@@ -131,6 +131,25 @@ def test_a_lost_consumer_releases_its_messages_at_once() -> None:
     assert [(p.offset, p.attempt) for p in again["b"]] == [(0, 2), (1, 2), (2, 2)]
 
 
+def test_a_delivery_returned_unread_is_not_an_attempt_and_goes_first() -> None:
+    group, state = make_group(max_deliveries=2)
+    group.add_consumer("a", prefetch=3, topics=["orders"])
+    feed(group, state, [record(0, "k"), record(1), record(2, "k"), record(3)])
+    sent = group.dispatch(now=0)
+    assert offsets(sent, "a") == [0, 1, 3]  # 2 waits behind offset 0 of key "k"
+    first, *unread = sent["a"]
+    group.ack(first.tag, "a", now=1)
+    for pending in reversed(unread):  # newest first, as the broker does
+        group.release(pending.tag, "a", now=2)
+    assert [e.reason for e in group.events if e.type == "released"] == ["returned unread"] * 2
+    group.remove_consumer("a", now=3)
+    group.add_consumer("b", prefetch=3, topics=["orders"])
+    again = group.dispatch(now=3)
+    # Still first, and their first real attempt; key "k" moved on to offset 2.
+    assert [(p.offset, p.attempt) for p in again["b"]] == [(1, 1), (3, 1), (2, 1)]
+    assert state.committed() == 1
+
+
 def test_delayed_message_waits_and_blocks_its_key_only() -> None:
     group, state = make_group()
     group.add_consumer("a", prefetch=10, topics=["orders"])

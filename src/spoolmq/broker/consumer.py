@@ -93,6 +93,8 @@ class ConsumerBroker:
 
     def run(self) -> None:
         self._report(("ready", "consumer", os.getpid()))
+        # Figures from the start, so `spoolmq stats` has its full shape at once.
+        self._report(("stats", "consumer", self.stats()))
         try:
             while not self.stopping:
                 self.loop(self._timeout())
@@ -299,6 +301,7 @@ class ConsumerBroker:
             self._subscribe(consumer, frame, now)
             return
         if op == "bye":
+            self._return_unread(consumer, frame)
             self._drop(consumer, "said bye")
             return
         if consumer.group is None:
@@ -352,6 +355,24 @@ class ConsumerBroker:
             if leases:
                 reply["leases"] = leases
             self._send(consumer, reply)
+
+    def _return_unread(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
+        """A closing consumer lists in ``seen`` the deliveries its application got and did
+        not settle; the rest it never read (prefetched, buffered or still in the socket),
+        so they go back without counting an attempt."""
+        seen = frame.get("seen")
+        if consumer.group is None or seen is None:
+            return  # no list: every delivery may have been processed, all count
+        if not isinstance(seen, list) or not all(isinstance(t, int) for t in seen):
+            raise ProtocolError("'seen' must be a list of delivery tags")
+        group = self.groups[consumer.group].group
+        slot = group.consumers.get(consumer.consumer_id)
+        if slot is None:
+            return
+        now = now_ms()
+        for tag in sorted(slot.in_flight - set(seen), reverse=True):  # each goes to the front
+            with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
+                group.release(tag, consumer.consumer_id, now)
 
     def _subscribe(self, consumer: _Consumer, frame: dict[str, Any], now: int) -> None:
         if consumer.group is not None:
@@ -552,18 +573,10 @@ class ConsumerBroker:
         if runtime is not None:
             self._checkpoint()
             del self.groups[name]
+            for reader in runtime.readers.values():
+                reader.close()  # the group starts afresh with new readers
         new = {(t, int(p)): int(o) for t, p, o in offsets}
-        self.log.state.commit_offsets(name, new)
-        with self.log.state.write() as db:
-            for topic, partition in new:
-                db.execute(
-                    "DELETE FROM deliveries WHERE group_name = ? AND topic = ? AND partition = ?",
-                    (name, topic, partition),
-                )
-                db.execute(
-                    "DELETE FROM scheduled WHERE group_name = ? AND topic = ? AND partition = ?",
-                    (name, topic, partition),
-                )
+        self.log.state.reset_group(name, new)
         return {"reset": len(new)}
 
     def stats(self) -> dict[str, Any]:
@@ -604,11 +617,13 @@ class ConsumerBroker:
                 for name, runtime in self.groups.items():
                     upserts, deletes, schedules = [], [], []
                     for (topic, partition, offset), pending in runtime.dirty.items():
-                        if pending.finished:
+                        if pending.finished or pending.attempt == 0:
                             # Acked within one checkpoint interval: never written, so
                             # nothing to delete (the common case costs no SQL at all).
+                            # Returned unread (attempt 0): nothing to remember either.
                             if pending.persisted:
                                 deletes.append((name, topic, partition, offset))
+                                pending.persisted = False
                             continue
                         pending.persisted = True
                         upserts.append(

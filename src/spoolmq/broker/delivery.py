@@ -417,6 +417,15 @@ class Group:
         )
         self._failed(pending, now, reason or "nacked", delay_ms=delay_ms)
 
+    def release(self, tag: int, consumer_id: str, now: int) -> None:
+        """Take back a delivery its consumer never handed to the application (prefetched,
+        not yet read when it closed): not an attempt, and due again at once."""
+        pending = self._lookup(tag, consumer_id, now)
+        self._drop_in_flight(pending)
+        pending.attempt -= 1
+        self.events.append(Event(now, "released", pending, consumer_id, "returned unread"))
+        self.ready.appendleft(pending)  # it is the oldest work: first again
+
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
         if seconds <= 0:
             raise InvalidArgumentError(f"a lease extension must be positive, not {seconds}")

@@ -476,6 +476,8 @@ class BrokerManager:
                     role: sum(1 for c in clients if c["role"] == role)
                     for role in ("publisher", "consumer", "admin")
                 },
+                # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
+                "listen": list(self.tcp_address) if self.tcp_address else None,
             }
         if action in ("describe_groups", "reset_group"):
             return self._ask_consumer_broker(frame)

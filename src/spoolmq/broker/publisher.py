@@ -223,6 +223,8 @@ class PublisherBroker:
 
     def run(self) -> None:
         self._report(("ready", "publisher", os.getpid()))
+        # Figures from the start, so `spoolmq stats` has its full shape at once.
+        self._report(("stats", "publisher", self._stats_dict()))
         try:
             while not self.stopping:
                 self.loop(timeout=1.0)

@@ -168,11 +168,12 @@ class Consumer:
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
         self._acks: list[int] = []  # ACKs made with wait=False, sent 100 to a frame
+        self._unsettled: set[int] = set()  # tags handed to the application, not settled
         self._conn: Connection | None = None
-        try:
-            self._open()
-        except (EOFError, OSError):  # the broker went away mid-handshake: it restarts
-            self._reconnect()
+        # Connect once in the caller, as Publisher does, so a missing broker or a wrong key
+        # fails loudly here instead of after reconnect_timeout; reconnects are for a broker
+        # that went away later.
+        self._open()
 
     # -- connection -----------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class Consumer:
         self._generation += 1
         self._buffer.clear()
         self._acks.clear()  # deliveries of the old connection are void
+        self._unsettled.clear()
         self._taken = 0
         reply = self._request(
             {
@@ -276,6 +278,7 @@ class Consumer:
                     self._reconnect()
                     continue
                 self._flush_acks()  # about to wait: the broker may be waiting for these
+                self._flush_credit()
                 frame = self._read_frame(remaining if remaining is not None else 1.0)
             except (EOFError, OSError) as exc:
                 log.warning("lost the broker (%s); reconnecting", exc)
@@ -284,12 +287,21 @@ class Consumer:
             if frame is not None:
                 self._replies.append(frame)
         message = self._buffer.popleft()
-        if self.auto_ack:
+        if not self.auto_ack:
+            self._unsettled.add(message.tag)
+        else:
             self._taken += 1
-            if self._taken >= max(1, self.prefetch // 2) or not self._buffer:
-                self._send({"op": "credit", "n": self._taken})
-                self._taken = 0
+            # Refill ahead while messages are still buffered; with none left, ask only when
+            # the application asks for more, or a consumer that stops here would lose the
+            # message the broker pushed (final on sending) into a connection about to close.
+            if self._buffer and self._taken >= max(1, self.prefetch // 2):
+                self._flush_credit()
         return message
+
+    def _flush_credit(self) -> None:
+        if self._taken:
+            self._send({"op": "credit", "n": self._taken})
+            self._taken = 0
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while True:
@@ -368,6 +380,7 @@ class Consumer:
                 "lost the broker before it confirmed; the message will be redelivered"
             ) from None
         message.settled = True
+        self._unsettled.discard(message.tag)
 
     def _extend(self, message: ReceivedMessage, seconds: float) -> None:
         if message._generation != self._generation or self._conn is None:
@@ -393,7 +406,10 @@ class Consumer:
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._flush_acks()
-                protocol.send(self._conn, {"op": "bye"})
+                # What the application got and did not settle; the broker returns the other
+                # deliveries unread, without counting an attempt (a consumer that takes one
+                # message per connection must not push the ones behind it to the DLQ).
+                protocol.send(self._conn, {"op": "bye", "seen": sorted(self._unsettled)})
             self._conn.close()
             self._conn = None
 

@@ -118,6 +118,13 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_UPSERT_COMMITTED = (
+    "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
+    "committed_offset = excluded.committed_offset, updated_at = excluded.updated_at"
+)
+
+
 class StateDB:
     """The per-process handle on ``state.db``; safe to share between threads."""
 
@@ -374,11 +381,24 @@ class StateDB:
         timestamp = now_ms()
         with self.write() as db:
             db.executemany(
-                "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
-                "committed_offset = excluded.committed_offset, updated_at = excluded.updated_at",
+                _UPSERT_COMMITTED,
                 [(group, t, p, o, timestamp) for (t, p), o in offsets.items()],
             )
+
+    def reset_group(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Move a group to new offsets and forget its open deliveries and scheduled retries
+        in those partitions, in one transaction: its work there starts over."""
+        timestamp = now_ms()
+        with self.write() as db:
+            db.executemany(
+                _UPSERT_COMMITTED,
+                [(group, t, p, o, timestamp) for (t, p), o in offsets.items()],
+            )
+            for table in ("deliveries", "scheduled"):
+                db.executemany(
+                    f"DELETE FROM {table} WHERE group_name = ? AND topic = ? AND partition = ?",
+                    [(group, t, p) for t, p in offsets],
+                )
 
     def groups(self) -> list[str]:
         return [

@@ -1,0 +1,199 @@
+"""Delivery rules seen from a real client of a real broker: delayed messages are never early,
+expired ones are not delivered (and are recorded as expired), and subscription filters."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+from e2e_workers import read_lines, wait_until
+
+from spoolmq import Admin, Consumer, Publisher
+from spoolmq.testing import BrokerProcess
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def events_of(data_dir: Path, kind: str) -> list[dict[str, object]]:
+    found = []
+    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
+        found += [e for e in read_lines(path) if e["type"] == kind]
+    return found
+
+
+def test_delayed_messages_are_never_delivered_early(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir) as publisher:
+        before = now_ms()
+        by_delay = publisher.publish("later", {"kind": "delay"}, delay=1.5)
+        at = now_ms() + 1000
+        by_time = publisher.publish("later", {"kind": "deliver_at"}, deliver_at=at)
+        publisher.publish("later", {"kind": "now"})
+    received = []
+    with Consumer("later", group="g", data=data_dir, prefetch=3) as consumer:
+        deadline = time.monotonic() + 60
+        while len(received) < 3 and time.monotonic() < deadline:
+            message = consumer.receive(timeout=5)
+            if message is not None:
+                received.append((now_ms(), message))
+                message.ack()
+    assert [m.value["kind"] for _, m in received] == ["now", "deliver_at", "delay"]
+    arrival = {m.value["kind"]: (t, m) for t, m in received}
+    t_delay, m_delay = arrival["delay"]
+    t_time, m_time = arrival["deliver_at"]
+    assert m_delay.offset == by_delay.offset and m_time.offset == by_time.offset
+    assert m_time.deliver_at == at
+    assert m_delay.deliver_at is not None and m_delay.deliver_at >= before + 1500
+    assert t_time >= at, f"delivered {at - t_time} ms early"
+    assert t_delay >= before + 1500, f"delivered {before + 1500 - t_delay} ms early"
+
+
+def test_a_message_past_its_ttl_is_not_delivered_and_is_recorded(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with (
+        Publisher(data=data_dir) as publisher,
+        Consumer("ttl", group="g", data=data_dir, prefetch=1) as consumer,
+    ):
+        first = publisher.publish("ttl", "hold the only slot")
+        held = consumer.receive(timeout=30)
+        assert held is not None and held.offset == first.offset
+        doomed = publisher.publish("ttl", "expires while waiting", ttl=0.3)
+        survivor = publisher.publish("ttl", "no ttl")
+        time.sleep(1.0)  # let the ttl pass while the consumer's slot is taken
+        held.ack()
+        nxt = consumer.receive(timeout=30)
+        assert nxt is not None and nxt.offset == survivor.offset
+        nxt.ack()
+        assert consumer.receive(timeout=1.0) is None
+
+    expired = wait_until(lambda: events_of(data_dir, "expired"), 30, "an expired event")
+    assert [(e["topic"], e["offset"], e["group"]) for e in expired] == [("ttl", doomed.offset, "g")]
+    delivered = {e["offset"] for e in events_of(data_dir, "delivered")}
+    assert doomed.offset not in delivered
+    assert {first.offset, survivor.offset} <= delivered
+
+
+def test_filters_deliver_only_matching_messages(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("f", 0, tags=["vip"])
+        publisher.publish("f", 1, headers={"kind": "refund"})
+        publisher.publish("f", 2, tags=["basic"], headers={"kind": "order"})
+        publisher.publish("f", 3, tags=["vip", "eu"], headers={"kind": "refund"})
+        publisher.publish("f", 4)
+
+    def take(group: str, spec: dict[str, object] | None) -> list[int]:
+        values = []
+        with Consumer("f", group=group, data=data_dir, filter=spec, prefetch=10) as consumer:
+            while (message := consumer.receive(timeout=2)) is not None:
+                values.append(message.value)
+                message.ack()
+        return values
+
+    assert take("vips", {"tags": ["vip"]}) == [0, 3]
+    assert take("refunds", {"headers": {"kind": "refund"}}) == [1, 3]
+    assert take("both", {"tags": ["eu", "basic"], "headers": {"kind": "refund"}}) == [3]
+    assert take("all", None) == [0, 1, 2, 3, 4]
+    # Skipped messages are final for a filtered group: nothing is left to do.
+    with Admin(data_dir) as admin:
+        groups = admin.describe_groups()
+    for name in ("vips", "refunds", "both", "all"):
+        (row,) = groups[name]["partitions"]
+        assert (row["committed"], row["lag"], row["in_flight"]) == (5, 0, 0), name
+
+
+def test_a_nack_delay_and_the_backoff_are_never_cut_short(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("retry", "flaky")
+    with Consumer(
+        "retry", group="g", data=data_dir, retry_backoff=0.2, retry_backoff_max=0.5
+    ) as consumer:
+        arrivals = []
+        for step in range(4):
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.attempt == step + 1
+            arrivals.append(time.monotonic())
+            if step == 0:
+                message.nack(delay=1.0, reason="asked for 1 s")
+            elif step < 3:
+                message.nack(reason="backoff")
+            else:
+                message.ack()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    # The asked delay, then the backoff after attempt 2 (0.2 * 2) and after attempt 3 (0.2 * 4,
+    # capped at 0.5).
+    for gap, least in zip(gaps, (1.0, 0.4, 0.5), strict=True):
+        assert gap >= least - 0.01, f"redelivered after {gap:.3f} s, before {least} s"
+    nacked = wait_until(
+        lambda: len(events_of(data_dir, "nacked")) == 3 and events_of(data_dir, "nacked"),
+        30,
+        "the nack events",
+    )
+    assert [(e["attempt"], e["reason"]) for e in nacked] == [
+        (1, "asked for 1 s"),
+        (2, "backoff"),
+        (3, "backoff"),
+    ]
+
+
+def test_an_extended_lease_keeps_the_message(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("long", "work")
+    with Consumer("long", group="g", data=data_dir, lease=1.0) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None
+        message.extend_lease(5.0)
+        time.sleep(1.5)  # past the original lease, inside the extended one
+        message.ack()  # not refused
+    assert [e["offset"] for e in wait_until(lambda: events_of(data_dir, "acked"), 30, "ack")] == [0]
+    assert events_of(data_dir, "lease_expired") == []
+
+
+def test_a_consumer_that_leaves_has_its_messages_redelivered_at_once(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("handover", "job")
+    first = Consumer("handover", group="g", data=data_dir, lease=300)
+    message = first.receive(timeout=30)
+    assert message is not None and message.attempt == 1
+    with Consumer("handover", group="g", data=data_dir, lease=300) as second:
+        first.close()  # without an ACK; the 300 s lease does not hold the message back
+        again = second.receive(timeout=30)
+        assert again is not None and (again.offset, again.attempt) == (0, 2)
+        again.ack()
+
+
+def test_prefetched_messages_a_closing_consumer_never_read_are_not_attempts(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        for n in range(6):
+            publisher.publish("one-by-one", n)
+    # One message per connection with a large prefetch: each connection is pushed several
+    # messages and reads one. The others must come back as they were, not as failures that
+    # lead to the DLQ after max_deliveries.
+    handled = []
+    for _ in range(6):
+        with Consumer(
+            "one-by-one", group="g", data=data_dir, prefetch=5, max_deliveries=2
+        ) as consumer:
+            message = consumer.receive(timeout=30)
+            assert message is not None
+            handled.append((message.value, message.attempt))
+            message.ack()
+    assert handled == [(n, 1) for n in range(6)]
+    with Consumer("one-by-one", group="g", data=data_dir) as consumer:
+        assert consumer.receive(timeout=1.0) is None
+    assert events_of(data_dir, "dead_lettered") == []
+    # A message the application got and left unsettled still counts as an attempt.
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("one-by-one", "held")
+    for attempt in (1, 2):
+        with Consumer("one-by-one", group="g", data=data_dir, prefetch=5) as consumer:
+            message = consumer.receive(timeout=30)
+            assert message is not None and (message.value, message.attempt) == ("held", attempt)

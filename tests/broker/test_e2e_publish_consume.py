@@ -1,0 +1,323 @@
+"""Publishing and consuming through a real broker subprocess, with clients in other processes:
+every message delivered and ACKed once per group, ACKs only after storage, errors to the
+publisher that caused them, idempotent retries, and bad frames costing one connection."""
+
+from __future__ import annotations
+
+import collections
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_workers import (
+    SPAWN,
+    client_processes,
+    consume_worker,
+    join_all,
+    publish_worker,
+    read_lines,
+    start,
+    wait_until,
+)
+
+from spoolmq import Consumer, Log, Publisher, protocol
+from spoolmq.client.connection import connect
+from spoolmq.errors import InvalidTopicError, MessageTooLargeError
+from spoolmq.testing import BrokerProcess
+
+
+def event_lines(data_dir: Path) -> list[dict[str, Any]]:
+    events = []
+    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
+        events += read_lines(path)
+    return events
+
+
+def stored_values(data_dir: Path, topic: str) -> dict[tuple[int, int], Any]:
+    """Every record of a topic, read from the files with the store's own reader."""
+    found = {}
+    with Log(data_dir) as log:
+        for partition in range(log.topic_config(topic).partitions):
+            for record in log.reader(topic, partition):
+                found[(partition, record.offset)] = record.value
+    return found
+
+
+def test_publishers_and_consumers_in_separate_processes(
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path
+) -> None:
+    publishers, per_publisher = 3, 40
+    with Log(data_dir) as log:
+        log.create_topic("orders", partitions=3)
+    subscribed = SPAWN.Barrier(4)
+    with client_processes() as processes:
+        processes += [
+            start(
+                publish_worker, str(data_dir), "orders", w, per_publisher, str(tmp_path / f"p{w}")
+            )
+            for w in range(publishers)
+        ]
+        processes += [
+            start(
+                consume_worker,
+                str(data_dir),
+                ["orders"],
+                group,
+                str(tmp_path / f"{group}-{n}"),
+                5.0,
+                {"prefetch": 5},
+                0.0,
+                None,
+                subscribed,
+            )
+            for group in ("billing", "shipping")
+            for n in range(2)
+        ]
+        join_all(processes, 120)
+
+    sent = {}
+    for w in range(publishers):
+        for line in read_lines(tmp_path / f"p{w}"):
+            assert "error" not in line, line
+            sent[(line["partition"], line["offset"])] = {"w": line["w"], "i": line["i"]}
+    assert sorted((v["w"], v["i"]) for v in sent.values()) == [
+        (w, i) for w in range(publishers) for i in range(per_publisher)
+    ]
+    # What each publisher was told is what the files hold.
+    assert stored_values(data_dir, "orders") == sent
+
+    for group in ("billing", "shipping"):
+        seen = read_lines(tmp_path / f"{group}-0") + read_lines(tmp_path / f"{group}-1")
+        positions = collections.Counter((m["partition"], m["offset"]) for m in seen)
+        assert positions == collections.Counter(sent.keys()), group
+        for message in seen:
+            assert message["value"] == sent[(message["partition"], message["offset"])]
+        # Both consumers of the group took part.
+        assert len({m["pid"] for m in seen}) == 2, group
+
+    def acked_events() -> collections.Counter[tuple[str, int, int]] | None:
+        acked = collections.Counter(
+            (e["group"], e["partition"], e["offset"])
+            for e in event_lines(data_dir)
+            if e["type"] == "acked"
+        )
+        return acked if sum(acked.values()) >= 2 * len(sent) else None
+
+    # The broker appends events in its loop; give it a moment after the clients left.
+    acked = wait_until(acked_events, 30, "the acked events")
+    expected = {(g, p, o) for g in ("billing", "shipping") for p, o in sent}
+    assert set(acked) == expected
+    assert set(acked.values()) == {1}, "a message was ACKed twice in one group"
+
+
+@pytest.mark.parametrize("acks", ["1", "all"])
+def test_publish_returns_only_once_the_record_is_readable(
+    broker: BrokerProcess, data_dir: Path, acks: str
+) -> None:
+    with Log(data_dir) as log, Publisher(data=data_dir, acks=acks) as publisher:
+        for n in range(20):
+            position = publisher.publish("stored", {"n": n}, key=f"k{n % 3}")
+            # Read right after the ACK, in this process, from the files themselves.
+            record = log.reader("stored", position.partition, offset=position.offset).poll()
+            assert record is not None, f"ACKed offset {position.offset} is not in the store"
+            assert (record.offset, record.value, record.key) == (
+                position.offset,
+                {"n": n},
+                f"k{n % 3}",
+            )
+        futures = [publisher.publish_async("stored", {"batch": n}, acks=acks) for n in range(30)]
+        for n, future in enumerate(futures):
+            position = future.result(60)
+            record = log.reader("stored", position.partition, offset=position.offset).poll()
+            assert record is not None and record.value == {"batch": n}
+
+
+def test_errors_go_to_the_publisher_that_caused_them(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir) as publisher, Publisher(data=data_dir) as bystander:
+        publisher.publish("limits", "small")
+        futures = [
+            publisher.publish_async("limits", "before"),
+            publisher.publish_async("limits", "x" * (2 * 1024 * 1024)),  # over the 1 MiB limit
+            publisher.publish_async("limits", "after"),
+        ]
+        other = bystander.publish_async("limits", "unaffected")
+        assert futures[0].result(60).offset >= 1
+        with pytest.raises(MessageTooLargeError):
+            futures[1].result(60)
+        assert futures[2].result(60).offset >= 1
+        assert other.result(60).offset >= 1
+        with pytest.raises(InvalidTopicError):
+            publisher.publish("../escape", "no")
+        # The same connection still works after its errors.
+        last = publisher.publish("limits", "last")
+    stored = stored_values(data_dir, "limits")
+    assert sorted(stored.values(), key=str) == sorted(
+        ["small", "before", "after", "unaffected", "last"], key=str
+    )
+    assert last.offset == 4
+    assert not (data_dir / "logs" / "escape").exists()
+
+
+def raw_publisher(data_dir: Path) -> Any:
+    conn, _ = connect(
+        str(data_dir / protocol.SOCKET_FILE), protocol.read_authkey(data_dir), "publisher"
+    )
+    return conn
+
+
+def test_broker_refuses_a_bad_topic_sent_past_the_client(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    conn = raw_publisher(data_dir)
+    try:
+        protocol.send(
+            conn,
+            {
+                "op": "publish",
+                "id": 1,
+                "acks": "all",
+                "messages": [
+                    {"topic": "../../etc", "value": 1},
+                    {"topic": "fine", "value": 2},
+                    {"topic": "fine", "value": 3, "unknown_field": 1},
+                ],
+            },
+        )
+        reply = protocol.receive(conn)
+    finally:
+        conn.close()
+    assert reply["op"] == "published" and reply["id"] == 1
+    bad, good, unknown = reply["results"]
+    assert bad["error"] == "invalid_topic"
+    assert good == {"partition": 0, "offset": 0, "timestamp": good["timestamp"]}
+    assert unknown["error"] == "protocol"
+    assert stored_values(data_dir, "fine") == {(0, 0): 2}
+    assert not any(p.name == "etc" for p in data_dir.rglob("etc"))
+
+
+def test_a_retried_publish_is_stored_once_with_the_first_offset(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    frame = {
+        "op": "publish",
+        "id": 7,
+        "acks": "all",
+        "producer_id": "p-retry-test",
+        "messages": [
+            {"topic": "idem", "value": {"n": 0}, "sequence": 0},
+            {"topic": "idem", "value": {"n": 1}, "sequence": 1},
+        ],
+    }
+    answers = []
+    # The retry comes on a new connection, as it does after a broker restart.
+    for _ in range(2):
+        conn = raw_publisher(data_dir)
+        try:
+            protocol.send(conn, frame)
+            answers.append(protocol.receive(conn)["results"])
+        finally:
+            conn.close()
+    first, second = answers
+    assert [r["offset"] for r in first] == [0, 1]
+    assert not any(r.get("duplicate") for r in first)
+    assert [r["offset"] for r in second] == [0, 1]
+    assert all(r["duplicate"] is True for r in second)
+    # A new sequence from the same producer is a new message.
+    conn = raw_publisher(data_dir)
+    try:
+        protocol.send(
+            conn,
+            {**frame, "id": 8, "messages": [{"topic": "idem", "value": {"n": 2}, "sequence": 2}]},
+        )
+        third = protocol.receive(conn)["results"]
+    finally:
+        conn.close()
+    assert third[0]["offset"] == 2
+    assert stored_values(data_dir, "idem") == {(0, 0): {"n": 0}, (0, 1): {"n": 1}, (0, 2): {"n": 2}}
+
+
+@pytest.mark.parametrize("role", ["publisher", "consumer"])
+@pytest.mark.parametrize(
+    "garbage",
+    [b"not json", b'{"op": "ack", "tags": [1]}'],
+)
+def test_a_bad_frame_closes_only_its_own_connection(
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path, role: str, garbage: bytes
+) -> None:
+    with (
+        Publisher(data=data_dir) as publisher,
+        Consumer("frames", group="g", data=data_dir) as consumer,
+    ):
+        publisher.publish("frames", "before")
+        conn, _ = connect(
+            str(data_dir / protocol.SOCKET_FILE), protocol.read_authkey(data_dir), role
+        )
+        try:
+            conn.send_bytes(garbage)
+            reply = protocol.receive(conn)
+            assert reply["op"] == "error" and reply["code"] == "protocol"
+            # Then the broker closed this connection: end of file, not another frame.
+            assert conn.poll(30)
+            with pytest.raises((EOFError, ConnectionResetError)):
+                conn.recv_bytes()
+        finally:
+            conn.close()
+        # The other clients of both broker processes carry on.
+        assert publisher.publish("frames", "after").offset == 1
+        for expected in ("before", "after"):
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.value == expected
+            message.ack()
+    assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
+    # The reason is logged.
+    assert f"closing {role}" in (tmp_path / "broker.log").read_text()
+
+
+def test_acks_0_does_not_wait_and_the_message_is_stored(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir, acks="0") as publisher:
+        positions = [publisher.publish("fire", n) for n in range(5)]
+    # No answer means no position to report.
+    assert {(p.partition, p.offset) for p in positions} == {(-1, -1)}
+    wait_until(lambda: len(stored_values(data_dir, "fire")) == 5, 30, "the acks=0 messages")
+    assert sorted(stored_values(data_dir, "fire").values()) == [0, 1, 2, 3, 4]
+
+
+def test_frames_that_arrive_together_are_stored_with_one_write(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    def publisher_stats() -> dict[str, Any]:
+        stats: dict[str, Any] = broker.stats()["publisher"]
+        return stats
+
+    conn = raw_publisher(data_dir)
+    try:
+        protocol.send(
+            conn, {"op": "publish", "id": 0, "messages": [{"topic": "group", "value": "warm"}]}
+        )
+        assert protocol.receive(conn)["results"][0]["offset"] == 0
+        before = wait_until(
+            lambda: (s := publisher_stats())["frames"] == 1 and s, 30, "the first figures"
+        )
+        # Five frames in one socket write: they are all there when the broker wakes up.
+        frames = [
+            protocol.encode(
+                {"op": "publish", "id": n, "messages": [{"topic": "group", "value": n}] * 2}
+            )
+            for n in range(1, 6)
+        ]
+        os.write(conn.fileno(), b"".join(struct.pack("!i", len(f)) + f for f in frames))
+        replies = [protocol.receive(conn) for _ in range(5)]
+    finally:
+        conn.close()
+    assert [r["id"] for r in replies] == [1, 2, 3, 4, 5]
+    assert [x["offset"] for r in replies for x in r["results"]] == list(range(1, 11))
+    after = wait_until(
+        lambda: (s := publisher_stats())["frames"] == 6 and s, 30, "the figures of five frames"
+    )
+    # Group commit: one batch (one write, one fsync) for the five frames.
+    assert after["batches"] - before["batches"] == 1
+    assert after["messages"] - before["messages"] == 10

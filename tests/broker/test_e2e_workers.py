@@ -1,0 +1,87 @@
+"""Handlers instead of iteration: ``Consumer(handler=...).run()`` and ``run_workers``, which
+runs a handler in N processes; a handler that returns ACKs, one that raises NACKs."""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_workers import flaky_handler, publish_all, read_lines
+
+from spoolmq import Consumer, ReceivedMessage, run_workers
+from spoolmq.errors import InvalidArgumentError
+from spoolmq.testing import BrokerProcess
+
+
+def test_run_workers_runs_a_handler_in_several_processes(
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "calls"
+    out.mkdir()
+    monkeypatch.setenv("E2E_OUT", str(out))
+    monkeypatch.setenv("E2E_WORKERS", "3")
+    publish_all(data_dir, "tasks", range(30))
+    codes = run_workers(
+        "tasks",
+        "workers",
+        flaky_handler,
+        processes=3,
+        idle_timeout=3.0,
+        data=data_dir,
+        prefetch=2,
+        retry_backoff=0.1,
+    )
+    assert codes == [0, 0, 0]
+    calls = [line for path in out.iterdir() for line in read_lines(path)]
+    attempts = collections.Counter(line["value"] for line in calls)
+    # Every value handled; the ones that failed once were handled again, and only once more.
+    assert attempts == {v: 2 if v % 5 == 0 else 1 for v in range(30)}
+    assert {line["attempt"] for line in calls if line["value"] % 5 == 0} == {1, 2}
+    assert len({line["pid"] for line in calls}) == 3
+    # Nothing is left: the group has ACKed everything.
+    with Consumer("tasks", group="workers", data=data_dir) as consumer:
+        assert consumer.receive(timeout=1.0) is None
+
+
+def test_a_consumer_with_a_handler(broker: BrokerProcess, data_dir: Path) -> None:
+    publish_all(data_dir, "handled", ["a", "b", "c"])
+    seen: list[Any] = []
+
+    def handle(message: ReceivedMessage) -> None:
+        seen.append((message.value, message.attempt))
+        if message.value == "b" and message.attempt == 1:
+            raise ValueError("b fails once")
+
+    with Consumer("handled", group="g", data=data_dir, handler=handle, retry_backoff=0.1) as c:
+        assert c.run(idle_timeout=2.0) == 4
+    assert sorted(seen) == [("a", 1), ("b", 1), ("b", 2), ("c", 1)]
+
+
+def test_iterating_over_a_consumer(broker: BrokerProcess, data_dir: Path) -> None:
+    publish_all(data_dir, "iterated", [1, 2, 3])
+    values = []
+    with Consumer("iterated", group="g", data=data_dir, prefetch=10) as consumer:
+        for message in consumer:  # pushed by the broker, forever: the loop decides when to stop
+            values.append(message.value)
+            message.ack()
+            if len(values) == 3:
+                break
+        assert consumer.receive(timeout=1.0) is None
+    assert values == [1, 2, 3]
+
+
+def test_auto_ack_is_at_most_once(broker: BrokerProcess, data_dir: Path) -> None:
+    publish_all(data_dir, "fire-and-forget", [1, 2])
+    with Consumer("fire-and-forget", group="g", data=data_dir, auto_ack=True) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == 1
+        with pytest.raises(InvalidArgumentError):
+            message.ack()  # nothing to acknowledge: it was final when sent
+        time.sleep(0.5)  # time enough for the broker to push more, if it was asked to
+    # The consumer left without handling anything more: message 1 is not delivered again.
+    with Consumer("fire-and-forget", group="g", data=data_dir, auto_ack=True) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == 2

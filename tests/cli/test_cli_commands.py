@@ -1,0 +1,363 @@
+"""The CLI's commands against a real broker: what they print (the ``--json`` shapes are
+asserted key by key so that they stay stable for scripts) and what they do. Most run
+in-process through ``spoolmq.cli.main`` (as rq tests its CLI); a few as a subprocess."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from spoolmq import Consumer, Log, Publisher
+from spoolmq.cli import main
+from spoolmq.testing import BrokerProcess
+
+POSITION_KEYS = {"topic", "partition", "offset"}
+MESSAGE_KEYS = {"topic", "partition", "offset", "key", "value", "headers", "timestamp", "attempt"}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run a command in-process; it must succeed; return what it printed."""
+    capsys.readouterr()
+    status = main(list(args))
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.err == ""
+    return captured.out
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in text.splitlines()]
+
+
+def test_publish_a_value_and_stdin_lines(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    d = ["--data", str(data_dir)]
+    out = cli(capsys, "publish", "orders", '{"id": 1}', "--key", "c7", "--header", "h=v", *d)
+    assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 0}]
+    out = cli(capsys, "publish", "orders", "plain text", "--tag", "vip", "--tag", "eu", *d)
+    assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 1}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": 2}\n\n[3]\n"four"\n'))
+    out = cli(capsys, "publish", "orders", "--acks", "1", "--delay", "0", *d)
+    lines = json_lines(out)
+    assert all(set(line) == POSITION_KEYS for line in lines)
+    assert [line["offset"] for line in lines] == [2, 3, 4]
+    with Log(data_dir) as log:
+        records = list(log.reader("orders", 0))
+    assert [r.value for r in records] == [{"id": 1}, "plain text", {"id": 2}, [3], "four"]
+    assert records[0].key == "c7" and records[0].headers == [("h", "v")]
+    assert records[1].tags == ("vip", "eu")
+
+
+def test_consume_max_timeout_no_ack_and_start(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = ["--data", str(data_dir)]
+    with Publisher(data=data_dir) as publisher:
+        for n in range(4):
+            publisher.publish("jobs", {"n": n}, key=f"k{n}", headers={"trace": str(n)})
+    out = cli(capsys, "consume", "jobs", "--group", "g", "--max", "2", *d)
+    first = json_lines(out)
+    assert all(set(line) == MESSAGE_KEYS for line in first)
+    assert [(m["offset"], m["value"], m["key"], m["attempt"]) for m in first] == [
+        (0, {"n": 0}, "k0", 1),
+        (1, {"n": 1}, "k1", 1),
+    ]
+    assert first[0]["headers"] == [["trace", "0"]]
+    # They were ACKed: the group goes on from offset 2 and stops when idle.
+    out = cli(capsys, "consume", "jobs", "--group", "g", "--timeout", "1", *d)
+    assert [m["offset"] for m in json_lines(out)] == [2, 3]
+    # --no-ack: at-most-once, a message handed out is final even though nobody ACKed it.
+    out = cli(capsys, "consume", "jobs", "--group", "quick", "--no-ack", "--max", "1", *d)
+    assert [m["offset"] for m in json_lines(out)] == [0]
+    out = cli(capsys, "consume", "jobs", "--group", "quick", "--no-ack", "--max", "1", *d)
+    assert [m["offset"] for m in json_lines(out)] == [1]
+    # --start latest: a new group skips what is already there.
+    out = cli(
+        capsys, "consume", "jobs", "--group", "new", "--start", "latest", "--timeout", "1", *d
+    )
+    assert out == ""
+
+
+def test_consume_and_publish_as_subprocesses(broker: BrokerProcess, data_dir: Path) -> None:
+    command = [sys.executable, "-m", "spoolmq"]
+    published = subprocess.run(
+        [*command, "publish", "sub", "--data", str(data_dir)],
+        input='{"a": 1}\n{"a": 2}\n',
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert published.returncode == 0, published.stderr
+    assert json_lines(published.stdout) == [
+        {"topic": "sub", "partition": 0, "offset": 0},
+        {"topic": "sub", "partition": 0, "offset": 1},
+    ]
+    consumed = subprocess.run(
+        [*command, "consume", "sub", "--group", "g", "--timeout", "2", "--data", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assert [m["value"] for m in json_lines(consumed.stdout)] == [{"a": 1}, {"a": 2}]
+
+
+def test_topics_create_list_describe_delete(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = ["--data", str(data_dir)]
+    created = orjson.loads(
+        cli(
+            capsys,
+            "topics",
+            "create",
+            "events",
+            "--partitions",
+            "3",
+            "--retention",
+            "2d",
+            "--compact",
+            "--json",
+            *d,
+        )
+    )
+    config_keys = {
+        "partitions",
+        "retention_ms",
+        "retention_bytes",
+        "cleanup_policy",
+        "segment_bytes",
+        "segment_ms",
+        "tombstone_retention_ms",
+    }
+    assert set(created) == {"name"} | config_keys
+    assert (created["name"], created["partitions"], created["retention_ms"]) == (
+        "events",
+        3,
+        2 * 86_400_000,
+    )
+    assert created["cleanup_policy"] == "compact"
+    cli(capsys, "topics", "create", "plain", *d)
+    listed = orjson.loads(cli(capsys, "topics", "list", "--json", *d))
+    assert all(set(entry) == {"name"} | config_keys for entry in listed)
+    assert sorted(entry["name"] for entry in listed) == ["events", "plain"]
+    with BrokerProcess(data_dir), Publisher(data=data_dir) as publisher:
+        publisher.publish("events", 1, partition=2)
+        publisher.publish("events", 2, partition=2)
+    described = orjson.loads(cli(capsys, "topics", "describe", "events", "--json", *d))
+    assert set(described) == {"name", "partitions"} | config_keys - {"partitions"}
+    assert described["partitions"] == [
+        {"partition": 0, "log_start_offset": 0, "log_end_offset": 0, "segments": 0},
+        {"partition": 1, "log_start_offset": 0, "log_end_offset": 0, "segments": 0},
+        {"partition": 2, "log_start_offset": 0, "log_end_offset": 2, "segments": 1},
+    ]
+    assert "deleted topic plain" in cli(capsys, "topics", "delete", "plain", *d)
+    assert [e["name"] for e in orjson.loads(cli(capsys, "topics", "list", "--json", *d))] == [
+        "events"
+    ]
+
+
+def test_groups_list_and_describe(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    d = ["--data", str(data_dir)]
+    with Log(data_dir) as log:
+        log.create_topic("orders", partitions=2)
+    with Publisher(data=data_dir) as publisher:
+        for n in range(5):
+            publisher.publish("orders", n, partition=n % 2)  # 3 in partition 0, 2 in 1
+    with Consumer("orders", group="billing", data=data_dir, prefetch=1) as consumer:
+        held = consumer.receive(timeout=30)
+        assert held is not None
+        rows = orjson.loads(cli(capsys, "groups", "describe", "billing", "--json", *d))
+        assert all(
+            set(row)
+            == {
+                "topic",
+                "partition",
+                "committed",
+                "log_end_offset",
+                "lag",
+                "in_flight",
+                "consumers",
+            }
+            for row in rows
+        )
+        by_partition = {row["partition"]: row for row in rows}
+        mine = by_partition[held.partition]
+        assert (mine["committed"], mine["in_flight"]) == (0, 1)
+        assert mine["consumers"] == [consumer.consumer_id]
+        assert [(r["log_end_offset"], r["lag"]) for _, r in sorted(by_partition.items())] == [
+            (3, 3),
+            (2, 2),
+        ]
+        summary = orjson.loads(cli(capsys, "groups", "list", "--json", *d))
+        assert summary == [{"group": "billing", "partitions": 2, "lag": 5, "in_flight": 1}]
+        # The table has the columns Kafka users know.
+        monkeypatch.setenv("COLUMNS", "200")
+        table = cli(capsys, "groups", "describe", "billing", *d)
+        for column in (
+            "topic",
+            "partition",
+            "committed offset",
+            "log end offset",
+            "lag",
+            "in-flight",
+            "consumer",
+        ):
+            assert column in table
+        assert consumer.consumer_id in table
+        held.ack()
+
+
+def test_dlq_list_and_replay(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = ["--data", str(data_dir)]
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("pay", {"order": 1}, key="a")
+        publisher.publish("pay", {"order": 2}, key="b")
+    with Consumer("pay", group="billing", data=data_dir, prefetch=2, max_deliveries=2) as consumer:
+        for _ in range(4):
+            message = consumer.receive(timeout=30)
+            assert message is not None
+            message.nack(delay=0, reason=f"card declined {message.value['order']}")
+        assert consumer.receive(timeout=1.0) is None
+
+    def dead_letters() -> list[dict[str, Any]]:
+        return orjson.loads(cli(capsys, "dlq", "list", "pay", "--json", *d))
+
+    rows = dead_letters()
+    assert all(
+        set(row)
+        == {
+            "dlq_partition",
+            "dlq_offset",
+            "topic",
+            "partition",
+            "offset",
+            "group",
+            "attempts",
+            "reason",
+            "key",
+            "value",
+        }
+        for row in rows
+    )
+    assert sorted(
+        (r["offset"], r["key"], r["value"]["order"], r["attempts"], r["reason"]) for r in rows
+    ) == [
+        ("0", "a", 1, "2", "card declined 1"),
+        ("1", "b", 2, "2", "card declined 2"),
+    ]
+    assert {(r["topic"], r["partition"], r["group"]) for r in rows} == {("pay", "0", "billing")}
+    assert orjson.loads(cli(capsys, "dlq", "replay", "pay", "--json", *d)) == {
+        "replayed": 2,
+        "already_replayed": 0,
+    }
+    assert orjson.loads(cli(capsys, "dlq", "replay", "pay", "--json", *d)) == {
+        "replayed": 0,
+        "already_replayed": 2,
+    }
+    with Log(data_dir) as log:
+        replayed = list(log.reader("pay", 0, offset=2))
+    assert sorted((r.key, r.value["order"]) for r in replayed) == [("a", 1), ("b", 2)]
+    assert all(not name.startswith("x-dlq-") for r in replayed for name, _ in r.headers)
+
+
+def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("s", 1)
+        stats = orjson.loads(cli(capsys, "stats", "--json", "--data", str(data_dir)))
+        assert set(stats) == {
+            "pid",
+            "publisher",
+            "consumer",
+            "restarts",
+            "pids",
+            "clients",
+            "listen",
+        }
+        assert stats["pid"] == broker.pid
+        assert set(stats["pids"]) == {"publisher", "consumer"}
+        assert stats["clients"] == {"publisher": 1, "consumer": 0, "admin": 1}
+        assert stats["restarts"] == {"publisher": 0, "consumer": 0}
+        assert set(stats["consumer"]) == {
+            "delivered",
+            "acked",
+            "nacked",
+            "dead_lettered",
+            "expired",
+            "consumers",
+            "groups",
+            "in_flight",
+        }
+        assert set(stats["publisher"]) == {
+            "frames",
+            "messages",
+            "batches",
+            "errors",
+            "by_topic",
+            "publishers",
+        }
+    assert "broker pid" in cli(capsys, "stats", "--data", str(data_dir))
+
+
+COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: spoolmq {command}")
+    assert "--data" in out
+
+
+def test_the_data_directory_comes_from_the_option_the_environment_or_the_cwd(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "queue_data"
+    command = [sys.executable, "-m", "spoolmq"]
+    environment = {k: v for k, v in os.environ.items() if k != "SPOOLMQ_DATA"}
+    broker = subprocess.Popen(
+        [*command, "broker", "--log-level", "warning"],
+        env={**environment, "SPOOLMQ_DATA": str(data)},
+        cwd=tmp_path / "..",
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        BrokerProcess(data).wait_ready(60)  # the broker took its directory from SPOOLMQ_DATA
+
+        def publish(value: str, **where: Any) -> dict[str, Any]:
+            done = subprocess.run(
+                [*command, "publish", "where", value, *where.pop("args", [])],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                **where,
+            )
+            assert done.returncode == 0, done.stderr
+            return orjson.loads(done.stdout)
+
+        assert publish("option", args=["--data", str(data)], env=environment)["offset"] == 0
+        assert publish("env", env={**environment, "SPOOLMQ_DATA": str(data)})["offset"] == 1
+        assert publish("cwd", env=environment, cwd=tmp_path)["offset"] == 2
+        # The option wins over the environment.
+        wrong = {**environment, "SPOOLMQ_DATA": str(tmp_path / "elsewhere")}
+        assert publish("both", args=["--data", str(data)], env=wrong)["offset"] == 3
+    finally:
+        broker.terminate()
+        assert broker.wait(60) == 0
+    with Log(data) as log:
+        assert [r.value for r in log.reader("where", 0)] == ["option", "env", "cwd", "both"]

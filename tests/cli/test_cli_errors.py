@@ -1,0 +1,111 @@
+"""The CLI's error paths, run as a user runs them (``python -m spoolmq`` in a subprocess):
+a mistake is one line on stderr starting with ``spoolmq:``, a non-zero exit, no traceback,
+and nothing stored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spoolmq import Log
+from spoolmq.testing import BrokerProcess
+
+
+def run_cli(*args: str, stdin: str = "", timeout: float = 45) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spoolmq", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("spoolmq: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+# Mistakes caught before anything runs: no broker is needed.
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["nosuch"], "invalid choice: 'nosuch'"),
+        (["publish"], "required: topic"),
+        (["publish", "t", "1", "--bogus"], "unrecognized arguments: --bogus"),
+        (["publish", "t", "1", "--acks", "2"], "invalid choice: '2'"),
+        (["publish", "t", "1", "--delay", "soon"], "invalid float value: 'soon'"),
+        (["consume", "t"], "--group"),
+        (["consume", "t", "--group", "g", "--start", "middle"], "invalid choice: 'middle'"),
+        (["groups", "reset", "g", "--topic", "t"], "--to-datetime"),
+        (["groups", "reset", "g", "--to-earliest"], "needs --topic"),
+        (["groups", "reset", "g", "--topic", "t", "--to-earliest", "--to-latest"], "not allowed"),
+        (["groups", "describe"], "needs a GROUP"),
+        (["topics", "create"], "needs a topic NAME"),
+        (["topics", "create", "x", "--partitions", "0"], "partitions"),
+        (["topics", "create", "bad/name"], "invalid topic name 'bad/name'"),
+        (["topics", "create", "x", "--retention", "forever-ish"], "bad duration"),
+        (["topics", "describe", "missing"], "topic 'missing' does not exist"),
+        (["dlq", "list", "../up"], "invalid topic name"),
+        (["broker", "--listen", "nonsense"], "HOST:PORT"),
+    ],
+)
+def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:
+    result = run_cli(*args, "--data", str(tmp_path / "queue_data"))
+    assert result.returncode == 2
+    assert_one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["publish", "t", "1"],
+        ["consume", "t", "--group", "g", "--timeout", "1"],
+        ["stats"],
+    ],
+)
+def test_no_broker_running_is_a_clear_error(tmp_path: Path, args: list[str]) -> None:
+    data = tmp_path / "queue_data"
+    # A directory where a broker ran once (its key is there) but none runs now.
+    with BrokerProcess(data):
+        pass
+    result = run_cli(*args, "--data", str(data), timeout=40)
+    assert_one_line_error(result, "no broker is listening", "spoolmq broker")
+    # A directory where no broker ever ran.
+    result = run_cli(*args, "--data", str(tmp_path / "never"), timeout=40)
+    assert_one_line_error(result, "no broker has run at")
+
+
+def test_mistakes_with_a_broker_running_store_nothing(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    data = ["--data", str(data_dir)]
+    assert run_cli("publish", "ok", '{"n": 1}', *data).returncode == 0
+    assert_one_line_error(run_cli("publish", "../ok", "1", *data), "invalid topic name '../ok'")
+    assert_one_line_error(run_cli("publish", "ok", "1", "--header", "novalue", *data), "NAME=VALUE")
+    assert_one_line_error(run_cli("publish", "ok", "1", "--delay", "-1", *data), "delay")
+    assert_one_line_error(run_cli("publish", "ok", "1", "--ttl", "0", *data), "ttl")
+    # One bad line in stdin: nothing of that input is published.
+    bad_stdin = run_cli("publish", "ok", *data, stdin='{"n": 2}\nnot json\n{"n": 3}\n')
+    assert_one_line_error(bad_stdin, "stdin line 2 is not JSON")
+    assert bad_stdin.stdout == ""
+    too_big = run_cli("publish", "ok", *data, stdin='"' + "x" * (1100 * 1024) + '"\n')
+    assert_one_line_error(too_big, "over")
+    assert_one_line_error(
+        run_cli("groups", "reset", "g", "--topic", "ok", "--to-datetime", "yesterday", *data),
+        "not an ISO date-time: 'yesterday'",
+    )
+    assert_one_line_error(run_cli("groups", "describe", "nobody", *data), "no consumer group")
+    assert_one_line_error(run_cli("topics", "delete", "ok", *data), "broker is running")
+    with Log(data_dir) as log:
+        assert log.topics().keys() == {"ok"}
+        assert [r.value for r in log.reader("ok", 0)] == [{"n": 1}]
