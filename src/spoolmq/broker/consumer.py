@@ -47,6 +47,7 @@ _LAG_EVENT_S = 5.0
 class _Consumer:
     conn: Connection
     client_id: str
+    reader: protocol.FrameReader
     group: str | None = None
     consumer_id: str = ""
 
@@ -265,14 +266,13 @@ class ConsumerBroker:
     # -- consumers ---------------------------------------------------------------------------
 
     def _read_consumer(self, consumer: _Consumer) -> None:
-        conn = consumer.conn
         for _ in range(64):
             try:
-                if not conn.poll(0):
-                    return
-                data = conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+                data = consumer.reader.next_frame()
             except (EOFError, OSError):
                 self._drop(consumer, "connection closed")
+                return
+            if data is None:
                 return
             try:
                 frame = protocol.decode(data)
@@ -455,6 +455,7 @@ class ConsumerBroker:
         log.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
         with contextlib.suppress(OSError):
             consumer.conn.close()
+        consumer.reader.close()
         self._report(("disconnected", consumer.client_id))
 
     def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
@@ -488,7 +489,9 @@ class ConsumerBroker:
         if op == "client":
             fd = receive_fd(self.control)
             conn = Connection(fd)
-            self.consumers[conn] = _Consumer(conn, str(frame.get("client_id")))
+            self.consumers[conn] = _Consumer(
+                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+            )
         elif op == "stop":
             self.stopping = True
         elif op == "admin":

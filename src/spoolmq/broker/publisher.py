@@ -47,6 +47,7 @@ _FRAMES_PER_CONNECTION = 16
 class _Client:
     conn: Connection
     client_id: str
+    reader: protocol.FrameReader
     frames: int = 0
     messages: int = 0
 
@@ -222,14 +223,13 @@ class PublisherBroker:
         frames: list[tuple[_Client, dict[str, Any]]],
         limit: int = _FRAMES_PER_CONNECTION,
     ) -> None:
-        conn = client.conn
         for _ in range(limit):
             try:
-                if not conn.poll(0):
-                    return
-                data = conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+                data = client.reader.next_frame()
             except (EOFError, OSError) as exc:
-                self._drop(client, f"connection closed ({type(exc).__name__})")
+                self._drop(client, f"connection closed ({type(exc).__name__}: {exc})")
+                return
+            if data is None:
                 return
             try:
                 frame = protocol.decode(data)
@@ -351,7 +351,9 @@ class PublisherBroker:
         if op == "client":
             fd = receive_fd(self.control)
             conn = Connection(fd)
-            self.clients[conn] = _Client(conn, str(frame.get("client_id")))
+            self.clients[conn] = _Client(
+                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+            )
         elif op == "notices":
             fd = receive_fd(self.control)
             if self.notices is not None:
@@ -372,6 +374,7 @@ class PublisherBroker:
         log.info("publisher %s left: %s", client.client_id, reason)
         with contextlib.suppress(OSError):
             client.conn.close()
+        client.reader.close()
         self._report(("disconnected", client.client_id))
 
     def _report(self, message: tuple[Any, ...]) -> None:
