@@ -60,6 +60,27 @@ class _GroupRuntime:
     dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
 
 
+def parse_reset_offsets(offsets: list[Any]) -> dict[tuple[str, int], int]:
+    """``[[topic, partition, offset], ...]`` from an admin frame, checked before any of it
+    is applied.
+
+    >>> parse_reset_offsets([["orders", 0, 120]])
+    {('orders', 0): 120}
+    """
+    parsed: dict[tuple[str, int], int] = {}
+    for entry in offsets:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[1:])
+        ):
+            raise InvalidArgumentError(
+                "each offset is [topic, partition, offset] with whole numbers >= 0"
+            )
+        parsed[(check_topic(entry[0]), entry[1])] = entry[2]
+    return parsed
+
+
 class ConsumerBroker:
     def __init__(
         self,
@@ -499,6 +520,10 @@ class ConsumerBroker:
                 body = self.admin(frame.get("body") or {})
             except SpoolError as exc:
                 body = protocol.error_frame(exc)
+            except Exception as exc:
+                # A bug must cost one admin request, not every consumer of the broker.
+                log.exception("failed an admin request")
+                body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
             self._report(("admin_result", frame.get("request_id"), body))
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -546,6 +571,7 @@ class ConsumerBroker:
         offsets = request.get("offsets")
         if not isinstance(name, str) or not isinstance(offsets, list):
             raise ProtocolError("reset_group needs 'group' and 'offsets'")
+        new = parse_reset_offsets(offsets)
         runtime = self.groups.get(name)
         if runtime is not None and runtime.group.consumers:
             raise GroupActiveError(
@@ -555,7 +581,6 @@ class ConsumerBroker:
         if runtime is not None:
             self._checkpoint()
             del self.groups[name]
-        new = {(t, int(p)): int(o) for t, p, o in offsets}
         self.log.state.commit_offsets(name, new)
         with self.log.state.write() as db:
             for topic, partition in new:
