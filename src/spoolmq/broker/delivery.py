@@ -34,6 +34,7 @@ from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliv
 Key = str | bytes | None
 
 _EXPIRED_TAGS_KEPT = 10_000
+_MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,15 @@ class GroupSettings:
     filter: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("lease_ms", "max_deliveries", "retry_backoff_ms", "retry_backoff_max_ms"):
+            number = getattr(self, name)
+            # Whole numbers that fit state.db's 64-bit columns once added to a clock in ms.
+            if not isinstance(number, int) or isinstance(number, bool) or number > _MAX_SETTING:
+                raise InvalidArgumentError(
+                    f"{name} must be a whole number up to {_MAX_SETTING}, not {number!r}"
+                )
+        if not isinstance(self.auto_ack, bool):
+            raise InvalidArgumentError(f"auto_ack must be true or false, not {self.auto_ack!r}")
         if self.lease_ms < 1:
             raise InvalidArgumentError(f"lease must be positive, not {self.lease_ms} ms")
         if self.max_deliveries < 1:
