@@ -10,6 +10,7 @@ migrated on open; a file from a newer spoolmq is refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -102,6 +103,14 @@ _TOPIC_COLUMNS = (
     "segment_ms",
     "tombstone_retention_ms",
 )
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    """Roll back what is left of a failed transaction. After some errors (a full disk)
+    SQLite has already rolled it back, and a second ROLLBACK would raise instead."""
+    if connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +210,16 @@ class StateDB:
                 raise StorageError(f"state.db is busy or unwritable: {exc}") from None
             try:
                 yield connection
+            except sqlite3.OperationalError as exc:  # e.g. "database or disk is full"
+                _rollback(connection)
+                raise StorageError(f"writing to state.db failed: {exc}") from None
             except BaseException:
-                connection.execute("ROLLBACK")
+                _rollback(connection)
                 raise
             try:
                 connection.execute("COMMIT")
             except sqlite3.OperationalError as exc:
-                connection.execute("ROLLBACK")
+                _rollback(connection)
                 raise StorageError(f"committing to state.db failed: {exc}") from None
 
     def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
