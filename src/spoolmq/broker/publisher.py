@@ -41,6 +41,8 @@ log = logging.getLogger("spoolmq.publisher")
 # How many frames one connection may contribute to one group commit, so one busy
 # publisher cannot starve the others.
 _FRAMES_PER_CONNECTION = 16
+# How often closed segments are checked against each topic's retention (time and size).
+_RETENTION_S = 5.0
 
 
 @dataclass(slots=True)
@@ -172,6 +174,7 @@ class PublisherBroker:
         self.stopping = False
         self._last_stats = 0.0
         self._last_prune = time.monotonic()
+        self._last_retention = 0.0
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -199,6 +202,9 @@ class PublisherBroker:
                 self._read_frames(client, frames)
         if frames:
             self._commit(frames)
+        if time.monotonic() - self._last_retention >= _RETENTION_S:
+            self._last_retention = time.monotonic()
+            self._enforce_retention()
         if time.monotonic() - self._last_prune >= 30.0:
             self._last_prune = time.monotonic()
             try:
@@ -208,6 +214,21 @@ class PublisherBroker:
         if time.monotonic() - self._last_stats >= 1.0:
             self._last_stats = time.monotonic()
             self._report(("stats", "publisher", self._stats_dict()))
+
+    def _enforce_retention(self) -> None:
+        """Delete closed segments past their topic's retention: without this a running
+        broker's disk use would only grow."""
+        try:
+            result = self.log.enforce_retention()
+        except (SpoolError, OSError):
+            log.exception("enforcing retention failed; will retry")
+            return
+        if result.deleted_segments:
+            log.info(
+                "retention deleted %d segment(s), %d bytes",
+                result.deleted_segments,
+                result.deleted_bytes,
+            )
 
     def _drain(self) -> None:
         """On stop: store and answer every publish already received."""
