@@ -25,6 +25,8 @@ class StoreAudit:
     moved: list[tuple[int, int]] = field(default_factory=list)
     duplicates: list[tuple[int, int]] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
+    log_start: dict[int, int] = field(default_factory=dict)
+    retired: int = 0
 
     def line(self) -> str:
         return (
@@ -56,10 +58,11 @@ def audit(data_dir: Path, topic: str, ack_files: dict[int, Path]) -> StoreAudit:
     where: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
     with Log(data_dir) as log:
         for partition in range(log.topic_config(topic).partitions):
+            start = result.log_start[partition] = log.log_start_offset(topic, partition)
             records = list(log.reader(topic, partition))
             offsets = [r.offset for r in records]
-            if offsets != list(range(len(offsets))):
-                result.gaps.append(f"partition {partition}: offsets not 0..{len(offsets) - 1}")
+            if offsets != list(range(start, start + len(offsets))):
+                result.gaps.append(f"partition {partition}: offsets not contiguous from {start}")
             for record in records:
                 where[(record.value["w"], record.value["i"])].append((partition, record.offset))
             result.stored += len(records)
@@ -70,7 +73,9 @@ def audit(data_dir: Path, topic: str, ack_files: dict[int, Path]) -> StoreAudit:
         result.failed += len(failed)
         for n, position in acked.items():
             places = where.get((worker, n), [])
-            if not places:
+            if not places and position[1] < result.log_start[position[0]]:
+                result.retired += 1  # deleted by retention, as configured
+            elif not places:
                 result.lost.append((worker, n))
             elif position not in places:
                 result.moved.append((worker, n))

@@ -92,13 +92,15 @@ def take_one_and_hang(data_dir: str, topic: str, group: str, out_file: str, leas
 
 
 def consume_and_record(data_dir: str, topic: str, group: str, out_file: str, prefetch: int) -> None:
-    """ACK every message and write ``partition offset`` once the broker confirmed the ACK.
-    Runs until killed or until nothing arrives for 60 s."""
+    """ACK every message and write ``partition offset`` once the broker confirmed the ACK
+    (``? partition offset`` just before it). Runs until killed or 60 s without a message."""
     with (
         open(out_file, "a", buffering=1) as out,
         Consumer(topic, group=group, data=data_dir, prefetch=prefetch, lease=30) as consumer,
     ):
         while (message := consumer.receive(timeout=60)) is not None:
+            # Said before the ACK: a SIGKILL between the ACK and its record leaves this.
+            out.write(f"? {message.partition} {message.offset}\n")
             try:
                 message.ack()
             except Exception as exc:  # refused or lost: the broker redelivers it
