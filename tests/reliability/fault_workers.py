@@ -107,3 +107,19 @@ def consume_and_record(data_dir: str, topic: str, group: str, out_file: str, pre
                 out.write(f"# {message.partition} {message.offset} {type(exc).__name__}\n")
                 continue
             out.write(f"{message.partition} {message.offset}\n")
+
+
+def open_and_append(data_dir: str, worker: int, count: int, start: Any, out_file: str) -> None:
+    """Open the store (maybe creating it) at the same moment as the other workers, append
+    ``count`` records one by one, and write ``ok`` or the error a user would see."""
+    from spoolmq import Log
+
+    start.wait()
+    try:
+        with Log(data_dir) as log:
+            for i in range(count):
+                log.append("crowd", {"w": worker, "i": i}, acks="1")
+    except Exception as exc:
+        Path(out_file).write_text(f"{type(exc).__name__}: {exc}")
+        return
+    Path(out_file).write_text("ok")

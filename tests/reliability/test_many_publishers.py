@@ -21,10 +21,9 @@ def test_32_publisher_processes(
     broker: BrokerProcess,
     data_dir: Path,
     tmp_path: Path,
-    long_run: bool,
     figure: Callable[[str], None],
 ) -> None:
-    each = 5_000 if long_run else 1_000
+    each = 5_000
     with Log(data_dir) as log:
         log.create_topic("crowd", partitions=4)
     start = SPAWN.Event()
@@ -62,3 +61,33 @@ def test_32_publisher_processes(
     assert set(seen) == {(w, i) for w in range(PUBLISHERS) for i in range(each)}
     assert all(count == 1 for count in seen.values())
     assert "database is locked" not in broker_log
+
+
+def test_32_processes_open_a_new_store_at_once(
+    data_dir: Path, tmp_path: Path, long_run: bool, figure: Callable[[str], None]
+) -> None:
+    """The embedded store, no broker: 32 processes create and write one new store together
+    (SQLite answers "database is locked" at once to some of that, without waiting)."""
+    rounds = 5 if long_run else 2
+    failures: list[str] = []
+    for round_number in range(rounds):
+        store = data_dir.parent / f"store-{round_number}"
+        start = SPAWN.Event()
+        outs = [tmp_path / f"open-{round_number}-{w}" for w in range(PUBLISHERS)]
+        workers = [
+            start_process(fault_workers.open_and_append, str(store), w, 20, start, str(outs[w]))
+            for w in range(PUBLISHERS)
+        ]
+        start.set()
+        stop_processes(workers, timeout=300)
+        failures += [text for out in outs if (text := out.read_text()) != "ok"]
+        with Log(store) as log:
+            records = list(log.reader("crowd", 0))
+        assert [r.offset for r in records] == list(range(len(records)))
+        if not failures:
+            assert len(records) == PUBLISHERS * 20
+    figure(
+        f"{rounds} x {PUBLISHERS} processes opening a new store at once: "
+        f"{len(failures)} saw an error ({sorted(set(failures))[:2]})"
+    )
+    assert failures == []

@@ -153,7 +153,7 @@ class StateDB:
             check_same_thread=False,
         )
         connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        connection.execute("PRAGMA journal_mode = WAL")
+        self._enable_wal(connection)
         connection.execute("PRAGMA synchronous = NORMAL")
         connection.execute("PRAGMA foreign_keys = ON")
         self._migrate(connection)
@@ -164,6 +164,21 @@ class StateDB:
         self._connection = connection
         self._owner_pid = os.getpid()
         return connection
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+        """Switching a new database to WAL needs an exclusive lock, and SQLite answers
+        "database is locked" at once, without its busy wait, while another process holds
+        the file (two broker processes opening a new store together): retry until the busy
+        timeout, so that never reaches a user."""
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise StorageError(f"cannot open {self.path} in WAL mode: {exc}") from None
+            time.sleep(0.005)  # the lock holder sends no wake-up; SQLite's own wait polls too
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
