@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import fault_workers
+
 from spoolmq import Log
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -86,6 +88,29 @@ def start_process(target: object, *args: object) -> BaseProcess:
     process = SPAWN.Process(target=target, args=args, daemon=True)
     process.start()
     return process
+
+
+def start_publishers(
+    data_dir: Path, topic: str, workers: int, tmp_path: Path, pace: float
+) -> tuple[list[BaseProcess], dict[int, Path], Path]:
+    """``workers`` processes publishing a steady stream until the returned stop file exists;
+    also returns each worker's ACK file."""
+    stop_file = tmp_path / "stop"
+    acks = {w: tmp_path / f"acks-{w}" for w in range(workers)}
+    processes = [
+        start_process(
+            fault_workers.publish_until_stopped,
+            str(data_dir),
+            topic,
+            w,
+            str(acks[w]),
+            str(stop_file),
+            10**9,
+            pace,
+        )
+        for w in range(workers)
+    ]
+    return processes, acks, stop_file
 
 
 def stop_processes(processes: list[BaseProcess], timeout: float = 120.0) -> None:

@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import fault_workers
 import pytest
-from fault_checks import audit, start_process, stop_processes
+from fault_checks import audit, start_publishers, stop_processes
 
 from spoolmq import Log
 from spoolmq.testing import BrokerProcess
@@ -34,21 +33,7 @@ def test_acked_publishes_survive_sigkill(
         log.create_topic(TOPIC, partitions=2)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
-    stop_file = tmp_path / "stop"
-    acks = {w: tmp_path / f"acks-{w}" for w in range(WORKERS)}
-    publishers = [
-        start_process(
-            fault_workers.publish_until_stopped,
-            str(data_dir),
-            TOPIC,
-            w,
-            str(acks[w]),
-            str(stop_file),
-            10**9,
-            0.01,
-        )
-        for w in range(WORKERS)
-    ]
+    publishers, acks, stop_file = start_publishers(data_dir, TOPIC, WORKERS, tmp_path, 0.01)
     recovery: list[float] = []
     try:
         for _ in range(trials):

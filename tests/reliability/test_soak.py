@@ -15,7 +15,7 @@ from typing import Any
 
 import fault_workers
 import psutil
-from fault_checks import audit, read_acks, start_process, stop_processes
+from fault_checks import audit, read_acks, start_process, start_publishers, stop_processes
 
 from spoolmq import Consumer, Log, Publisher
 from spoolmq.testing import BrokerProcess
@@ -89,21 +89,7 @@ def test_soak(
     fds_before = {"manager": fd_count(broker.pid)} | {
         name: fd_count(pid) for name, pid in broker.child_pids().items()
     }
-    stop_file = tmp_path / "stop"
-    acks = {w: tmp_path / f"acks-{w}" for w in range(2)}
-    publishers = [
-        start_process(
-            fault_workers.publish_until_stopped,
-            str(data_dir),
-            TOPIC,
-            w,
-            str(acks[w]),
-            str(stop_file),
-            10**9,
-            0.05,
-        )
-        for w in range(2)
-    ]
+    publishers, acks, stop_file = start_publishers(data_dir, TOPIC, 2, tmp_path, 0.05)
     consumer_files: list[Path] = []
 
     def new_consumer() -> Any:
