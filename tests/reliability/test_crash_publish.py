@@ -36,6 +36,10 @@ def test_acked_publishes_survive_sigkill(
     publishers, acks, stop_file = start_publishers(data_dir, TOPIC, WORKERS, tmp_path, 0.01)
     recovery: list[float] = []
     try:
+        deadline = time.monotonic() + 60
+        while not all(path.exists() and path.stat().st_size for path in acks.values()):
+            assert time.monotonic() < deadline, "the publishers did not start"
+            time.sleep(0.05)  # they are starting up (spawn): nothing to wait on
         for _ in range(trials):
             time.sleep(rng.uniform(0.2, 1.5))  # a random moment in the stream
             if target == "manager":

@@ -179,6 +179,14 @@ class PublisherBroker:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> None:
+        # A retry may go to another partition than its first copy (round-robin), so every
+        # partition's producer sequences must be known before the first publish is taken.
+        for topic, config in self.log.topics().items():
+            for partition in range(config.partitions):
+                try:
+                    self.log.partition_log(topic, partition).recover()
+                except SpoolError as exc:  # damage: appends there fail with it, others go on
+                    log.error("cannot recover %s/%d: %s", topic, partition, exc)
         self._report(("ready", "publisher", os.getpid()))
         try:
             while not self.stopping:

@@ -380,6 +380,17 @@ class PartitionLog:
             tail = self._tail = self._open_tail()
         return tail
 
+    def recover(self) -> None:
+        """Bring the tail up to date now: quarantine a torn last batch and record the
+        producer sequences of batches whose writer died before recording them. A writer
+        that spreads a producer's retries over partitions must do this for every partition
+        first, or a retry sent to another partition is stored twice."""
+        self._acquire()
+        try:
+            self._current_tail()
+        finally:
+            self._release()
+
     # -- appending ------------------------------------------------------------------------
 
     def append(self, messages: Sequence[EncodedMessage], acks: Acks = "all") -> list[Appended]:
