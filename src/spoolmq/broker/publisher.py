@@ -337,7 +337,7 @@ class PublisherBroker:
             self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(items)
             for item, position in zip(items, positions, strict=True):
                 result: dict[str, Any] = {
-                    "partition": partition,
+                    "partition": position.partition,  # a repeat's first copy may be elsewhere
                     "offset": position.offset,
                     "timestamp": position.timestamp,
                 }
@@ -345,7 +345,9 @@ class PublisherBroker:
                     result["duplicate"] = True
                 item.frame.results[item.index] = result
                 item.frame.client.messages += 1
-            appended.append([topic, partition, positions[-1].offset + 1])
+            written = [p.offset for p in positions if not p.duplicate]
+            if written:
+                appended.append([topic, partition, max(written) + 1])
         if appended:
             self._notify(appended)
         for frame in answered:

@@ -51,11 +51,13 @@ Acks = Literal["0", "1", "all"]
 
 class Appended(NamedTuple):
     """Where one appended message went; ``duplicate`` marks an idempotent repeat
-    (its ``timestamp`` is -1 when the first copy came in an earlier batch)."""
+    (its ``timestamp`` is -1 when the first copy came in an earlier batch, and
+    ``partition`` says where that copy is when it is not in this partition)."""
 
     offset: int
     timestamp: int
     duplicate: bool
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,7 +467,7 @@ class PartitionLog:
             pair = (message.producer_id, message.sequence)
             row = stored.get(pair)
             if row is not None:
-                results[i] = Appended(row.offset, -1, True)
+                results[i] = Appended(row.offset, -1, True, row.partition)
             elif pair in first_in_batch:
                 copies[i] = first_in_batch[pair]
             else:
