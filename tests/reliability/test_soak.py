@@ -15,6 +15,7 @@ from typing import Any
 
 import fault_workers
 import psutil
+import pytest
 from fault_checks import audit, read_acks, start_process, start_publishers, stop_processes
 
 from spoolmq import Consumer, Log, Publisher
@@ -60,6 +61,7 @@ def last_intent(path: Path) -> tuple[int, int] | None:
     return None
 
 
+@pytest.mark.timeout(900)  # the long variant runs 5 minutes, past the default 300 s
 def test_soak(
     data_dir: Path, tmp_path: Path, long_run: bool, figure: Callable[[str], None]
 ) -> None:
