@@ -10,6 +10,9 @@ import pytest
 from spoolmq import Log
 from spoolmq.testing import BrokerProcess
 
+# The `figure` and `long_run` fixtures, and the figures section of the terminal summary.
+pytest_plugins = ["figures_plugin"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

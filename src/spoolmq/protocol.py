@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -80,6 +81,80 @@ def send(conn: Connection, frame: Mapping[str, Any]) -> None:
 
 def receive(conn: Connection) -> dict[str, Any]:
     return decode(conn.recv_bytes(MAX_FRAME_BYTES))
+
+
+_LONG_SIZE = b"\xff\xff\xff\xff"
+
+
+class FrameReader:
+    """Reads a client's frames without ever blocking on one that is only partly there.
+
+    ``Connection.recv_bytes`` waits until a whole frame has arrived, so a client that stops
+    in the middle of one (hostile, or suspended) would stall a broker loop that serves every
+    client. This reads the same framing as ``multiprocessing.connection`` (a 4-byte
+    big-endian size, or -1 and an 8-byte size, then the body) with non-blocking ``recv``
+    calls, keeping a partial frame until the rest comes. It never reads past the current
+    frame, so the socket stays readable while frames are waiting in the kernel.
+    """
+
+    __slots__ = ("_body", "_header", "_max_bytes", "_size", "_sock")
+
+    def __init__(self, conn: Connection, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._max_bytes = max_bytes
+        self._header = bytearray()
+        self._body = bytearray()
+        self._size = -1
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame, or None if it has not all arrived yet.
+
+        Raises EOFError when the client closed the connection (mid-frame included) and
+        OSError for a frame size over the limit, as ``recv_bytes`` does.
+        """
+        while self._size < 0:
+            need = 12 if self._header[:4] == _LONG_SIZE else 4
+            if len(self._header) < need:
+                chunk = self._receive(need - len(self._header))
+                if chunk is None:
+                    return None
+                self._header += chunk
+                continue
+            long = need == 12
+            size = int.from_bytes(self._header[4:] if long else self._header, signed=not long)
+            if not 0 <= size <= self._max_bytes:
+                raise OSError(f"bad message length: {size} (the limit is {self._max_bytes} bytes)")
+            self._size = size
+            self._header.clear()
+            if size and not self._body:
+                chunk = self._receive(size)
+                if chunk is None:
+                    return None
+                if len(chunk) == size:  # the common case: the whole body at once, no copy
+                    self._size = -1
+                    return chunk
+                self._body += chunk
+        while len(self._body) < self._size:
+            chunk = self._receive(min(self._size - len(self._body), 1 << 20))
+            if chunk is None:
+                return None
+            self._body += chunk
+        frame = bytes(self._body)
+        self._body.clear()
+        self._size = -1
+        return frame
+
+    def _receive(self, count: int) -> bytes | None:
+        try:
+            chunk = self._sock.recv(count, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        if not chunk:
+            raise EOFError("the client closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def encode_delivery(header: Mapping[str, Any], lines: list[bytes]) -> bytes:

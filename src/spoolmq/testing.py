@@ -101,6 +101,28 @@ class BrokerProcess:
         """The pids of the PublisherBroker and the ConsumerBroker, as the manager reports them."""
         return {name: int(pid) for name, pid in self.stats()["pids"].items() if pid}
 
+    def kill_child(self, name: str) -> int:
+        """SIGKILL the PublisherBroker (``"publisher"``) or the ConsumerBroker
+        (``"consumer"``); the manager restarts it. Returns the killed pid."""
+        pid = self.child_pids()[name]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def wait_child_replaced(self, name: str, old_pid: int, timeout: float = 60.0) -> float:
+        """Wait until the manager has restarted child ``name`` (a pid other than
+        ``old_pid``) and both children are up; return the seconds it took."""
+        started = time.monotonic()
+        deadline = started + timeout
+        while True:
+            stats = self.wait_ready(max(0.1, deadline - time.monotonic()))
+            pid = stats["pids"].get(name)
+            if pid and int(pid) != old_pid:
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise SpoolError(f"the {name} broker was not restarted within {timeout} s")
+            # The manager restarts it after a backoff; nothing to wait on from outside.
+            time.sleep(0.05)
+
     def pids(self) -> list[int]:
         """The manager and its children (the children as last seen)."""
         children = [int(p) for p in self._stats.get("pids", {}).values() if p]

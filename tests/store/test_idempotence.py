@@ -23,6 +23,17 @@ def test_a_repeat_is_answered_with_the_first_offset(log: Log) -> None:
     assert log.state.last_sequence("p1") == 7
 
 
+def test_a_repeat_sent_to_another_partition_is_answered_with_the_first_copy(log: Log) -> None:
+    # A retry goes round-robin, so it may land on another partition than its first copy.
+    log.create_topic("two", partitions=2)
+    log.append("two", "filler", partition=0)
+    first = log.append("two", {"n": 1}, partition=1, producer_id="p", sequence=3)
+    again = log.append("two", {"n": 1}, partition=0, producer_id="p", sequence=3)
+    assert (first.partition, first.offset, first.duplicate) == (1, 0, False)
+    assert (again.partition, again.offset, again.duplicate) == (1, 0, True)
+    assert [r.value for r in log.reader("two", 0)] == ["filler"]
+
+
 def test_repeats_inside_one_batch(log: Log) -> None:
     batch = [Message(i, producer_id="p", sequence=s) for i, s in enumerate([1, 2, 1, 3, 2])]
     positions = log.append_batch("t", batch)

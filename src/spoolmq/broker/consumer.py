@@ -47,6 +47,7 @@ _LAG_EVENT_S = 5.0
 class _Consumer:
     conn: Connection
     client_id: str
+    reader: protocol.FrameReader
     group: str | None = None
     consumer_id: str = ""
 
@@ -57,6 +58,27 @@ class _GroupRuntime:
     readers: dict[tuple[str, int], Reader] = field(default_factory=dict)
     restored: dict[tuple[str, int, int], tuple[int, int]] = field(default_factory=dict)
     dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
+
+
+def parse_reset_offsets(offsets: list[Any]) -> dict[tuple[str, int], int]:
+    """``[[topic, partition, offset], ...]`` from an admin frame, checked before any of it
+    is applied.
+
+    >>> parse_reset_offsets([["orders", 0, 120]])
+    {('orders', 0): 120}
+    """
+    parsed: dict[tuple[str, int], int] = {}
+    for entry in offsets:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[1:])
+        ):
+            raise InvalidArgumentError(
+                "each offset is [topic, partition, offset] with whole numbers >= 0"
+            )
+        parsed[(check_topic(entry[0]), entry[1])] = entry[2]
+    return parsed
 
 
 class ConsumerBroker:
@@ -267,14 +289,13 @@ class ConsumerBroker:
     # -- consumers ---------------------------------------------------------------------------
 
     def _read_consumer(self, consumer: _Consumer) -> None:
-        conn = consumer.conn
         for _ in range(64):
             try:
-                if not conn.poll(0):
-                    return
-                data = conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+                data = consumer.reader.next_frame()
             except (EOFError, OSError):
                 self._drop(consumer, "connection closed")
+                return
+            if data is None:
                 return
             try:
                 frame = protocol.decode(data)
@@ -476,6 +497,7 @@ class ConsumerBroker:
         log.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
         with contextlib.suppress(OSError):
             consumer.conn.close()
+        consumer.reader.close()
         self._report(("disconnected", consumer.client_id))
 
     def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
@@ -509,7 +531,9 @@ class ConsumerBroker:
         if op == "client":
             fd = receive_fd(self.control)
             conn = Connection(fd)
-            self.consumers[conn] = _Consumer(conn, str(frame.get("client_id")))
+            self.consumers[conn] = _Consumer(
+                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+            )
         elif op == "stop":
             self.stopping = True
         elif op == "admin":
@@ -517,6 +541,10 @@ class ConsumerBroker:
                 body = self.admin(frame.get("body") or {})
             except SpoolError as exc:
                 body = protocol.error_frame(exc)
+            except Exception as exc:
+                # A bug must cost one admin request, not every consumer of the broker.
+                log.exception("failed an admin request")
+                body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
             self._report(("admin_result", frame.get("request_id"), body))
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -564,6 +592,7 @@ class ConsumerBroker:
         offsets = request.get("offsets")
         if not isinstance(name, str) or not isinstance(offsets, list):
             raise ProtocolError("reset_group needs 'group' and 'offsets'")
+        new = parse_reset_offsets(offsets)
         runtime = self.groups.get(name)
         if runtime is not None and runtime.group.consumers:
             raise GroupActiveError(
@@ -575,7 +604,6 @@ class ConsumerBroker:
             del self.groups[name]
             for reader in runtime.readers.values():
                 reader.close()  # the group starts afresh with new readers
-        new = {(t, int(p)): int(o) for t, p, o in offsets}
         self.log.state.reset_group(name, new)
         return {"reset": len(new)}
 

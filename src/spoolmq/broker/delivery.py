@@ -33,6 +33,9 @@ from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliv
 
 Key = str | bytes | None
 
+_EXPIRED_TAGS_KEPT = 10_000
+_MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
+
 
 @dataclass(frozen=True, slots=True)
 class GroupSettings:
@@ -56,6 +59,15 @@ class GroupSettings:
     filter: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("lease_ms", "max_deliveries", "retry_backoff_ms", "retry_backoff_max_ms"):
+            number = getattr(self, name)
+            # Whole numbers that fit state.db's 64-bit columns once added to a clock in ms.
+            if not isinstance(number, int) or isinstance(number, bool) or number > _MAX_SETTING:
+                raise InvalidArgumentError(
+                    f"{name} must be a whole number up to {_MAX_SETTING}, not {number!r}"
+                )
+        if not isinstance(self.auto_ack, bool):
+            raise InvalidArgumentError(f"auto_ack must be true or false, not {self.auto_ack!r}")
         if self.lease_ms < 1:
             raise InvalidArgumentError(f"lease must be positive, not {self.lease_ms} ms")
         if self.max_deliveries < 1:
@@ -183,6 +195,9 @@ class ConsumerSlot:
     topics: frozenset[str]
     in_flight: set[int] = field(default_factory=set)
     credit: int = 0  # auto_ack: messages it can still take
+    # Tags whose lease expired, so a late answer is told so (LeaseExpiredError) rather than
+    # "unknown delivery"; the oldest are forgotten past _EXPIRED_TAGS_KEPT.
+    expired: dict[int, str] = field(default_factory=dict)
 
 
 class Group:
@@ -301,6 +316,7 @@ class Group:
                 if pending.lease_expires_at > now:  # extended meanwhile
                     self._schedule_lease(pending.lease_expires_at, (tag,))
                     continue
+                self._remember_expired(pending)
                 self._drop_in_flight(pending)
                 self.events.append(
                     Event(now, "lease_expired", pending, pending.consumer, "lease expired")
@@ -381,8 +397,22 @@ class Group:
 
     # -- answers from consumers -----------------------------------------------------------
 
+    def _remember_expired(self, pending: Pending) -> None:
+        slot = self.consumers.get(pending.consumer or "")
+        if slot is None:
+            return
+        slot.expired[pending.tag] = f"{pending.topic}/{pending.partition}@{pending.offset}"
+        if len(slot.expired) > _EXPIRED_TAGS_KEPT:
+            del slot.expired[next(iter(slot.expired))]
+
     def _lookup(self, tag: int, consumer_id: str, now: int) -> Pending:
         pending = self.in_flight.get(tag)
+        slot = self.consumers.get(consumer_id)
+        if pending is None and slot is not None and tag in slot.expired:
+            raise LeaseExpiredError(
+                f"delivery {tag} ({slot.expired.pop(tag)}) came back after its lease expired; "
+                "the message was or will be redelivered"
+            )
         if pending is None or pending.consumer != consumer_id:
             raise UnknownDeliveryError(
                 f"delivery {tag} is not in flight for this consumer: it was already "

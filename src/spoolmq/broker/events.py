@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -13,6 +15,9 @@ from spoolmq.broker.delivery import Event
 from spoolmq.store.segment import FILE_MODE, make_private_dirs, write_all
 
 _ROLL_BYTES = 64 * 1024 * 1024
+_MAX_UNWRITTEN_BYTES = 16 * 1024 * 1024
+
+log = logging.getLogger("spoolmq.events")
 
 
 class EventLog:
@@ -24,6 +29,8 @@ class EventLog:
         self._fd = -1
         self._day = ""
         self._size = 0
+        self._failing = False
+        self.dropped = 0
 
     def add(self, event: Event, group: str) -> None:
         pending = event.pending
@@ -65,13 +72,32 @@ class EventLog:
             return
         data = b"".join(self._buffer)
         self._buffer.clear()
-        day = time.strftime("%Y-%m-%d", time.gmtime())
-        if self._fd < 0 or day != self._day or self._size >= _ROLL_BYTES:
-            self._open(day)
-        write_all(self._fd, data)
+        try:
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            if self._fd < 0 or day != self._day or self._size >= _ROLL_BYTES:
+                self._open(day)
+            write_all(self._fd, data)
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            # Events are for analytics: a full disk must not stop deliveries. Cut a partial
+            # write off (the file keeps whole lines) and keep the events for the next try,
+            # up to a bound.
+            if self._fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._size)
+            if len(data) <= _MAX_UNWRITTEN_BYTES:
+                self._buffer.append(data)
+            else:
+                self.dropped += data.count(b"\n")
+            if not self._failing:
+                log.error("cannot write delivery events (%s); retrying", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("delivery events are written again (%d dropped meanwhile)", self.dropped)
+        self._failing = False
         self._size += len(data)
-        if sync:
-            os.fsync(self._fd)
 
     def _open(self, day: str) -> None:
         self.close()

@@ -109,6 +109,13 @@ def check_data_dir(path: Path) -> None:
         )
 
 
+def _cut_off(conn: Connection) -> None:
+    """End a handshake that took too long. ``close()`` alone would not wake the thread
+    blocked reading it, and the client would hold the connection (and a thread) forever."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 def lock_holder(data_dir: Path) -> int | None:
     try:
         return int((data_dir / PID_FILE).read_text().strip())
@@ -373,7 +380,7 @@ class BrokerManager:
 
     def _handshake(self, conn: Connection) -> None:
         """Authenticate, read hello, then hand the socket to a child (or serve admin)."""
-        timer = threading.Timer(self.settings.handshake_timeout_s, conn.close)
+        timer = threading.Timer(self.settings.handshake_timeout_s, _cut_off, args=(conn,))
         timer.start()
         try:
             try:

@@ -49,12 +49,15 @@ log = logging.getLogger("spoolmq.publisher")
 # How many frames one connection may contribute to one group commit, so one busy
 # publisher cannot starve the others.
 _FRAMES_PER_CONNECTION = 16
+# How often closed segments are checked against each topic's retention (time and size).
+_RETENTION_S = 5.0
 
 
 @dataclass(slots=True)
 class _Client:
     conn: Connection
     client_id: str
+    reader: protocol.FrameReader
     frames: int = 0
     messages: int = 0
 
@@ -218,10 +221,19 @@ class PublisherBroker:
         self.stopping = False
         self._last_stats = 0.0
         self._last_prune = time.monotonic()
+        self._last_retention = 0.0
 
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> None:
+        # A retry may go to another partition than its first copy (round-robin), so every
+        # partition's producer sequences must be known before the first publish is taken.
+        for topic, config in self.log.topics().items():
+            for partition in range(config.partitions):
+                try:
+                    self.log.partition_log(topic, partition).recover()
+                except SpoolError as exc:  # damage: appends there fail with it, others go on
+                    log.error("cannot recover %s/%d: %s", topic, partition, exc)
         self._report(("ready", "publisher", os.getpid()))
         # Figures from the start, so `spoolmq stats` has its full shape at once.
         self._report(("stats", "publisher", self._stats_dict()))
@@ -247,6 +259,9 @@ class PublisherBroker:
                 self._read_frames(client, frames)
         if frames:
             self._commit(frames)
+        if time.monotonic() - self._last_retention >= _RETENTION_S:
+            self._last_retention = time.monotonic()
+            self._enforce_retention()
         if time.monotonic() - self._last_prune >= 30.0:
             self._last_prune = time.monotonic()
             try:
@@ -256,6 +271,21 @@ class PublisherBroker:
         if time.monotonic() - self._last_stats >= 1.0:
             self._last_stats = time.monotonic()
             self._report(("stats", "publisher", self._stats_dict()))
+
+    def _enforce_retention(self) -> None:
+        """Delete closed segments past their topic's retention: without this a running
+        broker's disk use would only grow."""
+        try:
+            result = self.log.enforce_retention()
+        except (SpoolError, OSError):
+            log.exception("enforcing retention failed; will retry")
+            return
+        if result.deleted_segments:
+            log.info(
+                "retention deleted %d segment(s), %d bytes",
+                result.deleted_segments,
+                result.deleted_bytes,
+            )
 
     def _drain(self) -> None:
         """On stop: store and answer every publish already received."""
@@ -271,14 +301,13 @@ class PublisherBroker:
         frames: list[tuple[_Client, dict[str, Any]]],
         limit: int = _FRAMES_PER_CONNECTION,
     ) -> None:
-        conn = client.conn
         for _ in range(limit):
             try:
-                if not conn.poll(0):
-                    return
-                data = conn.recv_bytes(protocol.MAX_FRAME_BYTES)
+                data = client.reader.next_frame()
             except (EOFError, OSError) as exc:
-                self._drop(client, f"connection closed ({type(exc).__name__})")
+                self._drop(client, f"connection closed ({type(exc).__name__}: {exc})")
+                return
+            if data is None:
                 return
             try:
                 frame = protocol.decode(data)
@@ -364,7 +393,7 @@ class PublisherBroker:
             self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(items)
             for item, position in zip(items, positions, strict=True):
                 result: dict[str, Any] = {
-                    "partition": partition,
+                    "partition": position.partition,  # a repeat's first copy may be elsewhere
                     "offset": position.offset,
                     "timestamp": position.timestamp,
                 }
@@ -372,7 +401,9 @@ class PublisherBroker:
                     result["duplicate"] = True
                 item.frame.results[item.index] = result
                 item.frame.client.messages += 1
-            appended.append([topic, partition, positions[-1].offset + 1])
+            written = [p.offset for p in positions if not p.duplicate]
+            if written:
+                appended.append([topic, partition, max(written) + 1])
         if appended:
             self._notify(appended)
         for frame in answered:
@@ -407,7 +438,9 @@ class PublisherBroker:
         if op == "client":
             fd = receive_fd(self.control)
             conn = Connection(fd)
-            self.clients[conn] = _Client(conn, str(frame.get("client_id")))
+            self.clients[conn] = _Client(
+                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+            )
         elif op == "notices":
             fd = receive_fd(self.control)
             if self.notices is not None:
@@ -428,6 +461,7 @@ class PublisherBroker:
         log.info("publisher %s left: %s", client.client_id, reason)
         with contextlib.suppress(OSError):
             client.conn.close()
+        client.reader.close()
         self._report(("disconnected", client.client_id))
 
     def _report(self, message: tuple[Any, ...]) -> None:

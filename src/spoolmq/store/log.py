@@ -285,7 +285,11 @@ class Log:
             appended = log.append([encoded for _, encoded in items], level)
             for (index, _), result in zip(items, appended, strict=True):
                 positions[index] = Position(
-                    topic, number, result.offset, result.timestamp, result.duplicate
+                    topic,
+                    number if result.partition is None else result.partition,
+                    result.offset,
+                    result.timestamp,
+                    result.duplicate,
                 )
         return [p for p in positions if p is not None]
 
@@ -295,7 +299,13 @@ class Log:
         """Append already validated messages to one partition (the broker's path)."""
         log = self.partition_log(topic, partition)
         return [
-            Position(topic, partition, r.offset, r.timestamp, r.duplicate)
+            Position(
+                topic,
+                partition if r.partition is None else r.partition,
+                r.offset,
+                r.timestamp,
+                r.duplicate,
+            )
             for r in log.append(messages, acks)
         ]
 

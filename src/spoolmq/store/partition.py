@@ -51,11 +51,13 @@ Acks = Literal["0", "1", "all"]
 
 class Appended(NamedTuple):
     """Where one appended message went; ``duplicate`` marks an idempotent repeat
-    (its ``timestamp`` is -1 when the first copy came in an earlier batch)."""
+    (its ``timestamp`` is -1 when the first copy came in an earlier batch, and
+    ``partition`` says where that copy is when it is not in this partition)."""
 
     offset: int
     timestamp: int
     duplicate: bool
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +382,17 @@ class PartitionLog:
             tail = self._tail = self._open_tail()
         return tail
 
+    def recover(self) -> None:
+        """Bring the tail up to date now: quarantine a torn last batch and record the
+        producer sequences of batches whose writer died before recording them. A writer
+        that spreads a producer's retries over partitions must do this for every partition
+        first, or a retry sent to another partition is stored twice."""
+        self._acquire()
+        try:
+            self._current_tail()
+        finally:
+            self._release()
+
     # -- appending ------------------------------------------------------------------------
 
     def append(self, messages: Sequence[EncodedMessage], acks: Acks = "all") -> list[Appended]:
@@ -457,7 +470,7 @@ class PartitionLog:
             pair = (message.producer_id, message.sequence)
             row = stored.get(pair)
             if row is not None:
-                results[i] = Appended(row.offset, -1, True)
+                results[i] = Appended(row.offset, -1, True, row.partition)
             elif pair in first_in_batch:
                 copies[i] = first_in_batch[pair]
             else:

@@ -10,6 +10,7 @@ migrated on open; a file from a newer spoolmq is refused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -103,6 +104,14 @@ _TOPIC_COLUMNS = (
 )
 
 
+def _rollback(connection: sqlite3.Connection) -> None:
+    """Roll back what is left of a failed transaction. After some errors (a full disk)
+    SQLite has already rolled it back, and a second ROLLBACK would raise instead."""
+    if connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+
+
 class SequenceRow(NamedTuple):
     """Where one (producer, sequence) was stored; a tuple in the table's column order, so
     a batch's rows go to SQLite as they are (one is made per published message)."""
@@ -152,7 +161,7 @@ class StateDB:
             check_same_thread=False,
         )
         connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        connection.execute("PRAGMA journal_mode = WAL")
+        self._enable_wal(connection)
         connection.execute("PRAGMA synchronous = NORMAL")
         connection.execute("PRAGMA foreign_keys = ON")
         self._migrate(connection)
@@ -163,6 +172,21 @@ class StateDB:
         self._connection = connection
         self._owner_pid = os.getpid()
         return connection
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+        """Switching a new database to WAL needs an exclusive lock, and SQLite answers
+        "database is locked" at once, without its busy wait, while another process holds
+        the file (two broker processes opening a new store together): retry until the busy
+        timeout, so that never reaches a user."""
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise StorageError(f"cannot open {self.path} in WAL mode: {exc}") from None
+            time.sleep(0.005)  # the lock holder sends no wake-up; SQLite's own wait polls too
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
@@ -209,13 +233,16 @@ class StateDB:
                 raise StorageError(f"state.db is busy or unwritable: {exc}") from None
             try:
                 yield connection
+            except sqlite3.OperationalError as exc:  # e.g. "database or disk is full"
+                _rollback(connection)
+                raise StorageError(f"writing to state.db failed: {exc}") from None
             except BaseException:
-                connection.execute("ROLLBACK")
+                _rollback(connection)
                 raise
             try:
                 connection.execute("COMMIT")
             except sqlite3.OperationalError as exc:
-                connection.execute("ROLLBACK")
+                _rollback(connection)
                 raise StorageError(f"committing to state.db failed: {exc}") from None
 
     def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

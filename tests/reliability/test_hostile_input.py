@@ -1,0 +1,284 @@
+"""Point 10: hostile input on the broker's socket. Every frame gets a structured error or a
+closed connection, no broker process dies, a normal client is served afterwards (and while a
+client sits on half a frame), and no file appears outside the data directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from spoolmq import Consumer, Publisher, protocol
+from spoolmq.testing import BrokerProcess
+
+BAD_TOPICS = ["../x", "/abs", "a\x00b", "", "t" * 300, "..", "a/b", " x", "x\n"]
+
+RNG = random.Random(5)
+
+# Frames sent after a successful handshake, as raw bytes (what send_bytes would carry).
+FRAMES: dict[str, bytes] = {
+    "random bytes": bytes(RNG.randrange(256) for _ in range(4096)),
+    "not utf-8": b'{"op":"publish","id":1,"messages":[{"topic":"t","value":"\xff\xfe"}]}',
+    "nested 100000 deep": b"[" * 100_000 + b"]" * 100_000,
+    "nested object": b'{"op":"publish","id":1,"messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "not an object": b"[1,2,3]",
+    "no op": b'{"id":1}',
+    "op not a string": b'{"op":7}',
+    "unknown op": b'{"op":"frobnicate","id":1}',
+    "empty": b"",
+}
+
+# Publish frames whose messages are wrong in every field the broker reads.
+BAD_MESSAGES: list[dict[str, Any]] = [
+    {"topic": "t", "value": 1, "key": {"a": 1}},
+    {"topic": "t", "value": 1, "key": 7},
+    {"topic": "t", "value": 1, "headers": [[1, 2]]},
+    {"topic": "t", "value": 1, "headers": [["h", {"x": 1}]]},
+    {"topic": "t", "value": 1, "headers": "h"},
+    {"topic": "t", "value": 1, "tags": [1, None]},
+    {"topic": "t", "value": 1, "partition": "x"},
+    {"topic": "t", "value": 1, "partition": 10**30},
+    {"topic": "t", "value": 1, "partition": -1},
+    {"topic": "t", "value": 1, "sequence": "x"},
+    {"topic": "t", "value": 1, "sequence": 10**30},
+    {"topic": "t", "value": 1, "delay_ms": 1e308},
+    {"topic": "t", "value": 1, "deliver_at": "tomorrow"},
+    {"topic": "t", "value": 1, "ttl_ms": -5},
+    {"topic": "t", "value_b64": "***"},
+    {"topic": "t", "value_b64": 5},
+    {"topic": 5, "value": 1},
+    {"value": 1},
+    "not an object",
+    *({"topic": topic, "value": 1} for topic in BAD_TOPICS),
+]
+
+# Whole frames on a consumer connection.
+CONSUMER_FRAMES: list[dict[str, Any]] = [
+    *({"op": "subscribe", "id": 1, "group": "g", "topics": [topic]} for topic in BAD_TOPICS),
+    {"op": "subscribe", "id": 1, "group": "g", "topics": "t"},
+    {"op": "subscribe", "id": 1, "group": {"g": 1}, "topics": ["t"]},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "prefetch": "all"},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"lease_ms": "x"}},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"auto_ack": None}},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"filter": "x"}},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"lease_ms": 10**30}},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"lease_ms": 1.5}},
+    {"op": "subscribe", "id": 1, "group": "g", "topics": ["t"], "settings": {"nope": 1}},
+    {"op": "ack", "id": 1, "tags": [1]},
+    {"op": "credit", "n": "many"},
+    {"op": "publish", "id": 1, "messages": [{"topic": "t", "value": 1}]},
+]
+
+# Whole frames on an admin connection.
+ADMIN_FRAMES: list[dict[str, Any]] = [
+    {"op": "admin", "id": 1, "action": "reset_group", "group": "g", "offsets": [[1]]},
+    {"op": "admin", "id": 1, "action": "reset_group", "group": "g", "offsets": [["t", "x", 0]]},
+    {"op": "admin", "id": 1, "action": "reset_group", "group": "g", "offsets": [["../x", 0, 0]]},
+    {"op": "admin", "id": 1, "action": "reset_group", "group": "g", "offsets": "all"},
+    {"op": "admin", "id": 1, "action": "reset_group", "group": 5, "offsets": []},
+    {"op": "admin", "id": 1, "action": "format_disk"},
+    {"op": "admin", "id": 1},
+    {"op": "publish", "id": 1, "messages": [{"topic": "t", "value": 1}]},
+]
+
+
+def connect_raw(data_dir: Path) -> Connection:
+    key = (data_dir / protocol.AUTHKEY_FILE).read_bytes()
+    return Client(str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key)
+
+
+def welcomed(data_dir: Path, role: str) -> Connection:
+    conn = connect_raw(data_dir)
+    protocol.send(conn, {"op": "hello", "version": 1, "role": role, "pid": os.getpid()})
+    assert protocol.receive(conn)["op"] == "welcome"
+    return conn
+
+
+def outcome(conn: Connection, timeout: float = 20.0) -> str:
+    """What the broker did: ``error`` (a structured error, whole frame or per message),
+    ``closed``, or ``ok``/``silent`` (accepted, or no answer within ``timeout``)."""
+    try:
+        if not conn.poll(timeout):
+            return "silent"
+        frame = orjson.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return "closed"
+    if frame.get("op") == "error":
+        assert isinstance(frame.get("code"), str) and frame.get("message")
+        return "error"
+    results = frame.get("results") or []
+    if any("error" in r for r in results):
+        assert all(isinstance(r.get("error"), str) and r.get("message") for r in results)
+        return "error"
+    if frame.get("refused"):
+        return "error"
+    return "ok"
+
+
+def files_outside(root: Path, data_dir: Path) -> set[str]:
+    """Every path under ``root`` that is not in the data directory."""
+    found = set()
+    for directory, dirs, files in os.walk(root):
+        if Path(directory) == data_dir:
+            dirs.clear()
+            continue
+        found.update(os.path.join(directory, name) for name in dirs + files)
+    return found
+
+
+def served(data_dir: Path) -> None:
+    """A normal publisher and consumer still work."""
+    with Publisher(data=data_dir, delivery_timeout=60) as pub:
+        position = pub.publish("healthy", {"ok": True})
+    with Consumer("healthy", group=f"check-{position.offset}", data=data_dir) as consumer:
+        message = consumer.receive(timeout=60)
+        assert message is not None and message.offset == 0
+        message.ack()
+
+
+@pytest.fixture
+def watched(broker: BrokerProcess, data_dir: Path, tmp_path: Path) -> Any:
+    """The broker, and after the test: no process died, nothing written outside data_dir."""
+    children = broker.child_pids()
+    outside = files_outside(tmp_path, data_dir)
+    absolute = {p: Path(p).exists() for p in ("/abs", "/x", str(data_dir.parent / "x"))}
+    yield broker
+    assert broker.child_pids() == children, "a broker process died and was restarted"
+    assert broker.stats()["pid"] == broker.pid
+    assert files_outside(tmp_path, data_dir) - outside <= {str(tmp_path / "broker.log")}
+    assert {p: Path(p).exists() for p in absolute} == absolute
+
+
+@pytest.mark.parametrize("role", ["hello", "publisher", "consumer", "admin"])
+def test_malformed_frames(watched: BrokerProcess, data_dir: Path, role: str, figure: Any) -> None:
+    seen: dict[str, str] = {}
+    for name, payload in FRAMES.items():
+        conn = connect_raw(data_dir) if role == "hello" else welcomed(data_dir, role)
+        conn.send_bytes(payload)
+        seen[name] = outcome(conn)
+        conn.close()
+    served(data_dir)
+    figure(f"{role}: " + ", ".join(f"{n} -> {o}" for n, o in seen.items()))
+    assert set(seen.values()) <= {"error", "closed"}, seen
+
+
+@pytest.mark.parametrize("role", ["hello", "publisher", "consumer", "admin"])
+def test_frames_over_the_size_limit_and_truncated(
+    watched: BrokerProcess, data_dir: Path, role: str, figure: Any
+) -> None:
+    seen: dict[str, str] = {}
+    for name, header, body in [
+        ("over the limit", struct.pack("!i", protocol.MAX_FRAME_BYTES + 1), b"{}"),
+        ("over the limit (64-bit size)", struct.pack("!iQ", -1, 1 << 40), b"{}"),
+        ("negative size", struct.pack("!i", -7), b"{}"),
+        ("truncated, then closed", struct.pack("!i", 1000), b'{"op":"publish"'),
+    ]:
+        conn = connect_raw(data_dir) if role == "hello" else welcomed(data_dir, role)
+        os.write(conn.fileno(), header + body)
+        if name.startswith("truncated"):
+            socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_WR)
+        seen[name] = outcome(conn)
+        conn.close()
+    # Half a frame on an open connection: the broker must go on serving everyone else.
+    stalled = connect_raw(data_dir) if role == "hello" else welcomed(data_dir, role)
+    os.write(stalled.fileno(), struct.pack("!i", 1000) + b'{"op":"publish"')
+    started = time.monotonic()
+    served(data_dir)
+    seen["half a frame, left open: others served in"] = f"{time.monotonic() - started:.2f} s"
+    stalled.close()
+    served(data_dir)
+    figure(f"{role}: " + ", ".join(f"{n} -> {o}" for n, o in seen.items()))
+    assert {o for n, o in seen.items() if not n.startswith("half")} <= {"error", "closed"}, seen
+
+
+def test_bad_fields_in_publish_frames(watched: BrokerProcess, data_dir: Path, figure: Any) -> None:
+    outcomes = []
+    for number, message in enumerate(BAD_MESSAGES):
+        conn = welcomed(data_dir, "publisher")
+        # Python's json: orjson refuses integers past 64 bits, a hostile client need not.
+        frame = {"op": "publish", "id": number, "messages": [message]}
+        conn.send_bytes(json.dumps(frame).encode())
+        outcomes.append(outcome(conn))
+        conn.close()
+    for frame in [
+        {"op": "publish", "id": 1, "acks": "most", "messages": [{"topic": "t", "value": 1}]},
+        {"op": "publish", "id": 1, "producer_id": 5, "messages": [{"topic": "t", "value": 1}]},
+        {"op": "publish", "id": 1, "messages": []},
+        {"op": "publish", "id": 1, "messages": {"topic": "t"}},
+    ]:
+        conn = welcomed(data_dir, "publisher")
+        protocol.send(conn, frame)
+        outcomes.append(outcome(conn))
+        conn.close()
+    served(data_dir)
+    figure(
+        f"{len(outcomes)} bad publish frames: {outcomes.count('error')} structured errors, "
+        f"{outcomes.count('closed')} closed"
+    )
+    assert set(outcomes) <= {"error", "closed"}, [
+        (message, result)
+        for message, result in zip(BAD_MESSAGES, outcomes, strict=False)
+        if result != "error"
+    ]
+
+
+@pytest.mark.parametrize("role", ["consumer", "admin"])
+def test_bad_consumer_and_admin_frames(
+    watched: BrokerProcess, data_dir: Path, role: str, figure: Any
+) -> None:
+    frames = CONSUMER_FRAMES if role == "consumer" else ADMIN_FRAMES
+    outcomes = []
+    for frame in frames:
+        conn = welcomed(data_dir, role)
+        conn.send_bytes(json.dumps(frame).encode())
+        outcomes.append(outcome(conn))
+        conn.close()
+    served(data_dir)
+    figure(
+        f"{len(outcomes)} bad {role} frames: {outcomes.count('error')} structured errors, "
+        f"{outcomes.count('closed')} closed"
+    )
+    assert set(outcomes) <= {"error", "closed"}, [
+        (frame, result) for frame, result in zip(frames, outcomes, strict=True) if result != "error"
+    ]
+
+
+def test_garbage_instead_of_the_handshake(
+    watched: BrokerProcess, data_dir: Path, figure: Callable[[str], None]
+) -> None:
+    closed_after = []
+    for garbage in [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        bytes(RNG.randrange(256) for _ in range(2048)),
+        struct.pack("!i", 1 << 30),
+        b"",
+    ]:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(data_dir / protocol.SOCKET_FILE))
+        sock.settimeout(30)
+        started = time.monotonic()
+        if garbage:
+            sock.sendall(garbage)
+        try:
+            while sock.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        closed_after.append(time.monotonic() - started)
+        sock.close()
+    served(data_dir)
+    figure(
+        "garbage before authentication: connection closed after "
+        + ", ".join(f"{t:.2f} s" for t in closed_after)
+    )
+    assert max(closed_after) < 30
