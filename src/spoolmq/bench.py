@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Any
 import orjson
 
 from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.testing import BrokerProcess
 
 TOPIC = "bench"
 GROUP = "bench"
@@ -163,73 +163,15 @@ def cpu_seconds(pids: list[int]) -> float:
 # -- a broker under test -----------------------------------------------------------------------
 
 
-class _Broker:
-    def __init__(self, data: Path) -> None:
-        self.data = data
-        self.process: subprocess.Popen[bytes] | None = None
-        self.children: list[int] = []
-
-    def start(self) -> float:
-        """Start and return the seconds until it answered."""
-        started = time.monotonic()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "spoolmq",
-                "broker",
-                "--data",
-                str(self.data),
-                "--log-level",
-                "warning",
-            ],
-            stdin=subprocess.DEVNULL,
-        )
-        try:
-            self._wait_ready(started + 60)
-        except BaseException:  # Ctrl-C while it comes up included: stop what was started
-            self.stop()
-            raise
-        return time.monotonic() - started
-
-    def _wait_ready(self, deadline: float) -> None:
-        assert self.process is not None
-        while True:
-            if self.process.poll() is not None:
-                raise SpoolError(f"the broker exited with status {self.process.returncode}")
-            try:
-                self.refresh()
-                if len(self.children) == 2:  # the publisher and the consumer side are up
-                    return
-            except SpoolError:
-                if time.monotonic() > deadline:
-                    raise
-            if time.monotonic() > deadline:
-                raise SpoolError("the broker's child processes did not start in 60 s")
-            time.sleep(0.05)  # the broker is another process coming up: nothing to wait on
+class _Broker(BrokerProcess):
+    """The broker under test, stopped with SIGINT as a user's Ctrl-C would."""
 
     def refresh(self) -> int:
         """Re-read the child processes' pids; returns how many restarts the broker made."""
-        from spoolmq.client import Admin
+        return sum(self.stats().get("restarts", {}).values())
 
-        with Admin(self.data) as admin:
-            stats = admin.stats()
-        self.children = [p for p in stats["pids"].values() if p]
-        return sum(stats.get("restarts", {}).values())
-
-    def pids(self) -> list[int]:
-        return ([self.process.pid] if self.process else []) + self.children
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
-        self.process = None
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 30.0) -> int:
+        return super().stop(signum, timeout)
 
 
 @contextlib.contextmanager

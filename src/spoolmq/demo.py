@@ -8,7 +8,6 @@ percentiles from the delivery events, then the Spark analytics over the result.
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import random
 import signal
@@ -19,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from spoolmq.bench import percentile
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage
 from spoolmq.errors import SpoolError
 from spoolmq.store import Log
@@ -81,14 +81,6 @@ def _consume(data: str, number: int) -> None:
         name=f"demo-consumer-{number}",
     ) as consumer:
         consumer.run(_handle, idle_timeout=4.0)
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1))  # nearest rank
-    return ordered[rank]
 
 
 def _latencies(data: Path) -> dict[str, list[float]]:
@@ -185,7 +177,7 @@ def run_demo(args: argparse.Namespace) -> int:
     table.add_row(f"dead-lettered (expected {poison})", str(consumer_stats.get("dead_lettered", 0)))
     for name, values in latencies.items():
         for label, fraction in (("p50", 0.5), ("p99", 0.99)):
-            table.add_row(f"publish to {name} {label}", f"{_percentile(values, fraction):.1f} ms")
+            table.add_row(f"publish to {name} {label}", f"{percentile(values, fraction):.1f} ms")
     console.print(table)
     console.print(f"DLQ: `spoolmq dlq list {TOPIC} --data {data}`")
     if not args.no_analytics:

@@ -64,7 +64,11 @@ class BrokerProcess:
                 )
         else:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=environment)
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:  # Ctrl-C while it comes up included: stop what was started
+            self.stop()
+            raise
         return time.monotonic() - started
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
