@@ -387,6 +387,8 @@ class PartitionLog:
         producer sequences of batches whose writer died before recording them. A writer
         that spreads a producer's retries over partitions must do this for every partition
         first, or a retry sent to another partition is stored twice."""
+        if not self.segment_bases():
+            return  # nothing was ever written here: no file to create just to recover it
         self._acquire()
         try:
             self._current_tail()
