@@ -22,6 +22,7 @@ from spoolmq.store.log import Position
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "full"
+SEGMENT_BYTES = 256 * 1024  # small enough that the tests roll segments while the disk is full
 
 
 @pytest.fixture
@@ -153,7 +154,7 @@ def describe(kind: str, outcomes: list[Any], data_dir: Path, info: dict[str, Any
 def test_disk_full(small_disk: Path, tmp_path: Path, figure: Callable[[str], None]) -> None:
     data_dir = small_disk / "queue_data"
     with Log(data_dir) as log:
-        log.create_topic(TOPIC, segment_bytes=256 * 1024)  # rolls while the disk is full
+        log.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
     filler: list[Path] = []
@@ -174,15 +175,17 @@ def test_disk_full(small_disk: Path, tmp_path: Path, figure: Callable[[str], Non
 
 def test_write_errors(data_dir: Path, tmp_path: Path, figure: Callable[[str], None]) -> None:
     with Log(data_dir) as log:
-        log.create_topic(TOPIC, segment_bytes=256 * 1024)  # rolls while the disk is full
+        log.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
     limit = resource.RLIM_INFINITY
 
     def limit_file_size() -> None:
         pid = broker.child_pids()["publisher"]
-        size = max(p.stat().st_size for p in (data_dir / "logs" / TOPIC / "0").glob("*.jsonl"))
-        resource.prlimit(pid, resource.RLIMIT_FSIZE, (size + 50_000, limit))
+        # Group commits write 100-300 of these 2 KiB messages at once, and a segment past
+        # SEGMENT_BYTES rolls before the next batch, so a limit relative to the active
+        # segment can be skipped over by a roll; a fixed 64 KiB stops every new batch.
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (64 * 1024, limit))
 
     def lift_limit() -> None:
         resource.prlimit(broker.child_pids()["publisher"], resource.RLIMIT_FSIZE, (limit, limit))
