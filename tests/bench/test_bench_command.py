@@ -21,6 +21,19 @@ import pytest
 from spoolmq.bench import count_ids, median_run, percentile
 
 
+def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """`python -m spoolmq bench ARGS` as a user runs it; fails the test unless it exits 0."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "bench", *args],
+        capture_output=True,
+        timeout=240,
+        check=False,
+        env=env,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    return completed
+
+
 def test_percentile_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 0.5) == 50.0
@@ -46,30 +59,10 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
             pytest.fail("redis-server is missing in CI: .ci/run installs it")
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     out = tmp_path / "bench.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spoolmq",
-            "bench",
-            "--n",
-            "2000",
-            "--duration",
-            "2",
-            "--rate",
-            "200",
-            "--prefill",
-            "3000",
-            "--compare",
-            "redis",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    run_bench(
+        "--n", "2000", "--duration", "2", "--rate", "200", "--prefill", "3000",
+        "--compare", "redis", "--json", str(out),
+    )  # fmt: skip
     result = orjson.loads(out.read_bytes())
     assert set(result) >= {"parameters", "machine", "spoolmq", "redis", "ratios"}
     assert result["parameters"]["n"] == 2000
@@ -125,29 +118,11 @@ def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(
     empty = tmp_path / "bin"
     empty.mkdir()
     out = tmp_path / "bench.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spoolmq",
-            "bench",
-            "--n",
-            "500",
-            "--phases",
-            "produce",
-            "--repeat",
-            "2",
-            "--compare",
-            "redis",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        timeout=240,
-        check=False,
+    completed = run_bench(
+        "--n", "500", "--phases", "produce", "--repeat", "2", "--compare", "redis",
+        "--json", str(out),
         env={**os.environ, "PATH": str(empty)},  # no redis-server to be found
-    )
-    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    )  # fmt: skip
     assert b"apt-get install redis-server" in completed.stderr
     result = orjson.loads(out.read_bytes())
     assert "redis" not in result and "ratios" not in result
