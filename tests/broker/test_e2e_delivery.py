@@ -4,12 +4,15 @@ expired ones are not delivered (and are recorded as expired), and subscription f
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import time
+from multiprocessing.connection import Client
 from pathlib import Path
 
 from e2e_workers import read_lines, wait_until
 
-from spoolmq import Admin, Consumer, Publisher
+from spoolmq import Admin, Consumer, Publisher, protocol
 from spoolmq.testing import BrokerProcess
 
 
@@ -197,3 +200,48 @@ def test_prefetched_messages_a_closing_consumer_never_read_are_not_attempts(
         with Consumer("one-by-one", group="g", data=data_dir, prefetch=5) as consumer:
             message = consumer.receive(timeout=30)
             assert message is not None and (message.value, message.attempt) == ("held", attempt)
+
+
+def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A consumer ACKs, lets credit go and says ``bye``, then closes; the broker pushes to
+    the closed socket before it has read the ``bye``. The push fails, and the ``bye`` waiting
+    in the socket must still be honoured: nothing it never read counts as an attempt."""
+    with Publisher(data=data_dir) as publisher:
+        for n in range(6):
+            publisher.publish("gone", n)
+    key = (data_dir / protocol.AUTHKEY_FILE).read_bytes()
+    conn = Client(str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key)
+    protocol.send(conn, {"op": "hello", "version": 1, "role": "consumer", "pid": os.getpid()})
+    assert protocol.receive(conn)["op"] == "welcome"
+    protocol.send(
+        conn, {"op": "subscribe", "id": 1, "group": "g", "topics": ["gone"], "prefetch": 5}
+    )
+    tags: list[int] = []
+    while len(tags) < 5:
+        header, _ = protocol.split_delivery(conn.recv_bytes())
+        if header["op"] == "deliver":
+            tags += [tag for _, _, tag, _ in header["m"]]
+    consumer_broker = broker.child_pids()["consumer"]
+    os.kill(consumer_broker, signal.SIGSTOP)
+    try:
+        # More frames than the broker reads from one connection in one turn (64), so it
+        # dispatches the sixth message, for the credit, before it reaches the ``bye``.
+        protocol.send(conn, {"op": "ack", "tags": tags[:1]})
+        protocol.send(conn, {"op": "credit", "n": 1})
+        for _ in range(100):
+            protocol.send(conn, {"op": "credit", "n": 0})
+        protocol.send(conn, {"op": "bye", "seen": []})
+        conn.close()
+    finally:
+        os.kill(consumer_broker, signal.SIGCONT)
+    handled = []
+    with Consumer("gone", group="g", data=data_dir, prefetch=1) as consumer:
+        for _ in range(5):
+            message = consumer.receive(timeout=30)
+            assert message is not None
+            handled.append((message.value, message.attempt))
+            message.ack()
+        assert consumer.receive(timeout=0.5) is None
+    assert handled == [(n, 1) for n in range(1, 6)]

@@ -50,6 +50,7 @@ class _Consumer:
     reader: protocol.FrameReader
     group: str | None = None
     consumer_id: str = ""
+    lost: bool = False  # a send failed: the client is gone, only its buffered frames remain
 
 
 @dataclass(slots=True)
@@ -225,7 +226,11 @@ class ConsumerBroker:
                 sent += len(pendings)
                 self.counts["delivered"] += len(pendings)
             except OSError:
-                self._drop(consumer, "connection lost while delivering")
+                # Never handed over, so not an attempt, whatever happens to the consumer.
+                for pending in reversed(pendings):
+                    with contextlib.suppress(SpoolError):
+                        group.release(pending.tag, consumer_id, now)
+                self._lost(consumer, "connection lost while delivering")
         return sent
 
     def _dead_letter(self, runtime: _GroupRuntime, now: int) -> None:
@@ -288,15 +293,16 @@ class ConsumerBroker:
 
     # -- consumers ---------------------------------------------------------------------------
 
-    def _read_consumer(self, consumer: _Consumer) -> None:
-        for _ in range(64):
+    def _read_consumer(self, consumer: _Consumer, limit: int = 64) -> bool:
+        """Handle up to ``limit`` frames the consumer has sent; True if more may be waiting."""
+        for _ in range(limit):
             try:
                 data = consumer.reader.next_frame()
             except (EOFError, OSError):
                 self._drop(consumer, "connection closed")
-                return
+                return False
             if data is None:
-                return
+                return False
             try:
                 frame = protocol.decode(data)
                 op = protocol.check_client_frame(frame)
@@ -305,16 +311,17 @@ class ConsumerBroker:
                 log.warning("closing consumer %s: %s", consumer.client_id, exc)
                 self._send(consumer, protocol.error_frame(exc))
                 self._drop(consumer, f"bad frame: {exc}")
-                return
+                return False
             except SpoolError as exc:
                 self._send(consumer, protocol.error_frame(exc, id=frame.get("id")))
             except Exception:
                 # A bug must cost one connection, not every consumer of the broker.
                 log.exception("failed handling a frame of consumer %s", consumer.client_id)
                 self._drop(consumer, "internal error")
-                return
+                return False
             if consumer.conn not in self.consumers:
-                return
+                return False
+        return True
 
     def _handle_frame(self, consumer: _Consumer, op: str, frame: dict[str, Any]) -> None:
         now = now_ms()
@@ -501,10 +508,25 @@ class ConsumerBroker:
         self._report(("disconnected", consumer.client_id))
 
     def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
+        if consumer.lost:
+            return
         try:
             consumer.conn.send_bytes(protocol.encode(frame))
         except OSError:
-            self._drop(consumer, "connection lost while answering")
+            self._lost(consumer, "connection lost while answering")
+
+    def _lost(self, consumer: _Consumer, reason: str) -> None:
+        """A send failed because the client closed its end. What it sent before closing
+        (ACKs, then the ``bye`` that lists what it never read) may still wait in the socket:
+        handle that first, or settled work comes back and unread prefetches count as
+        attempts."""
+        if consumer.lost:
+            return
+        consumer.lost = True
+        for _ in range(1000):
+            if not self._read_consumer(consumer, limit=1000):
+                break
+        self._drop(consumer, reason)
 
     # -- notices, control, admin -----------------------------------------------------------------
 
