@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections import deque
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -154,6 +155,68 @@ class FrameReader:
         return chunk
 
     def close(self) -> None:
+        self._sock.close()
+
+
+_SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+class FrameWriter:
+    """Sends frames to a client without ever blocking on one that does not read.
+
+    ``Connection.send_bytes`` waits until the client has taken the whole frame, so one
+    consumer busy with a long task while a pushed batch sits in its socket (or a client that
+    stopped reading) would stall every other client of the broker loop. This writes the
+    same framing with non-blocking ``sendmsg`` calls and keeps what the socket does not take
+    yet; the loop calls :meth:`flush` when the socket is writable again. A client that leaves
+    more than ``limit`` bytes unread is treated as gone.
+    """
+
+    __slots__ = ("_limit", "_out", "_sock", "waiting")
+
+    def __init__(self, conn: Connection, limit: int = 2 * MAX_FRAME_BYTES) -> None:
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._limit = limit
+        self._out: deque[bytes | memoryview] = deque()
+        self.waiting = 0  # bytes queued and not yet written
+
+    def send(self, data: bytes) -> None:
+        """Queue one frame and write what the socket takes now.
+
+        Raises OSError when the client has closed its end, or has left more than the
+        limit unread.
+        """
+        size = len(data)
+        if size <= 0x7FFFFFFF:
+            header = size.to_bytes(4, "big", signed=True)
+        else:
+            header = _LONG_SIZE + size.to_bytes(8, "big")
+        self._out.append(header)
+        if size:
+            self._out.append(data)
+        self.waiting += len(header) + size
+        self.flush()
+        if self.waiting > self._limit:
+            raise OSError(f"the client left {self.waiting} bytes unread")
+
+    def flush(self) -> None:
+        """Write what the socket takes without waiting; OSError if the client has gone."""
+        out = self._out
+        while out:
+            chunks = [out[i] for i in range(min(len(out), 64))]
+            try:
+                sent = self._sock.sendmsg(chunks, (), _SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.waiting -= sent
+            while out and sent >= len(out[0]):
+                sent -= len(out.popleft())
+            if sent:
+                out[0] = memoryview(out[0])[sent:]
+
+    def close(self) -> None:
+        self._out.clear()
+        self.waiting = 0
         self._sock.close()
 
 

@@ -152,3 +152,39 @@ def test_poison_message_goes_to_the_dlq_and_the_topic_keeps_flowing(
         f"{flowed} of them between its first and last attempt"
     )
     assert flowed > 0
+
+
+def test_a_consumer_that_stops_reading_holds_up_no_one_else(
+    broker: BrokerProcess, data_dir: Path, figure: Callable[[str], None]
+) -> None:
+    """A consumer busy with a long task leaves a pushed batch (far more than a socket
+    buffer holds) unread. The broker must go on serving every other consumer, and the
+    busy one still gets the whole batch once it reads."""
+    value = "x" * 20_000
+    with Publisher(data=data_dir) as pub:
+        for _ in range(200):
+            pub.publish_async("bulk", value)
+        pub.flush()
+        for i in range(3):
+            pub.publish("small", i)
+    with Consumer("bulk", group="busy", data=data_dir, prefetch=200) as busy:
+        time.sleep(1.0)  # the broker pushes about 4 MB that `busy` does not read yet
+        started = time.monotonic()
+        with Consumer("small", group="others", data=data_dir) as other:
+            got = []
+            for _ in range(3):
+                message = other.receive(timeout=20)
+                assert message is not None
+                got.append(message.value)
+                message.ack()
+        served = time.monotonic() - started
+        assert got == [0, 1, 2]
+        for _ in range(200):
+            message = busy.receive(timeout=20)
+            assert message is not None and message.value == value
+            message.ack()
+    assert pid_alive(broker.pid)
+    figure(
+        f"a consumer leaving 200 x 20 KB pushed messages unread: another group's consumer "
+        f"subscribed and got its 3 messages in {served:.2f} s; the busy one then read 200 of 200"
+    )

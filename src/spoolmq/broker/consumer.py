@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from queue import Full
 from typing import Any
@@ -23,7 +23,7 @@ import orjson
 from spoolmq import protocol
 from spoolmq.broker.delivery import Group, GroupSettings, PartitionState, Pending
 from spoolmq.broker.events import EventLog
-from spoolmq.broker.process import child_setup, receive_fd
+from spoolmq.broker.process import child_setup, flush_before_close, receive_fd, wait_io
 from spoolmq.errors import (
     GroupActiveError,
     InvalidArgumentError,
@@ -48,6 +48,7 @@ class _Consumer:
     conn: Connection
     client_id: str
     reader: protocol.FrameReader
+    writer: protocol.FrameWriter
     group: str | None = None
     consumer_id: str = ""
     lost: bool = False  # a send failed: the client is gone, only its buffered frames remain
@@ -137,7 +138,15 @@ class ConsumerBroker:
 
     def loop(self, timeout: float | None) -> None:
         waitables: list[Any] = [self.control, self.parent_watch, self.notices, *self.consumers]
-        ready = wait(waitables, timeout)
+        blocked = [c.conn for c in self.consumers.values() if c.writer.waiting]
+        ready, writable = wait_io(waitables, blocked, timeout)
+        for conn in writable:
+            consumer = self.consumers.get(conn)
+            if consumer is not None:
+                try:
+                    consumer.writer.flush()
+                except OSError:
+                    self._lost(consumer, "connection lost while delivering")
         if self.parent_watch in ready:
             log.error("the manager is gone; stopping")
             self.stopping = True
@@ -146,7 +155,7 @@ class ConsumerBroker:
         if self.notices in ready:
             self._read_notices()
         for conn in ready:
-            consumer = self.consumers.get(conn)  # type: ignore[call-overload]
+            consumer = self.consumers.get(conn)
             if consumer is not None:
                 self._read_consumer(consumer)
         monotonic = time.monotonic()
@@ -220,9 +229,7 @@ class ConsumerBroker:
             for pending in pendings:
                 runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
             try:
-                consumer.conn.send_bytes(
-                    protocol.encode_delivery(header, [p.line for p in pendings])
-                )
+                consumer.writer.send(protocol.encode_delivery(header, [p.line for p in pendings]))
                 sent += len(pendings)
                 self.counts["delivered"] += len(pendings)
             except OSError:
@@ -505,13 +512,14 @@ class ConsumerBroker:
         with contextlib.suppress(OSError):
             consumer.conn.close()
         consumer.reader.close()
+        consumer.writer.close()
         self._report(("disconnected", consumer.client_id))
 
     def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
         if consumer.lost:
             return
         try:
-            consumer.conn.send_bytes(protocol.encode(frame))
+            consumer.writer.send(protocol.encode(frame))
         except OSError:
             self._lost(consumer, "connection lost while answering")
 
@@ -554,7 +562,10 @@ class ConsumerBroker:
             fd = receive_fd(self.control)
             conn = Connection(fd)
             self.consumers[conn] = _Consumer(
-                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+                conn,
+                str(frame.get("client_id")),
+                protocol.FrameReader(conn),
+                protocol.FrameWriter(conn),
             )
         elif op == "stop":
             self.stopping = True
@@ -733,6 +744,8 @@ class ConsumerBroker:
     def close(self) -> None:
         for consumer in list(self.consumers.values()):
             self._send(consumer, {"op": "closing"})
+        flush_before_close({c.conn: c.writer for c in self.consumers.values()}, timeout=2.0)
+        for consumer in list(self.consumers.values()):
             self._drop(consumer, "broker stopping")
         try:
             self._checkpoint()

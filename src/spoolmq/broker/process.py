@@ -6,13 +6,19 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import selectors
 import signal
 import socket
+import time
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
 from typing import Any
 
 from spoolmq import protocol
+
+# What ``multiprocessing.connection.wait`` uses: cheap to build for one call.
+_Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
 
 _PR_SET_PDEATHSIG = 1
 _M_TRIM_THRESHOLD = -1
@@ -71,3 +77,36 @@ def send_control(conn: Connection, frame: dict[str, Any], fd: int | None = None)
 def receive_fd(conn: Connection) -> int:
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         return recvfds(sock, 1)[0]
+
+
+def wait_io(
+    readers: Iterable[Any], writers: Iterable[Any], timeout: float | None
+) -> tuple[list[Any], list[Any]]:
+    """``multiprocessing.connection.wait`` that also waits for sockets to become writable:
+    the objects of ``readers`` that can be read and of ``writers`` that can be written."""
+    wanted: dict[Any, int] = {obj: selectors.EVENT_READ for obj in readers}
+    for obj in writers:
+        wanted[obj] = wanted.get(obj, 0) | selectors.EVENT_WRITE
+    with _Selector() as selector:
+        for obj, events in wanted.items():
+            selector.register(obj, events)
+        ready = selector.select(timeout)
+    readable = [key.fileobj for key, events in ready if events & selectors.EVENT_READ]
+    writable = [key.fileobj for key, events in ready if events & selectors.EVENT_WRITE]
+    return readable, writable
+
+
+def flush_before_close(writers: dict[Any, protocol.FrameWriter], timeout: float) -> None:
+    """On stop: give frames still queued for slow readers (replies, ``closing``) up to
+    ``timeout`` seconds to go out. ``writers`` maps each connection to its writer."""
+    deadline = time.monotonic() + timeout
+    waiting = {conn: writer for conn, writer in writers.items() if writer.waiting}
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        _, writable = wait_io((), waiting, left)
+        for conn in writable:
+            try:
+                waiting[conn].flush()
+            except OSError:
+                waiting[conn].close()  # gone: nothing more to give it
+            if not waiting[conn].waiting:
+                del waiting[conn]

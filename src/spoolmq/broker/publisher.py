@@ -16,7 +16,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from queue import Full
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from spoolmq import protocol
-from spoolmq.broker.process import child_setup, receive_fd
+from spoolmq.broker.process import child_setup, flush_before_close, receive_fd, wait_io
 from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -58,6 +58,7 @@ class _Client:
     conn: Connection
     client_id: str
     reader: protocol.FrameReader
+    writer: protocol.FrameWriter
     frames: int = 0
     messages: int = 0
 
@@ -246,7 +247,15 @@ class PublisherBroker:
 
     def loop(self, timeout: float | None) -> None:
         waitables: list[Any] = [self.control, self.parent_watch, *self.clients]
-        ready = wait(waitables, timeout)
+        blocked = [c.conn for c in self.clients.values() if c.writer.waiting]
+        ready, writable = wait_io(waitables, blocked, timeout)
+        for conn in writable:
+            client = self.clients.get(conn)
+            if client is not None:
+                try:
+                    client.writer.flush()
+                except OSError:
+                    self._drop(client, "connection lost while answering")
         if self.parent_watch in ready:
             log.error("the manager is gone; stopping")
             self.stopping = True
@@ -254,7 +263,7 @@ class PublisherBroker:
             self._handle_control()
         frames: list[tuple[_Client, dict[str, Any]]] = []
         for conn in ready:
-            client = self.clients.get(conn)  # type: ignore[call-overload]
+            client = self.clients.get(conn)
             if client is not None:
                 self._read_frames(client, frames)
         if frames:
@@ -439,7 +448,10 @@ class PublisherBroker:
             fd = receive_fd(self.control)
             conn = Connection(fd)
             self.clients[conn] = _Client(
-                conn, str(frame.get("client_id")), protocol.FrameReader(conn)
+                conn,
+                str(frame.get("client_id")),
+                protocol.FrameReader(conn),
+                protocol.FrameWriter(conn),
             )
         elif op == "notices":
             fd = receive_fd(self.control)
@@ -451,7 +463,7 @@ class PublisherBroker:
 
     def _send(self, client: _Client, frame: dict[str, Any]) -> None:
         try:
-            client.conn.send_bytes(protocol.encode(frame))
+            client.writer.send(protocol.encode(frame))
         except OSError:
             self._drop(client, "connection lost while answering")
 
@@ -462,6 +474,7 @@ class PublisherBroker:
         with contextlib.suppress(OSError):
             client.conn.close()
         client.reader.close()
+        client.writer.close()
         self._report(("disconnected", client.client_id))
 
     def _report(self, message: tuple[Any, ...]) -> None:
@@ -479,6 +492,7 @@ class PublisherBroker:
         }
 
     def close(self) -> None:
+        flush_before_close({c.conn: c.writer for c in self.clients.values()}, timeout=2.0)
         for client in list(self.clients.values()):
             self._drop(client, "broker stopping")
         self.log.close()
