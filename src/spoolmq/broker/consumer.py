@@ -23,7 +23,12 @@ import orjson
 from spoolmq import protocol
 from spoolmq.broker.delivery import Group, GroupSettings, PartitionState, Pending
 from spoolmq.broker.events import EventLog
-from spoolmq.broker.process import child_setup, flush_before_close, receive_fd, wait_io
+from spoolmq.broker.process import (
+    child_setup,
+    flush_before_close,
+    receive_fd,
+    wait_for_clients,
+)
 from spoolmq.errors import (
     GroupActiveError,
     InvalidArgumentError,
@@ -137,16 +142,14 @@ class ConsumerBroker:
         return any(rt.dirty for rt in self.groups.values())
 
     def loop(self, timeout: float | None) -> None:
-        waitables: list[Any] = [self.control, self.parent_watch, self.notices, *self.consumers]
-        blocked = [c.conn for c in self.consumers.values() if c.writer.waiting]
-        ready, writable = wait_io(waitables, blocked, timeout)
-        for conn in writable:
-            consumer = self.consumers.get(conn)
-            if consumer is not None:
-                try:
-                    consumer.writer.flush()
-                except OSError:
-                    self._lost(consumer, "connection lost while delivering")
+        ready, gone = wait_for_clients(
+            [self.control, self.parent_watch, self.notices],
+            {conn: consumer.writer for conn, consumer in self.consumers.items()},
+            timeout,
+        )
+        for conn in gone:
+            if conn in self.consumers:
+                self._lost(self.consumers[conn], "connection lost while delivering")
         if self.parent_watch in ready:
             log.error("the manager is gone; stopping")
             self.stopping = True

@@ -10,7 +10,7 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
 from typing import Any
@@ -110,3 +110,20 @@ def flush_before_close(writers: dict[Any, protocol.FrameWriter], timeout: float)
                 waiting[conn].close()  # gone: nothing more to give it
             if not waiting[conn].waiting:
                 del waiting[conn]
+
+
+def wait_for_clients(
+    others: list[Any], writers: Mapping[Any, protocol.FrameWriter], timeout: float | None
+) -> tuple[list[Any], list[Any]]:
+    """One wait of a broker loop: until one of ``others`` or a client connection (the keys
+    of ``writers``) can be read, or a client with frames queued can take more, which are
+    written. Returns what can be read, and the clients found gone while writing to them."""
+    blocked = [conn for conn, writer in writers.items() if writer.waiting]
+    ready, writable = wait_io([*others, *writers], blocked, timeout)
+    gone = []
+    for conn in writable:
+        try:
+            writers[conn].flush()
+        except OSError:
+            gone.append(conn)
+    return ready, gone

@@ -24,7 +24,12 @@ from typing import Any
 import orjson
 
 from spoolmq import protocol
-from spoolmq.broker.process import child_setup, flush_before_close, receive_fd, wait_io
+from spoolmq.broker.process import (
+    child_setup,
+    flush_before_close,
+    receive_fd,
+    wait_for_clients,
+)
 from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -246,16 +251,14 @@ class PublisherBroker:
             self.close()
 
     def loop(self, timeout: float | None) -> None:
-        waitables: list[Any] = [self.control, self.parent_watch, *self.clients]
-        blocked = [c.conn for c in self.clients.values() if c.writer.waiting]
-        ready, writable = wait_io(waitables, blocked, timeout)
-        for conn in writable:
-            client = self.clients.get(conn)
-            if client is not None:
-                try:
-                    client.writer.flush()
-                except OSError:
-                    self._drop(client, "connection lost while answering")
+        ready, gone = wait_for_clients(
+            [self.control, self.parent_watch],
+            {conn: client.writer for conn, client in self.clients.items()},
+            timeout,
+        )
+        for conn in gone:
+            if conn in self.clients:
+                self._drop(self.clients[conn], "connection lost while answering")
         if self.parent_watch in ready:
             log.error("the manager is gone; stopping")
             self.stopping = True
