@@ -5,6 +5,7 @@ gives up with a clear error after its delivery timeout."""
 from __future__ import annotations
 
 import collections
+import re
 import time
 from pathlib import Path
 
@@ -123,3 +124,17 @@ def test_idle_clients_carry_on_after_a_restart(broker: BrokerProcess, data_dir: 
         message = consumer.receive(timeout=60)
         assert message is not None and (message.offset, message.value) == (1, "after")
         message.ack()
+
+
+def test_a_child_that_served_before_it_was_killed_comes_back_at_once(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """Kills of a child that was up and serving are not a crash loop: each restart waits
+    the minimum (0.1 s), not a backoff that doubles up to 5 s."""
+    for _ in range(4):
+        time.sleep(1.2)  # the child has been ready for over a second: it started well
+        broker.wait_child_replaced("consumer", broker.kill_child("consumer"))
+    log = (tmp_path / "broker.log").read_text()
+    waits = re.findall(r"the consumer broker \(pid \d+\) exited .*; restarting in ([\d.]+)s", log)
+    assert waits == ["0.1"] * 4
+    assert broker.stats()["restarts"]["consumer"] == 4

@@ -58,6 +58,24 @@ log = logging.getLogger("spoolmq.broker")
 
 LOCK_FILE = "broker.lock"
 PID_FILE = "broker.pid"
+_BACKOFF_MIN_S = 0.1
+_SERVED_S = 1.0  # ready this long before dying: it had started well, not a crash loop
+
+
+def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
+    """How long to wait before restarting a child that died, and the wait for next time.
+
+    A child that came up and served before it died (killed, say) is restarted at once; one
+    that dies while starting (a crash loop: a bad disk, a bug at start-up) waits twice as
+    long each time, up to ``cap``, as supervisord's ``startsecs`` does.
+
+    >>> restart_backoff(0.4, served=False, cap=5.0)
+    (0.4, 0.8)
+    >>> restart_backoff(5.0, served=True, cap=5.0)
+    (0.1, 0.2)
+    """
+    wait_s = _BACKOFF_MIN_S if served else backoff
+    return wait_s, min(wait_s * 2, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +110,9 @@ class _Child:
     status: Any = None
     started: float = 0.0
     restarts: int = 0
-    backoff: float = 0.1
+    backoff: float = _BACKOFF_MIN_S
     restart_at: float | None = None
+    ready_at: float | None = None  # when this incarnation said it was ready
     stats: dict[str, Any] = field(default_factory=dict)
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -234,6 +253,7 @@ class BrokerManager:
         )
         child.started = time.monotonic()
         child.restart_at = None
+        child.ready_at = None
         # The PublisherBroker writes notices on the current pipe, whichever side restarted.
         publisher = self._children["publisher"]
         if self._notice_writer is not None and publisher.control is not None:
@@ -285,18 +305,20 @@ class BrokerManager:
                 and child.process is not None
                 and not child.process.is_alive()
             ):
-                ran = time.monotonic() - child.started
-                if ran > 30:
-                    child.backoff = 0.1
+                served = child.ready_at is not None and (
+                    time.monotonic() - child.ready_at >= _SERVED_S
+                )
+                wait_s, child.backoff = restart_backoff(
+                    child.backoff, served, self.settings.restart_backoff_max_s
+                )
                 log.error(
                     "the %s broker (pid %s) exited with status %s; restarting in %.1fs",
                     child.name,
                     child.process.pid,
                     child.process.exitcode,
-                    child.backoff,
+                    wait_s,
                 )
-                child.restart_at = time.monotonic() + child.backoff
-                child.backoff = min(child.backoff * 2, self.settings.restart_backoff_max_s)
+                child.restart_at = time.monotonic() + wait_s
                 self._close_child_channels(child)
             if child.restart_at is not None and time.monotonic() >= child.restart_at:
                 child.restarts += 1
@@ -322,6 +344,7 @@ class BrokerManager:
             kind = message[0]
             if kind == "ready":
                 child.ready.set()
+                child.ready_at = time.monotonic()
             elif kind == "stats":
                 child.stats = message[2]
             elif kind == "disconnected":
