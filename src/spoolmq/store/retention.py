@@ -24,7 +24,10 @@ def segments_to_delete(
     ...                    retention_bytes=-1)
     [0]
     >>> segments_to_delete([old, mid, active], now_ms=10_000, retention_ms=-1,
-    ...                    retention_bytes=100)
+    ...                    retention_bytes=100)  # 110 bytes left; without `mid`, 10
+    [0]
+    >>> segments_to_delete([old, mid, active], now_ms=10_000, retention_ms=-1,
+    ...                    retention_bytes=10)
     [0, 10]
     """
     closed = list(segments[:-1])
