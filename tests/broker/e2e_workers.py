@@ -176,6 +176,14 @@ def client_processes() -> Iterator[list[Any]]:
                 process.join(5)
 
 
+def events_of(data_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The delivery events of one type the ConsumerBroker wrote (events/), oldest file first."""
+    found = []
+    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
+        found += [e for e in read_lines(path) if e["type"] == kind]
+    return found
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll ``predicate`` until it returns something true; the thing polled is another
     process's state (a file, a broker answer), which offers nothing to wait on."""

@@ -10,7 +10,7 @@ import time
 from multiprocessing.connection import Client
 from pathlib import Path
 
-from e2e_workers import read_lines, wait_until
+from e2e_workers import events_of, wait_until
 
 from spoolmq import Admin, Consumer, Publisher, protocol
 from spoolmq.testing import BrokerProcess
@@ -18,13 +18,6 @@ from spoolmq.testing import BrokerProcess
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def events_of(data_dir: Path, kind: str) -> list[dict[str, object]]:
-    found = []
-    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
-        found += [e for e in read_lines(path) if e["type"] == kind]
-    return found
 
 
 def test_delayed_messages_are_never_delivered_early(broker: BrokerProcess, data_dir: Path) -> None:

@@ -8,14 +8,17 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from e2e_workers import (
     SPAWN,
     client_processes,
     consume_worker,
+    events_of,
     join_all,
     publish_all,
     read_lines,
     start,
+    wait_until,
 )
 
 from spoolmq import Consumer, Log, Publisher
@@ -120,3 +123,49 @@ def test_same_key_in_order_one_at_a_time_while_keys_run_in_parallel(
         if a["pid"] != b["pid"] and a["key"] != b["key"] and overlaps(a, b)
     ]
     assert parallel, "no two keys were ever handled at the same time"
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["while-running", "after-restart"])
+def test_a_group_that_lags_past_retention_is_told_what_it_lost(
+    broker: BrokerProcess, data_dir: Path, restart: bool
+) -> None:
+    """Retention deletes by size whatever a group has not read yet (Kafka's rule). The
+    group then goes on from the log start, and every offset is either delivered or
+    reported as skipped (an event, the broker's stats), never neither and never both."""
+    with Log(data_dir) as log:
+        log.create_topic("short", segment_bytes=16_384, retention_bytes=32_768)
+    with Publisher(data=data_dir) as publisher:
+        for n in range(100):
+            publisher.publish_async("short", n)
+        publisher.flush()
+    delivered = set(range(10))
+    with Consumer("short", group="lagging", data=data_dir) as consumer:
+        for offset in sorted(delivered):
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.offset == offset
+            message.ack()
+    with Publisher(data=data_dir) as publisher:
+        for n in range(100, 3100):
+            publisher.publish_async("short", n)
+        publisher.flush()
+    with Log(data_dir) as log:
+        end = log.log_end_offset("short", 0)
+        wait_until(lambda: log.log_start_offset("short", 0) > 1000, 60, "retention")
+    if restart:  # the group's position then comes from state.db, below the log start
+        broker.stop()
+        broker.start()
+    with Consumer("short", group="lagging", data=data_dir, prefetch=100) as consumer:
+        while (message := consumer.receive(timeout=3.0)) is not None:
+            assert message.offset not in delivered
+            delivered.add(message.offset)
+            message.ack()
+    skipped: set[int] = set()
+    for event in wait_until(lambda: events_of(data_dir, "skipped"), 10, "a skipped event"):
+        assert (event["group"], event["topic"], event["partition"]) == ("lagging", "short", 0)
+        lost = set(range(int(event["offset"]), int(event["committed"])))
+        assert lost and not lost & skipped and not lost & delivered
+        skipped |= lost
+    wait_until(lambda: broker.stats()["consumer"].get("skipped") == len(skipped), 10, "stats")
+    assert delivered | skipped == set(range(end))
+    with Log(data_dir) as log:
+        assert log.state.committed_offsets("lagging") == {("short", 0): end}

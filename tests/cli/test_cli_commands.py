@@ -296,6 +296,7 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "nacked",
             "dead_lettered",
             "expired",
+            "skipped",
             "consumers",
             "groups",
             "in_flight",

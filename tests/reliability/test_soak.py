@@ -1,6 +1,7 @@
 """Point 13: a soak. Publishers and consumers run while broker processes and consumers are
-SIGKILLed at random: no ACKed message is lost, every one is consumed, broker memory and open
-file descriptors stay flat, and retention keeps the disk bounded. 5 minutes with --long; a
+SIGKILLed at random: no ACKed message is lost, every one is consumed or reported skipped (a
+group that lagged past retention), broker memory and open file descriptors stay flat, and
+retention keeps the disk bounded. 5 minutes with --long; a
 short smoke run otherwise."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import fault_workers
+import orjson
 import psutil
 import pytest
 from fault_checks import audit, read_acks, start_process, start_publishers, stop_processes
@@ -50,6 +52,19 @@ def consumed(paths: list[Path]) -> set[tuple[int, int]]:
                 if len(parts) == 2:
                     seen.add((int(parts[0]), int(parts[1])))
     return seen
+
+
+def skipped(data_dir: Path, group: str) -> set[tuple[int, int]]:
+    """(partition, offset) of what the broker reported deleted by retention before the group
+    read it (``skipped`` events)."""
+    lost = set()
+    for path in (data_dir / "events").rglob("*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            event = orjson.loads(line)
+            if event["type"] == "skipped" and event["group"] == group:
+                first, begin = event["offset"], event["committed"]
+                lost |= {(event["partition"], offset) for offset in range(first, begin)}
+    return lost
 
 
 def last_intent(path: Path) -> tuple[int, int] | None:
@@ -136,9 +151,9 @@ def test_soak(
         # that message is exactly the one it was ACKing.
         unrecorded = acked & {last_intent(path) for path in killed_files}
         deadline = time.monotonic() + 120
-        while (missing := acked - unrecorded - consumed(consumer_files)) and (
-            time.monotonic() < deadline
-        ):
+        while (
+            missing := acked - unrecorded - consumed(consumer_files) - skipped(data_dir, "soak")
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)  # the consumers drain the topic; nothing to wait on from here
         fds_busy = fd_count(broker.pid)
         for process in consumers:
@@ -164,6 +179,7 @@ def test_soak(
         stop_processes(consumers, timeout=10)
         broker.stop()
     result = audit(data_dir, TOPIC, acks)
+    lost_to_retention = skipped(data_dir, "soak")
     with Log(data_dir) as log:
         committed = log.state.committed_offsets("soak")
         ends = {(TOPIC, p): log.log_end_offset(TOPIC, p) for p in range(PARTITIONS)}
@@ -177,8 +193,10 @@ def test_soak(
     bound = int(PARTITIONS * (RETENTION_BYTES + 2 * SEGMENT_BYTES) + 6 * rate)
     figure(
         f"{duration:.0f} s, SIGKILLs {kills} (seed {seed}): {result.line()}; retired by "
-        f"retention {result.retired}; acked but never consumed {len(missing)} (ACKed by a consumer "
-        f"killed before it wrote it down: {len(unrecorded)}); broker RSS "
+        f"retention {result.retired} (of them unread by the group, reported skipped: "
+        f"{len(lost_to_retention)}); acked but neither consumed nor reported skipped "
+        f"{len(missing)} (ACKed by a consumer killed before it wrote it down: {len(unrecorded)}); "
+        "broker RSS "
         f"{early / 2**20:.1f} -> {late / 2**20:.1f} MiB ({growth:+.1%}); fds {fds_before} -> "
         f"{fds_after} (with clients {fds_busy}); log bytes max {max(disk, default=0):,} "
         f"(bound {bound:,})"
@@ -186,6 +204,7 @@ def test_soak(
     assert result.lost == [] and result.duplicates == [] and result.gaps == []
     assert result.moved == [] and result.failed == 0
     assert missing == set()
+    assert not lost_to_retention & consumed(consumer_files)  # skipped means never delivered
     assert committed == ends  # every message of the topic finished, none dead-lettered
     assert not dead_lettered
     assert fds_after["manager"] <= fds_before["manager"] + 2

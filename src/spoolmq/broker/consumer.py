@@ -30,8 +30,10 @@ from spoolmq.broker.process import (
     wait_for_clients,
 )
 from spoolmq.errors import (
+    CorruptRecordError,
     GroupActiveError,
     InvalidArgumentError,
+    OffsetOutOfRangeError,
     ProtocolError,
     SpoolError,
     UnknownTopicError,
@@ -117,6 +119,7 @@ class ConsumerBroker:
         self._last_lag = 0.0
         self._last_stats = 0.0
         self.counts = {"delivered": 0, "acked": 0, "nacked": 0, "dead_lettered": 0, "expired": 0}
+        self.counts["skipped"] = 0  # deleted by retention before their group read them
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -207,7 +210,21 @@ class ConsumerBroker:
             if reader is None:
                 continue
             room = _READ_AHEAD - state.open_count
-            entries = reader.read_entries(min(room, 1000))
+            try:
+                entries = reader.read_entries(min(room, 1000))
+            except OffsetOutOfRangeError:
+                # Retention deleted records this group had not read yet (it lagged more
+                # than the topic keeps): go on from the log start, and say so.
+                begin = self.log.partition_log(*key).log_start_offset()
+                self._skipped(runtime, state, begin, now)
+                reader.seek(begin)
+                continue
+            except CorruptRecordError as exc:
+                # Never skipped in silence: this partition stops for the group until the
+                # damage is dealt with (`spoolmq check`); the others go on.
+                log.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
+                del runtime.readers[key]
+                continue
             for fields, line in entries:
                 restored = runtime.restored.pop((key[0], key[1], fields["offset"]), None)
                 if restored is not None:
@@ -217,6 +234,26 @@ class ConsumerBroker:
                         pass  # retried on the next due check; counted attempts are kept
                 else:
                     group.add_record(state, fields, line, now)
+
+    def _skipped(self, runtime: _GroupRuntime, state: PartitionState, begin: int, now: int) -> None:
+        """The group's next record is below the log start ``begin``: retention deleted
+        ``[state.next_fetch, begin)`` before the group read it. Record that and go on."""
+        first = state.next_fetch
+        if begin <= first:
+            return
+        state.next_fetch = begin
+        self.counts["skipped"] += begin - first
+        self.events.add_skipped(runtime.group.name, state.topic, state.partition, first, begin)
+        log.warning(
+            "group %s: offsets %d..%d of %s/%d were deleted by retention before the group "
+            "read them; it goes on from %d",
+            runtime.group.name,
+            first,
+            begin - 1,
+            state.topic,
+            state.partition,
+            begin,
+        )
 
     def _dispatch(self, runtime: _GroupRuntime, now: int) -> int:
         group = runtime.group
@@ -462,10 +499,10 @@ class ConsumerBroker:
                 position = committed.get(key)
                 if position is None:
                     position = end if start == "latest" else begin
-                position = min(max(position, begin), end)
-                state = group.add_partition(topic, partition, position)
+                state = group.add_partition(topic, partition, min(position, end))
                 state.committed_persisted = committed.get(key, -1)
-                runtime.readers[key] = Reader(plog, position)
+                self._skipped(runtime, state, begin, now)  # committed below the log start
+                runtime.readers[key] = Reader(plog, state.next_fetch)
         self._counter += 1
         consumer.consumer_id = f"{consumer.client_id}#{self._counter}"
         consumer.group = group_name

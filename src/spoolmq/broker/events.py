@@ -67,6 +67,20 @@ class EventLog:
         }
         self._buffer.append(orjson.dumps(record) + b"\n")
 
+    def add_skipped(self, group: str, topic: str, partition: int, first: int, begin: int) -> None:
+        """Offsets ``[first, begin)`` were deleted by retention before ``group`` read them."""
+        record = {
+            "ts": time.time_ns() // 1_000_000,
+            "type": "skipped",
+            "group": group,
+            "topic": topic,
+            "partition": partition,
+            "offset": first,
+            "committed": begin,
+            "reason": "deleted by retention before the group read them",
+        }
+        self._buffer.append(orjson.dumps(record) + b"\n")
+
     def flush(self, *, sync: bool = False) -> None:
         if not self._buffer:
             return
