@@ -12,7 +12,7 @@ from pathlib import Path
 
 from e2e_workers import events_of, wait_until
 
-from spoolmq import Admin, Consumer, Publisher, protocol
+from spoolmq import Admin, Consumer, Log, Publisher, protocol
 from spoolmq.testing import BrokerProcess
 
 
@@ -238,3 +238,39 @@ def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
             message.ack()
         assert consumer.receive(timeout=0.5) is None
     assert handled == [(n, 1) for n in range(1, 6)]
+
+
+def test_damage_inside_a_segment_stops_that_partition_only(
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path
+) -> None:
+    """A record damaged inside a segment is never delivered nor skipped: the group stops on
+    that partition with an error in the broker log, and the ConsumerBroker goes on serving
+    everything else."""
+    with Log(data_dir) as log:
+        log.create_topic("damaged", segment_bytes=1024)  # several segments
+    with Publisher(data=data_dir) as publisher:
+        for n in range(10):
+            publisher.publish("damaged", {"n": n, "text": "some text"})
+            publisher.publish("healthy", n)
+    broker.stop()
+    first = sorted((data_dir / "logs" / "damaged" / "0").glob("*.jsonl"))[0]
+    data = bytearray(first.read_bytes())
+    assert b'"n":3' in data and len(list(first.parent.glob("*.jsonl"))) > 1
+    at = data.index(b'"n":3')
+    data[at + 4] ^= 0x01  # 3 -> 2: the record no longer matches its checksum
+    first.write_bytes(bytes(data))
+    broker.start()
+    consumer_broker = broker.child_pids()["consumer"]
+    with Consumer(["damaged", "healthy"], group="g", data=data_dir, prefetch=20) as consumer:
+        got: dict[str, list[int]] = {"damaged": [], "healthy": []}
+        while (message := consumer.receive(timeout=3.0)) is not None:
+            got[message.topic].append(
+                message.value["n"] if message.topic == "damaged" else message.value
+            )
+            message.ack()
+    assert sorted(got["damaged"]) == [0, 1, 2]  # what comes before the damage
+    assert sorted(got["healthy"]) == list(range(10))
+    assert broker.child_pids()["consumer"] == consumer_broker  # it did not crash
+    assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
+    log = (tmp_path / "broker.log").read_text()
+    assert "group g stops reading damaged/0" in log
