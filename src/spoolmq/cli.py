@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import orjson
 
 from spoolmq.config import TopicConfig, parse_duration_ms, resolve_data_dir
-from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
+from spoolmq.errors import ConfigError, GroupActiveError, InvalidArgumentError, SpoolError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -38,8 +38,13 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
     Console().print(table)
 
 
-def _data(args: argparse.Namespace) -> Path:
-    return resolve_data_dir(args.data)
+def _data(args: argparse.Namespace, *, must_exist: bool = False) -> Path:
+    """The data directory; ``must_exist`` for commands that only look at a store, so that a
+    mistyped ``--data`` is an error instead of a new empty store."""
+    data = resolve_data_dir(args.data)
+    if must_exist and not data.is_dir():
+        raise ConfigError(f"no queue data directory at {data} (pass --data or set SPOOLMQ_DATA)")
+    return data
 
 
 # -- broker -------------------------------------------------------------------------------
@@ -165,7 +170,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     from spoolmq.store import Log
 
-    with Log(_data(args)) as log:
+    with Log(_data(args, must_exist=args.action != "create")) as log:
         if args.action == "create":
             settings: dict[str, Any] = {"partitions": args.partitions}
             if args.retention is not None:
@@ -290,7 +295,7 @@ def _group_rows(data: Path, group: str | None) -> dict[str, list[dict[str, Any]]
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
-    data = _data(args)
+    data = _data(args, must_exist=True)
     if args.action == "reset":
         return _reset_group(args, data)
     groups = _group_rows(data, args.group if args.action == "describe" else None)
@@ -414,7 +419,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     from spoolmq.store.names import dlq_topic
 
     name = dlq_topic(args.topic)
-    with Log(_data(args)) as log:
+    with Log(_data(args, must_exist=True)) as log:
         if name not in log.topics():
             rows: list[dict[str, Any]] = []
         else:
@@ -516,7 +521,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from spoolmq.store import Log
 
-    with Log(_data(args)) as log:
+    with Log(_data(args, must_exist=True)) as log:
         problems = log.check(args.topic)
     if args.json:
         _print_json(

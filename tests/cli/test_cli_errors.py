@@ -54,7 +54,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["topics", "create", "x", "--partitions", "0"], "partitions"),
         (["topics", "create", "bad/name"], "invalid topic name 'bad/name'"),
         (["topics", "create", "x", "--retention", "forever-ish"], "bad duration"),
-        (["topics", "describe", "missing"], "topic 'missing' does not exist"),
         (["dlq", "list", "../up"], "invalid topic name"),
         (["broker", "--listen", "nonsense"], "HOST:PORT"),
     ],
@@ -63,6 +62,36 @@ def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragme
     result = run_cli(*args, "--data", str(tmp_path / "queue_data"))
     assert result.returncode == 2
     assert_one_line_error(result, fragment)
+
+
+def test_an_unknown_topic_is_named(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with Log(data):
+        pass
+    result = run_cli("topics", "describe", "missing", "--data", str(data))
+    assert result.returncode == 2
+    assert_one_line_error(result, "topic 'missing' does not exist")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topics", "list"],
+        ["topics", "describe", "orders"],
+        ["groups", "list"],
+        ["groups", "describe", "g"],
+        ["dlq", "list", "orders"],
+        ["check"],
+    ],
+)
+def test_commands_that_only_look_refuse_a_missing_data_directory(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """A mistyped --data is an error, not a new empty store."""
+    typo = tmp_path / "queue_dta"
+    result = run_cli(*args, "--data", str(typo))
+    assert_one_line_error(result, f"no queue data directory at {typo}")
+    assert not typo.exists()
 
 
 @pytest.mark.parametrize(
