@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ from store_helpers import FakeClock, segment_files
 
 from spoolmq import Log, Message
 from spoolmq.config import DAY_MS
-from spoolmq.errors import OffsetOutOfRangeError
+from spoolmq.errors import OffsetOutOfRangeError, StorageError
+from spoolmq.store.partition import PartitionLog
 
 TOPIC = "t"
 
@@ -28,6 +31,33 @@ def test_segments_roll_by_size(log: Log, data_dir: Path) -> None:
         first = log.reader(TOPIC, 0, offset=int(segment.stem)).poll()
         assert first is not None and first.offset == int(segment.stem)
     assert [r.value["i"] for r in log.reader(TOPIC, 0)] == list(range(50))
+
+
+def test_a_roll_that_fails_is_a_storage_error_and_loses_nothing(
+    log: Log, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new segment that cannot be created (no room for the file, too many open files)
+    fails that append with StorageError, stores nothing of it, and the next append, once
+    the cause is gone, rolls and goes on at the next offset."""
+    log.create_topic(TOPIC, segment_bytes=1024)
+    offset = 0
+    while len(segment_files(data_dir, TOPIC)) < 2:
+        offset = log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
+    last = segment_files(data_dir, TOPIC)[-1]
+    while last.stat().st_size + 100 <= 1024:  # fill the active segment to just below a roll
+        offset = log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
+
+    def no_room(self: object, base: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PartitionLog, "_create_segment", no_room)
+        with pytest.raises(StorageError, match="rolling t/0 to a new segment failed"):
+            log.append(TOPIC, {"i": "lost", "pad": "x" * 60})
+    assert log.log_end_offset(TOPIC, 0) == offset
+    assert log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset == offset
+    assert [r.value["i"] for r in log.reader(TOPIC, 0)] == list(range(offset + 1))
+    assert log.check() == []
 
 
 def test_segments_roll_by_age(log: Log, data_dir: Path, clock: FakeClock) -> None:

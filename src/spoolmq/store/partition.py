@@ -498,7 +498,14 @@ class PartitionLog:
                 and now - tail.first_timestamp >= self.topic_config.segment_ms
             )
         ):
-            tail = self._roll(tail)
+            try:
+                tail = self._roll(tail)
+            except OSError as exc:  # no room for a new file, too many open files, EIO...
+                self._close_tail()  # re-read the files before the next append
+                raise StorageError(
+                    f"rolling {self.topic}/{self.partition} to a new segment failed "
+                    f"({exc.strerror or exc}); nothing from this batch was stored"
+                ) from None
         position = tail.size
         try:
             write_all(tail.fd, data)
