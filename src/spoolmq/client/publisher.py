@@ -31,6 +31,7 @@ from spoolmq.client.connection import Address, connect, resolve
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
+    ProtocolError,
     PublishTimeoutError,
     SerializationError,
     SpoolError,
@@ -473,7 +474,12 @@ class Publisher:
                     bool(result.get("duplicate")),
                 )
                 item.future.resolve(position, None)
-        self._done(answered)
+        for item in batch[answered:]:  # a broker bug; never left waiting, never ACKed
+            item.future.resolve(
+                None,
+                ProtocolError(f"the broker answered {answered} of the {len(batch)} messages"),
+            )
+        self._done(len(batch))
 
     def _done(self, count: int) -> None:
         """``count`` messages were answered: one lock and one notify per frame."""

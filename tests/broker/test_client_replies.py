@@ -1,0 +1,43 @@
+"""The publisher client against a broker that answers wrongly (a stand-in speaking the wire
+protocol on a Unix socket): it is never told "stored" for a message the answer left out."""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+import pytest
+
+from spoolmq import Publisher, protocol
+from spoolmq.errors import ProtocolError
+
+
+def short_answering_broker(listener: Listener) -> None:
+    """Welcome one publisher, then answer each publish frame for its first message only."""
+    with listener.accept() as conn:
+        assert protocol.receive(conn)["op"] == "hello"
+        protocol.send(conn, {"op": "welcome", "client_id": "fake"})
+        while True:
+            try:
+                frame = protocol.receive(conn)
+            except (EOFError, OSError):
+                return
+            if frame.get("op") != "publish":
+                continue
+            first = {"partition": 0, "offset": 0, "timestamp": 1}
+            protocol.send(conn, {"op": "publish_result", "id": frame["id"], "results": [first]})
+
+
+def test_messages_a_reply_leaves_out_fail_instead_of_waiting(tmp_path: Path) -> None:
+    address, key = str(tmp_path / "fake.sock"), b"k" * 32
+    with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        server = threading.Thread(target=short_answering_broker, args=(listener,), daemon=True)
+        server.start()
+        with Publisher(address=address, authkey=key, linger_ms=50) as publisher:
+            futures = [publisher.publish_async("t", n) for n in range(3)]
+            assert futures[0].result(timeout=10).offset == 0
+            for future in futures[1:]:
+                with pytest.raises(ProtocolError, match="answered 1 of the 3 messages"):
+                    future.result(timeout=10)
+        server.join(10)
