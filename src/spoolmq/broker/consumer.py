@@ -217,7 +217,8 @@ class ConsumerBroker:
                 # than the topic keeps): go on from the log start, and say so.
                 begin = self.log.partition_log(*key).log_start_offset()
                 self._skipped(runtime, state, begin, now)
-                reader.seek(begin)
+                with contextlib.suppress(OffsetOutOfRangeError):  # moved again: next time
+                    reader.seek(begin)
                 continue
             except CorruptRecordError as exc:
                 # Never skipped in silence: this partition stops for the group until the
