@@ -55,29 +55,39 @@ class EventLog:
         self._buffer.append(orjson.dumps(record) + b"\n")
 
     def add_lag(self, group: str, topic: str, partition: int, committed: int, end: int) -> None:
-        record = {
-            "ts": time.time_ns() // 1_000_000,
-            "type": "lag",
-            "group": group,
-            "topic": topic,
-            "partition": partition,
-            "committed": committed,
-            "log_end_offset": end,
-            "lag": max(0, end - committed),
-        }
-        self._buffer.append(orjson.dumps(record) + b"\n")
+        self._add_partition_event(
+            "lag",
+            group,
+            topic,
+            partition,
+            committed=committed,
+            log_end_offset=end,
+            lag=max(0, end - committed),
+        )
 
     def add_skipped(self, group: str, topic: str, partition: int, first: int, begin: int) -> None:
         """Offsets ``[first, begin)`` were deleted by retention before ``group`` read them."""
+        self._add_partition_event(
+            "skipped",
+            group,
+            topic,
+            partition,
+            offset=first,
+            committed=begin,
+            reason="deleted by retention before the group read them",
+        )
+
+    def _add_partition_event(
+        self, kind: str, group: str, topic: str, partition: int, **fields: Any
+    ) -> None:
+        """An event about a group's position in a partition rather than about one message."""
         record = {
             "ts": time.time_ns() // 1_000_000,
-            "type": "skipped",
+            "type": kind,
             "group": group,
             "topic": topic,
             "partition": partition,
-            "offset": first,
-            "committed": begin,
-            "reason": "deleted by retention before the group read them",
+            **fields,
         }
         self._buffer.append(orjson.dumps(record) + b"\n")
 
