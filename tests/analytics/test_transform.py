@@ -219,7 +219,8 @@ def test_throughput_buckets_records_and_work(spark: SparkSession) -> None:
 @pytest.fixture
 def delivery_events(spark: SparkSession) -> DataFrame:
     """Group g: offset 0 ACKed first time; 1 NACKed then ACKed; 2 dead-lettered after 3
-    attempts; 3 expired. Group h: offset 0 ACKed. A lag snapshot that is not a delivery."""
+    attempts; 3 expired. Group h: offset 0 ACKed. A lag snapshot and a retention skip, which
+    are not deliveries."""
     return frame(
         spark,
         EVENTS,
@@ -241,6 +242,8 @@ def delivery_events(spark: SparkSession) -> DataFrame:
             event(1500, "delivered", 0, group="h", consumer="c9"),
             event(1600, "acked", 0, group="h", consumer="c9", processing_ms=100.0),
             (1700, "lag", "g", "t", 0, None, None, None, None, None, 2, 4, 2),
+            # Offsets 4..9 deleted by retention before g read them: no message's outcome.
+            (1800, "skipped", "g", "t", 0, 4, None, None, None, None, 10, None, None),
         ],
     )
 

@@ -289,7 +289,8 @@ def payload_sizes(records: DataFrame) -> DataFrame:
 
 def delivery_outcomes(events: DataFrame) -> DataFrame:
     """One row per (group, topic, partition, offset) that has delivery events."""
-    typed = events.where((F.col("type") != "lag") & F.col("offset").isNotNull())
+    # ``lag`` and ``skipped`` are about a group's position, not about one message.
+    typed = events.where(~F.col("type").isin("lag", "skipped") & F.col("offset").isNotNull())
     delivered = F.col("type") == "delivered"
     return typed.groupBy("group", "topic", "partition", "offset").agg(
         F.max("published_at").alias("published_at"),
