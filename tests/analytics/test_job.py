@@ -118,7 +118,7 @@ def test_damaged_lines_are_skipped_and_reported(spark: SparkSession, tmp_path: P
 
 
 _WRITER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from spoolmq import Log, Message
 data, stop = Path(sys.argv[1]), Path(sys.argv[2])
@@ -127,7 +127,9 @@ with Log(data) as log:
     while not stop.exists():
         log.append_batch("busy", [Message({"n": n + i}, key=f"k{i}") for i in range(50)], acks=1)
         n += 50
-        (data.parent / "written").write_text(str(n))
+        # Replaced whole, never truncated, so a reader never sees it empty.
+        (data.parent / "written.tmp").write_text(str(n))
+        os.replace(data.parent / "written.tmp", data.parent / "written")
 """
 
 
@@ -142,7 +144,7 @@ def test_a_store_being_written_to_is_read_without_failing(
     try:
         deadline = time.monotonic() + 60
         written = tmp_path / "written"
-        while not (written.exists() and int(written.read_text() or 0) >= 2000):
+        while not (written.exists() and int(written.read_text()) >= 2000):
             assert time.monotonic() < deadline, "the writer did not get going"
             assert writer.poll() is None, "the writer died"
             time.sleep(0.05)  # another process's progress: nothing to wait on
