@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 import psutil
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 
 TOPIC = "orders"
 GROUP = "billing"
@@ -43,8 +43,8 @@ def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
     dead-lettered after 3 attempts. Returns counts of what was written."""
     rng = random.Random(seed)
     events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
-    with Log(data) as log:
-        log.create_topic(TOPIC, partitions=PARTITIONS)
+    with Store(data) as store:
+        store.create_topic(TOPIC, partitions=PARTITIONS)
         events_dir.mkdir(parents=True, mode=0o700)
         out = (events_dir / f"{int(time.time() * 1000)}-{os.getpid()}.jsonl").open("wb")
         written = {"messages": 0, "events": 0, "dead_lettered": 0}
@@ -58,7 +58,7 @@ def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
                 )
                 for i in range(start, min(count, start + BATCH))
             ]
-            positions = log.append_batch(TOPIC, batch, acks="1")
+            positions = store.append_batch(TOPIC, batch, acks="1")
             lines = []
             for position in positions:
                 ends[position.partition] = position.offset + 1

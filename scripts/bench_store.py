@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.store.record import EncodedMessage, encode_message
 
 TOPIC = "bench"
@@ -41,15 +41,15 @@ def line_size(directory: Path) -> float:
 
 
 def bench_append(directory: Path, count: int, *, encoded: bool) -> float:
-    with Log(directory) as log:
-        log.create_topic(TOPIC, partitions=1)
+    with Store(directory) as store:
+        store.create_topic(TOPIC, partitions=1)
         if encoded:
             bodies = [
                 encode_message(Message(value_for(i), key=f"k{i % 1000}")) for i in range(BATCH)
             ]
             started = time.perf_counter()
             for _ in range(count // BATCH):
-                log.append_encoded(TOPIC, 0, bodies, "all")
+                store.append_encoded(TOPIC, 0, bodies, "all")
         else:
             started = time.perf_counter()
             for start in range(0, count, BATCH):
@@ -57,14 +57,14 @@ def bench_append(directory: Path, count: int, *, encoded: bool) -> float:
                     Message(value_for(i), key=f"k{i % 1000}", partition=0)
                     for i in range(start, start + BATCH)
                 ]
-                log.append_batch(TOPIC, batch, acks="all")
+                store.append_batch(TOPIC, batch, acks="all")
         elapsed = time.perf_counter() - started
     return count / elapsed
 
 
 def bench_read(directory: Path, count: int, *, records: bool) -> float:
-    with Log(directory) as log:
-        reader = log.reader(TOPIC, 0)
+    with Store(directory) as store:
+        reader = store.reader(TOPIC, 0)
         seen = 0
         started = time.perf_counter()
         if records:
@@ -79,13 +79,13 @@ def bench_read(directory: Path, count: int, *, records: bool) -> float:
 
 
 def build_big(directory: Path, count: int) -> None:
-    with Log(directory) as log:
-        log.create_topic(TOPIC, partitions=1)
+    with Store(directory) as store:
+        store.create_topic(TOPIC, partitions=1)
         template = encode_message(Message(value_for(0), key="k")).body
         bodies = [EncodedMessage(template)] * BATCH
         for _ in range(count // BATCH):
-            log.append_encoded(TOPIC, 0, bodies, "1")
-        log.flush()
+            store.append_encoded(TOPIC, 0, bodies, "1")
+        store.flush()
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -95,12 +95,12 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[float, float]]:
     rng = random.Random(7)
-    with Log(directory) as log:
-        reader = log.reader(TOPIC, 0)
+    with Store(directory) as store:
+        reader = store.reader(TOPIC, 0)
         first = reader.poll()
         reader.seek_to_end()
         assert first is not None
-        last_ts = log.reader(TOPIC, 0, offset=count - 1).poll().timestamp  # type: ignore[union-attr]
+        last_ts = store.reader(TOPIC, 0, offset=count - 1).poll().timestamp  # type: ignore[union-attr]
         by_offset, by_time, by_time_read = [], [], []
         for _ in range(tries):
             target = rng.randrange(count)
@@ -112,7 +112,7 @@ def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[floa
         for _ in range(tries):
             stamp = rng.randrange(first.timestamp, last_ts + 1)
             started = time.perf_counter()
-            offset = log.offset_for_timestamp(TOPIC, 0, stamp)
+            offset = store.offset_for_timestamp(TOPIC, 0, stamp)
             by_time.append(time.perf_counter() - started)
             started = time.perf_counter()
             reader.seek_to_timestamp(stamp)

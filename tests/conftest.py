@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
 # The `figure` and `long_run` fixtures, and the figures section of the terminal summary.
@@ -35,8 +35,8 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def log(data_dir: Path) -> Iterator[Log]:
-    with Log(data_dir) as opened:
+def store(data_dir: Path) -> Iterator[Store]:
+    with Store(data_dir) as opened:
         yield opened
 
 

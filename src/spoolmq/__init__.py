@@ -3,20 +3,20 @@
 from spoolmq import errors
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage, run_workers
 from spoolmq.config import StoreConfig, TopicConfig
-from spoolmq.store import Log, Message, Position, Reader, Record
+from spoolmq.store import Message, Position, Reader, Record, Store
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Admin",
     "Consumer",
-    "Log",
     "Message",
     "Position",
     "Publisher",
     "Reader",
     "ReceivedMessage",
     "Record",
+    "Store",
     "StoreConfig",
     "TopicConfig",
     "__version__",

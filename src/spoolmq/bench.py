@@ -296,39 +296,39 @@ def _prefill(
     """Store messages ``first .. first+count-1`` directly through the embedded store (no
     broker), round-robin over the partitions, in the same lines a broker writes for them.
     Returns each partition's log end offset afterwards."""
-    from spoolmq.store import Log
+    from spoolmq.store import Store
     from spoolmq.store.record import EncodedMessage
 
     payload = _payload(args.size)
-    with Log(data) as log:
-        if TOPIC not in log.topics():
-            log.create_topic(TOPIC, partitions=args.partitions)
+    with Store(data) as store:
+        if TOPIC not in store.topics():
+            store.create_topic(TOPIC, partitions=args.partitions)
         batches: list[list[EncodedMessage]] = [[] for _ in range(args.partitions)]
         for message_id in range(first, first + count):
             value = orjson.dumps({"id": message_id, "p": payload})
             batch = batches[message_id % args.partitions]
             batch.append(EncodedMessage(b'"key":null,"value":%s,"headers":[]' % value))
             if len(batch) >= 1000:
-                log.append_encoded(TOPIC, message_id % args.partitions, batch, "1")
+                store.append_encoded(TOPIC, message_id % args.partitions, batch, "1")
                 batch.clear()
             if (message_id - first) % 200_000 == 0 and message_id > first:
                 progress(f"storing {message_id - first:,} of {count:,} messages")
         for partition, batch in enumerate(batches):
             if batch:
-                log.append_encoded(TOPIC, partition, batch, "1")
-        log.flush()
-        return {p: log.log_end_offset(TOPIC, p) for p in range(args.partitions)}
+                store.append_encoded(TOPIC, partition, batch, "1")
+        store.flush()
+        return {p: store.log_end_offset(TOPIC, p) for p in range(args.partitions)}
 
 
 def _stored_ids(data: Path, starts: dict[int, int] | None = None) -> list[int]:
     """The ids of the messages stored from ``starts`` (partition: offset; default: all)."""
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
     ids: list[int] = []
-    with Log(data) as log:
-        config = log.topic_config(TOPIC)
+    with Store(data) as store:
+        config = store.topic_config(TOPIC)
         for partition in range(config.partitions):
-            reader = log.reader(TOPIC, partition, offset=(starts or {}).get(partition))
+            reader = store.reader(TOPIC, partition, offset=(starts or {}).get(partition))
             while batch := reader.read_entries(5000):
                 ids.extend(fields["value"]["id"] for fields, _ in batch)
             reader.close()
@@ -472,10 +472,10 @@ def _consume_round(
 
 
 def _create_topic(data: Path, partitions: int) -> None:
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
-    with Log(data) as log:
-        log.create_topic(TOPIC, partitions=partitions)
+    with Store(data) as store:
+        store.create_topic(TOPIC, partitions=partitions)
 
 
 def spool_produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -513,16 +513,16 @@ def spool_consume(root: Path, args: argparse.Namespace, progress: Progress) -> d
 def spool_prefilled(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """``--prefill N``: N messages stored first; then the broker's start on that store,
     its memory, and produce and consume throughput of n more messages."""
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
     stored = args.prefill
     with _fresh_store(root, "prefilled") as data:
         began = time.perf_counter()
         ends = _prefill(data, 0, stored, args, progress)
         prefill_s = time.perf_counter() - began
-        with Log(data) as log:
+        with Store(data) as store:
             # The group starts where the new messages will: it drains only those.
-            log.state.commit_offsets(GROUP, {(TOPIC, p): end for p, end in ends.items()})
+            store.state.commit_offsets(GROUP, {(TOPIC, p): end for p, end in ends.items()})
         progress(f"starting a broker on {stored:,} stored messages")
         broker = _Broker(data)
         reopen_s = broker.start()

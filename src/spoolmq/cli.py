@@ -168,22 +168,22 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
-    with Log(_data(args, must_exist=args.action != "create")) as log:
+    with Store(_data(args, must_exist=args.action != "create")) as store:
         if args.action == "create":
             settings: dict[str, Any] = {"partitions": args.partitions}
             if args.retention is not None:
                 settings["retention_ms"] = parse_duration_ms(args.retention)
             if args.compact:
                 settings["cleanup_policy"] = "compact"
-            config = log.create_topic(args.name, exist_ok=False, **settings)
+            config = store.create_topic(args.name, exist_ok=False, **settings)
             if args.json:
                 _print_json({"name": args.name, **config.as_dict()})
             else:
                 print(f"created topic {args.name} with {config.partitions} partition(s)")
         elif args.action == "list":
-            topics = log.topics()
+            topics = store.topics()
             if args.json:
                 _print_json([{"name": n, **c.as_dict()} for n, c in topics.items()])
             else:
@@ -196,15 +196,15 @@ def cmd_topics(args: argparse.Namespace) -> int:
                     ],
                 )
         elif args.action == "describe":
-            config = log.topic_config(args.name)
+            config = store.topic_config(args.name)
             rows = []
             for partition in range(config.partitions):
                 rows.append(
                     {
                         "partition": partition,
-                        "log_start_offset": log.log_start_offset(args.name, partition),
-                        "log_end_offset": log.log_end_offset(args.name, partition),
-                        "segments": len(log.partition_log(args.name, partition).segment_bases()),
+                        "log_start_offset": store.log_start_offset(args.name, partition),
+                        "log_end_offset": store.log_end_offset(args.name, partition),
+                        "segments": len(store.partition_log(args.name, partition).segment_bases()),
                     }
                 )
             if args.json:
@@ -218,7 +218,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
                 )
         elif args.action == "delete":
             _refuse_if_broker_running(_data(args), "delete a topic")
-            log.delete_topic(args.name)
+            store.delete_topic(args.name)
             print(f"deleted topic {args.name}")
     return 0
 
@@ -266,15 +266,17 @@ def _group_rows(data: Path, group: str | None) -> dict[str, list[dict[str, Any]]
         result = {name: info["partitions"] for name, info in live.items()}
     else:
         result = {}
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
-    with Log(data) as log:
-        for name in log.state.groups():
+    with Store(data) as store:
+        for name in store.state.groups():
             if name in result:
                 continue
             rows = []
-            for (topic, partition), committed in sorted(log.state.committed_offsets(name).items()):
-                end = log.log_end_offset(topic, partition)
+            for (topic, partition), committed in sorted(
+                store.state.committed_offsets(name).items()
+            ):
+                end = store.log_end_offset(topic, partition)
                 rows.append(
                     {
                         "topic": topic,
@@ -350,15 +352,15 @@ def cmd_groups(args: argparse.Namespace) -> int:
 
 
 def _reset_group(args: argparse.Namespace, data: Path) -> int:
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
-    with Log(data) as log:
-        config = log.topic_config(args.topic)
-        current = log.state.committed_offsets(args.group, args.topic)
+    with Store(data) as store:
+        config = store.topic_config(args.topic)
+        current = store.state.committed_offsets(args.group, args.topic)
         targets: dict[tuple[str, int], int] = {}
         for partition in range(config.partitions):
-            start = log.log_start_offset(args.topic, partition)
-            end = log.log_end_offset(args.topic, partition)
+            start = store.log_start_offset(args.topic, partition)
+            end = store.log_end_offset(args.topic, partition)
             if args.to_earliest:
                 target = start
             elif args.to_latest:
@@ -367,7 +369,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
                 target = min(max(args.to_offset, start), end)
             else:
                 moment = _parse_datetime(args.to_datetime)
-                target = log.offset_for_timestamp(args.topic, partition, moment)
+                target = store.offset_for_timestamp(args.topic, partition, moment)
             targets[(args.topic, partition)] = target
         changes = [
             {
@@ -395,7 +397,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
             with Admin(data) as admin:
                 admin.reset_group(args.group, targets)
         else:
-            log.state.reset_group(args.group, targets)
+            store.state.reset_group(args.group, targets)
     return 0
 
 
@@ -415,18 +417,18 @@ def _parse_datetime(text: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from spoolmq.store import Log
+    from spoolmq.store import Store
     from spoolmq.store.names import dlq_topic
 
     name = dlq_topic(args.topic)
-    with Log(_data(args, must_exist=True)) as log:
-        if name not in log.topics():
+    with Store(_data(args, must_exist=True)) as store:
+        if name not in store.topics():
             rows: list[dict[str, Any]] = []
         else:
-            config = log.topic_config(name)
+            config = store.topic_config(name)
             rows = []
             for partition in range(config.partitions):
-                for record in log.reader(name, partition):
+                for record in store.reader(name, partition):
                     headers = {h: v for h, v in record.headers if isinstance(v, str)}
                     rows.append(
                         {
@@ -474,7 +476,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         for row in rows:
             record = row["record"]
             kept = [(h, v) for h, v in record.headers if not h.startswith("x-dlq-")]
-            position = log.append_batch(
+            position = store.append_batch(
                 args.topic,
                 [
                     Message(
@@ -519,10 +521,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from spoolmq.store import Log
+    from spoolmq.store import Store
 
-    with Log(_data(args, must_exist=True)) as log:
-        problems = log.check(args.topic)
+    with Store(_data(args, must_exist=True)) as store:
+        problems = store.check(args.topic)
     if args.json:
         _print_json(
             [

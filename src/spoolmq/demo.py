@@ -21,7 +21,7 @@ import orjson
 from spoolmq.bench import percentile
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage
 from spoolmq.errors import SpoolError
-from spoolmq.store import Log
+from spoolmq.store import Store
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "orders"
@@ -117,7 +117,7 @@ def run_demo(args: argparse.Namespace) -> int:
     else:
         data = Path(tempfile.mkdtemp(prefix="spoolmq-demo-")) / "queue_data"
     console.print(f"[bold]spoolmq demo[/bold]: {total} order events, data in {data}")
-    Log(data).create_topic(TOPIC, partitions=4)
+    Store(data).create_topic(TOPIC, partitions=4)
     broker = BrokerProcess(data)
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []

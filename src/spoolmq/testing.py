@@ -58,9 +58,9 @@ class BrokerProcess:
         environment = {**os.environ, **(self.env or {})}
         started = time.monotonic()
         if self.log_file is not None:
-            with open(self.log_file, "ab") as log:
+            with open(self.log_file, "ab") as store:
                 self.process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stderr=log, env=environment
+                    command, stdin=subprocess.DEVNULL, stderr=store, env=environment
                 )
         else:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=environment)

@@ -29,7 +29,7 @@ import orjson
 import pytest
 from analytics_helpers import need
 
-from spoolmq import Log, Publisher
+from spoolmq import Publisher, Store
 
 pytestmark = pytest.mark.spark
 
@@ -115,8 +115,8 @@ def e2e() -> Iterator[Run]:
     need("java", "openjdk-17-jre-headless")
     root = Path(tempfile.mkdtemp(prefix="spoolmq-e2e-analytics-"))
     data = root / "queue_data"
-    with Log(data) as log:
-        log.create_topic("orders", partitions=2)
+    with Store(data) as store:
+        store.create_topic("orders", partitions=2)
     broker = subprocess.Popen(
         [sys.executable, "-m", "spoolmq", "broker", "--data", str(data), "--log-level", "warning"],
         stdin=subprocess.DEVNULL,

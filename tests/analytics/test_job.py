@@ -13,7 +13,7 @@ import pytest
 from analytics_helpers import record_line
 from pyspark.sql import SparkSession
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.analytics import run
 from spoolmq.analytics.job import default_out_dir
 from spoolmq.cli import main as cli_main
@@ -58,8 +58,8 @@ def test_an_empty_directory_gives_an_empty_report(spark: SparkSession, tmp_path:
 
 
 def test_topics_without_messages_show_their_partitions(spark: SparkSession, tmp_path: Path) -> None:
-    with Log(tmp_path / "queue_data") as log:
-        log.create_topic("idle", partitions=2)
+    with Store(tmp_path / "queue_data") as store:
+        store.create_topic("idle", partitions=2)
     summary = run(spark, tmp_path / "queue_data", tmp_path / "out").summary
     empty = {"messages": 0, "bytes": 0, "log_end_offset": 0}
     assert summary["topics"]["idle"]["partitions"] == {"0": empty, "1": empty}
@@ -72,11 +72,11 @@ def _segment(data: Path, topic: str) -> Path:
 
 def test_damaged_lines_are_skipped_and_reported(spark: SparkSession, tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
-    with Log(data) as log:
-        log.create_topic("t", partitions=1)
-        log.append_batch("t", [Message({"n": n}, key=f"k{n % 2}") for n in range(5)])
+    with Store(data) as store:
+        store.create_topic("t", partitions=1)
+        store.append_batch("t", [Message({"n": n}, key=f"k{n % 2}") for n in range(5)])
         for n in range(5, 8):
-            log.append("t", {"n": n}, key="k1")
+            store.append("t", {"n": n}, key="k1")
     segment = _segment(data, "t")
     lines = segment.read_bytes().splitlines(keepends=True)
     # Damage in the middle: one value changed after its checksum was computed.
@@ -137,8 +137,8 @@ def test_a_store_being_written_to_is_read_without_failing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     data = tmp_path / "queue_data"
-    with Log(data) as log:
-        log.create_topic("busy", partitions=2, segment_bytes=64 * 1024)
+    with Store(data) as store:
+        store.create_topic("busy", partitions=2, segment_bytes=64 * 1024)
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(data), str(stop)])
     try:

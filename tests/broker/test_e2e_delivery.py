@@ -12,7 +12,7 @@ from pathlib import Path
 
 from e2e_workers import events_of, wait_until
 
-from spoolmq import Admin, Consumer, Log, Publisher, protocol
+from spoolmq import Admin, Consumer, Publisher, Store, protocol
 from spoolmq.testing import BrokerProcess
 
 
@@ -246,8 +246,8 @@ def test_damage_inside_a_segment_stops_that_partition_only(
     """A record damaged inside a segment is never delivered nor skipped: the group stops on
     that partition with an error in the broker log, and the ConsumerBroker goes on serving
     everything else."""
-    with Log(data_dir) as log:
-        log.create_topic("damaged", segment_bytes=1024)  # several segments
+    with Store(data_dir) as store:
+        store.create_topic("damaged", segment_bytes=1024)  # several segments
     with Publisher(data=data_dir) as publisher:
         for n in range(10):
             publisher.publish("damaged", {"n": n, "text": "some text"})
@@ -272,5 +272,5 @@ def test_damage_inside_a_segment_stops_that_partition_only(
     assert sorted(got["healthy"]) == list(range(10))
     assert broker.child_pids()["consumer"] == consumer_broker  # it did not crash
     assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
-    log = (tmp_path / "broker.log").read_text()
-    assert "group g stops reading damaged/0" in log
+    broker_log = (tmp_path / "broker.log").read_text()
+    assert "group g stops reading damaged/0" in broker_log

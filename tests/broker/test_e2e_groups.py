@@ -21,7 +21,7 @@ from e2e_workers import (
     wait_until,
 )
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.testing import BrokerProcess
 
 
@@ -62,16 +62,16 @@ def test_committed_positions_survive_a_broker_restart(
     assert broker.stop() == 0
     broker.start()
     assert drain(data_dir, "resume") == [4, 5, 6, 7, 8, 9]
-    with Log(data_dir) as log:
-        assert log.state.committed_offsets("resume") == {("jobs", 0): 10}
+    with Store(data_dir) as store:
+        assert store.state.committed_offsets("resume") == {("jobs", 0): 10}
 
 
 def test_same_key_in_order_one_at_a_time_while_keys_run_in_parallel(
     broker: BrokerProcess, data_dir: Path, tmp_path: Path
 ) -> None:
     keys, per_key = 4, 10
-    with Log(data_dir) as log:
-        log.create_topic("keyed", partitions=2)
+    with Store(data_dir) as store:
+        store.create_topic("keyed", partitions=2)
     published: dict[str, list[int]] = collections.defaultdict(list)
     with Publisher(data=data_dir) as publisher:
         for n in range(keys * per_key):
@@ -132,8 +132,8 @@ def test_a_group_that_lags_past_retention_is_told_what_it_lost(
     """Retention deletes by size whatever a group has not read yet (Kafka's rule). The
     group then goes on from the log start, and every offset is either delivered or
     reported as skipped (an event, the broker's stats), never neither and never both."""
-    with Log(data_dir) as log:
-        log.create_topic("short", segment_bytes=16_384, retention_bytes=32_768)
+    with Store(data_dir) as store:
+        store.create_topic("short", segment_bytes=16_384, retention_bytes=32_768)
     with Publisher(data=data_dir) as publisher:
         for n in range(100):
             publisher.publish_async("short", n)
@@ -148,9 +148,9 @@ def test_a_group_that_lags_past_retention_is_told_what_it_lost(
         for n in range(100, 3100):
             publisher.publish_async("short", n)
         publisher.flush()
-    with Log(data_dir) as log:
-        end = log.log_end_offset("short", 0)
-        wait_until(lambda: log.log_start_offset("short", 0) > 1000, 60, "retention")
+    with Store(data_dir) as store:
+        end = store.log_end_offset("short", 0)
+        wait_until(lambda: store.log_start_offset("short", 0) > 1000, 60, "retention")
     if restart:  # the group's position then comes from state.db, below the log start
         broker.stop()
         broker.start()
@@ -167,5 +167,5 @@ def test_a_group_that_lags_past_retention_is_told_what_it_lost(
         skipped |= lost
     wait_until(lambda: broker.stats()["consumer"].get("skipped") == len(skipped), 10, "stats")
     assert delivered | skipped == set(range(end))
-    with Log(data_dir) as log:
-        assert log.state.committed_offsets("lagging") == {("short", 0): end}
+    with Store(data_dir) as store:
+        assert store.state.committed_offsets("lagging") == {("short", 0): end}

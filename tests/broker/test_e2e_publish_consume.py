@@ -22,7 +22,7 @@ from e2e_workers import (
     wait_until,
 )
 
-from spoolmq import Consumer, Log, Publisher, protocol
+from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import InvalidTopicError, MessageTooLargeError
 from spoolmq.testing import BrokerProcess
@@ -38,9 +38,9 @@ def event_lines(data_dir: Path) -> list[dict[str, Any]]:
 def stored_values(data_dir: Path, topic: str) -> dict[tuple[int, int], Any]:
     """Every record of a topic, read from the files with the store's own reader."""
     found = {}
-    with Log(data_dir) as log:
-        for partition in range(log.topic_config(topic).partitions):
-            for record in log.reader(topic, partition):
+    with Store(data_dir) as store:
+        for partition in range(store.topic_config(topic).partitions):
+            for record in store.reader(topic, partition):
                 found[(partition, record.offset)] = record.value
     return found
 
@@ -49,8 +49,8 @@ def test_publishers_and_consumers_in_separate_processes(
     broker: BrokerProcess, data_dir: Path, tmp_path: Path
 ) -> None:
     publishers, per_publisher = 3, 40
-    with Log(data_dir) as log:
-        log.create_topic("orders", partitions=3)
+    with Store(data_dir) as store:
+        store.create_topic("orders", partitions=3)
     subscribed = SPAWN.Barrier(4)
     with client_processes() as processes:
         processes += [
@@ -116,11 +116,11 @@ def test_publishers_and_consumers_in_separate_processes(
 def test_publish_returns_only_once_the_record_is_readable(
     broker: BrokerProcess, data_dir: Path, acks: str
 ) -> None:
-    with Log(data_dir) as log, Publisher(data=data_dir, acks=acks) as publisher:
+    with Store(data_dir) as store, Publisher(data=data_dir, acks=acks) as publisher:
         for n in range(20):
             position = publisher.publish("stored", {"n": n}, key=f"k{n % 3}")
             # Read right after the ACK, in this process, from the files themselves.
-            record = log.reader("stored", position.partition, offset=position.offset).poll()
+            record = store.reader("stored", position.partition, offset=position.offset).poll()
             assert record is not None, f"ACKed offset {position.offset} is not in the store"
             assert (record.offset, record.value, record.key) == (
                 position.offset,
@@ -130,7 +130,7 @@ def test_publish_returns_only_once_the_record_is_readable(
         futures = [publisher.publish_async("stored", {"batch": n}, acks=acks) for n in range(30)]
         for n, future in enumerate(futures):
             position = future.result(60)
-            record = log.reader("stored", position.partition, offset=position.offset).poll()
+            record = store.reader("stored", position.partition, offset=position.offset).poll()
             assert record is not None and record.value == {"batch": n}
 
 

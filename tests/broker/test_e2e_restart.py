@@ -20,7 +20,7 @@ from e2e_workers import (
     wait_until,
 )
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.errors import BrokerUnavailableError, PublishTimeoutError, UnknownDeliveryError
 from spoolmq.testing import BrokerProcess
 
@@ -52,8 +52,8 @@ def test_publishes_in_flight_ride_through_a_broker_restart(
         for line in lines:
             acked[(line["partition"], line["offset"])] = {"w": line["w"], "i": line["i"]}
     assert all(n < count for n in stopped_at), "the restart came after the workload"
-    with Log(data_dir) as log:
-        stored = {(0, r.offset): r.value for r in log.reader("ride", 0)}
+    with Store(data_dir) as store:
+        stored = {(0, r.offset): r.value for r in store.reader("ride", 0)}
     # Every message is stored exactly once, where its publisher was told.
     values = collections.Counter((v["w"], v["i"]) for v in stored.values())
     assert set(values.values()) == {1}, "a resent publish was stored twice"
@@ -134,7 +134,9 @@ def test_a_child_that_served_before_it_was_killed_comes_back_at_once(
     for _ in range(4):
         time.sleep(1.2)  # the child has been ready for over a second: it started well
         broker.wait_child_replaced("consumer", broker.kill_child("consumer"))
-    log = (tmp_path / "broker.log").read_text()
-    waits = re.findall(r"the consumer broker \(pid \d+\) exited .*; restarting in ([\d.]+)s", log)
+    broker_log = (tmp_path / "broker.log").read_text()
+    waits = re.findall(
+        r"the consumer broker \(pid \d+\) exited .*; restarting in ([\d.]+)s", broker_log
+    )
     assert waits == ["0.1"] * 4
     assert broker.stats()["restarts"]["consumer"] == 4

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from e2e_workers import client_processes, join_all, publish_worker, read_lines, start, wait_until
 
-from spoolmq import Consumer, Log, Publisher, protocol
+from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
 from spoolmq.testing import BrokerProcess
@@ -91,9 +91,9 @@ def test_a_signal_stops_the_broker_cleanly_while_publishers_send(
         assert all("error" in line for line in lines[len(ok) :])
         for line in ok:
             acked[(line["partition"], line["offset"])] = {"w": line["w"], "i": line["i"]}
-    with Log(data_dir) as log:
-        assert not log.recovery_reports
-        stored = {(0, r.offset): r.value for r in log.reader("stop", 0)}
+    with Store(data_dir) as store:
+        assert not store.recovery_reports
+        stored = {(0, r.offset): r.value for r in store.reader("stop", 0)}
     assert {k: stored.get(k) for k in acked} == acked, "an ACKed publish is not stored"
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
     assert not (data_dir / protocol.SOCKET_FILE).exists()

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.cli import main
 from spoolmq.testing import BrokerProcess
 
@@ -49,8 +49,8 @@ def test_publish_a_value_and_stdin_lines(
     lines = json_lines(out)
     assert all(set(line) == POSITION_KEYS for line in lines)
     assert [line["offset"] for line in lines] == [2, 3, 4]
-    with Log(data_dir) as log:
-        records = list(log.reader("orders", 0))
+    with Store(data_dir) as store:
+        records = list(store.reader("orders", 0))
     assert [r.value for r in records] == [{"id": 1}, "plain text", {"id": 2}, [3], "four"]
     assert records[0].key == "c7" and records[0].headers == [("h", "v")]
     assert records[1].tags == ("vip", "eu")
@@ -169,8 +169,8 @@ def test_groups_list_and_describe(
     broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     d = ["--data", str(data_dir)]
-    with Log(data_dir) as log:
-        log.create_topic("orders", partitions=2)
+    with Store(data_dir) as store:
+        store.create_topic("orders", partitions=2)
     with Publisher(data=data_dir) as publisher:
         for n in range(5):
             publisher.publish("orders", n, partition=n % 2)  # 3 in partition 0, 2 in 1
@@ -267,8 +267,8 @@ def test_dlq_list_and_replay(
         "replayed": 0,
         "already_replayed": 2,
     }
-    with Log(data_dir) as log:
-        replayed = list(log.reader("pay", 0, offset=2))
+    with Store(data_dir) as store:
+        replayed = list(store.reader("pay", 0, offset=2))
     assert sorted((r.key, r.value["order"]) for r in replayed) == [("a", 1), ("b", 2)]
     assert all(not name.startswith("x-dlq-") for r in replayed for name, _ in r.headers)
 
@@ -360,5 +360,5 @@ def test_the_data_directory_comes_from_the_option_the_environment_or_the_cwd(
     finally:
         broker.terminate()
         assert broker.wait(60) == 0
-    with Log(data) as log:
-        assert [r.value for r in log.reader("where", 0)] == ["option", "env", "cwd", "both"]
+    with Store(data) as store:
+        assert [r.value for r in store.reader("where", 0)] == ["option", "env", "cwd", "both"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
 
@@ -66,7 +66,7 @@ def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragme
 
 def test_an_unknown_topic_is_named(tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
-    with Log(data):
+    with Store(data):
         pass
     result = run_cli("topics", "describe", "missing", "--data", str(data))
     assert result.returncode == 2
@@ -135,6 +135,6 @@ def test_mistakes_with_a_broker_running_store_nothing(
     )
     assert_one_line_error(run_cli("groups", "describe", "nobody", *data), "no consumer group")
     assert_one_line_error(run_cli("topics", "delete", "ok", *data), "broker is running")
-    with Log(data_dir) as log:
-        assert log.topics().keys() == {"ok"}
-        assert [r.value for r in log.reader("ok", 0)] == [{"n": 1}]
+    with Store(data_dir) as store:
+        assert store.topics().keys() == {"ok"}
+        assert [r.value for r in store.reader("ok", 0)] == [{"n": 1}]

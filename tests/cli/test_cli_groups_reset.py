@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.cli import main
 from spoolmq.testing import BrokerProcess
 
@@ -40,8 +40,8 @@ def reset(capsys: pytest.CaptureFixture[str], data_dir: Path, *target: str) -> d
 
 
 def committed(data_dir: Path) -> int | None:
-    with Log(data_dir) as log:
-        return log.state.committed_offsets("billing").get(("orders", 0))
+    with Store(data_dir) as store:
+        return store.state.committed_offsets("billing").get(("orders", 0))
 
 
 def receive_all(data_dir: Path) -> list[int]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -37,11 +37,11 @@ def test_the_demo_runs_to_the_end_and_dead_letters_the_poison_orders(tmp_path: P
     assert summary["dead-lettered (expected 3)"] == "3"
     assert summary["acked"] == "297"
     assert int(summary["retried (NACKed)"]) > 0
-    with Log(data) as log:
+    with Store(data) as store:
         dead = [
             record.value["order_id"]
-            for partition in range(log.topic_config("orders.dlq").partitions)
-            for record in log.reader("orders.dlq", partition)
+            for partition in range(store.topic_config("orders.dlq").partitions)
+            for record in store.reader("orders.dlq", partition)
         ]
     assert sorted(dead) == [97, 194, 291]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import fault_workers
 
-from spoolmq import Log
+from spoolmq import Store
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -58,10 +58,10 @@ def audit(data_dir: Path, topic: str, ack_files: dict[int, Path]) -> StoreAudit:
     """Read the whole topic (the broker stopped) and compare it with every worker's ACKs."""
     result = StoreAudit()
     where: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
-    with Log(data_dir) as log:
-        for partition in range(log.topic_config(topic).partitions):
-            start = result.log_start[partition] = log.log_start_offset(topic, partition)
-            records = list(log.reader(topic, partition))
+    with Store(data_dir) as store:
+        for partition in range(store.topic_config(topic).partitions):
+            start = result.log_start[partition] = store.log_start_offset(topic, partition)
+            records = list(store.reader(topic, partition))
             offsets = [r.offset for r in records]
             if offsets != list(range(start, start + len(offsets))):
                 result.gaps.append(f"partition {partition}: offsets not contiguous from {start}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq import Consumer, Publisher
-from spoolmq.store.log import Position
+from spoolmq.store.store import Position
 
 
 def publish_until_stopped(
@@ -112,13 +112,13 @@ def consume_and_record(data_dir: str, topic: str, group: str, out_file: str, pre
 def open_and_append(data_dir: str, worker: int, count: int, start: Any, out_file: str) -> None:
     """Open the store (maybe creating it) at the same moment as the other workers, append
     ``count`` records one by one, and write ``ok`` or the error a user would see."""
-    from spoolmq import Log
+    from spoolmq import Store
 
     start.wait()
     try:
-        with Log(data_dir) as log:
+        with Store(data_dir) as store:
             for i in range(count):
-                log.append("crowd", {"w": worker, "i": i}, acks="1")
+                store.append("crowd", {"w": worker, "i": i}, acks="1")
     except Exception as exc:
         Path(out_file).write_text(f"{type(exc).__name__}: {exc}")
         return

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fault_checks import audit, start_publishers, stop_processes
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
 WORKERS = 2
@@ -29,8 +29,8 @@ def test_acked_publishes_survive_sigkill(
     trials = 20 if long_run else 3
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    with Log(data_dir) as log:
-        log.create_topic(TOPIC, partitions=2)
+    with Store(data_dir) as store:
+        store.create_topic(TOPIC, partitions=2)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
     publishers, acks, stop_file = start_publishers(data_dir, TOPIC, WORKERS, tmp_path, 0.01)

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from fault_checks import pid_alive, start_process, stop_processes
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.client.consumer import ReceivedMessage
 from spoolmq.errors import LeaseExpiredError
 from spoolmq.testing import BrokerProcess
@@ -138,8 +138,8 @@ def test_poison_message_goes_to_the_dlq_and_the_topic_keeps_flowing(
     assert sorted(h for h in handled if h != "poison") == list(range(300))
     first, last = handled.index("poison"), len(handled) - handled[::-1].index("poison")
     flowed = sum(1 for h in handled[first:last] if h != "poison")
-    with Log(data_dir) as log:
-        dead = list(log.reader("jobs.dlq", 0))
+    with Store(data_dir) as store:
+        dead = list(store.reader("jobs.dlq", 0))
     assert len(dead) == 1
     headers = dict(dead[0].headers)
     assert dead[0].value == {"poison": True}

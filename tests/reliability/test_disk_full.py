@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fault_checks import pid_alive
 
-from spoolmq import Consumer, Log, Publisher
-from spoolmq.store.log import Position
+from spoolmq import Consumer, Publisher, Store
+from spoolmq.store.store import Position
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "full"
@@ -92,9 +92,9 @@ def publish_round(data_dir: Path, label: str, publishers: int = 4, each: int = 1
 def check_store(data_dir: Path, outcomes: list[Any]) -> tuple[int, int, int]:
     """Every ACKed message stored once where it was ACKed; returns (acked, failed, failed
     but stored)."""
-    with Log(data_dir) as log:
-        records = list(log.reader(TOPIC, 0))
-        assert log.check() == []
+    with Store(data_dir) as store:
+        records = list(store.reader(TOPIC, 0))
+        assert store.check() == []
     assert [r.offset for r in records] == list(range(len(records)))
     stored = {(r.value["round"], r.value["p"], r.value["i"]): r.offset for r in records}
     assert len(stored) == len(records)
@@ -153,8 +153,8 @@ def describe(kind: str, outcomes: list[Any], data_dir: Path, info: dict[str, Any
 
 def test_disk_full(small_disk: Path, tmp_path: Path, figure: Callable[[str], None]) -> None:
     data_dir = small_disk / "queue_data"
-    with Log(data_dir) as log:
-        log.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
+    with Store(data_dir) as store:
+        store.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
     filler: list[Path] = []
@@ -174,8 +174,8 @@ def test_disk_full(small_disk: Path, tmp_path: Path, figure: Callable[[str], Non
 
 
 def test_write_errors(data_dir: Path, tmp_path: Path, figure: Callable[[str], None]) -> None:
-    with Log(data_dir) as log:
-        log.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
+    with Store(data_dir) as store:
+        store.create_topic(TOPIC, segment_bytes=SEGMENT_BYTES)
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
     limit = resource.RLIM_INFINITY

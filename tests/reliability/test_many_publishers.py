@@ -11,7 +11,7 @@ from pathlib import Path
 import fault_workers
 from fault_checks import SPAWN, start_process, stop_processes
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
 PUBLISHERS = 32
@@ -24,8 +24,8 @@ def test_32_publisher_processes(
     figure: Callable[[str], None],
 ) -> None:
     each = 5_000
-    with Log(data_dir) as log:
-        log.create_topic("crowd", partitions=4)
+    with Store(data_dir) as store:
+        store.create_topic("crowd", partitions=4)
     start = SPAWN.Event()
     workers = [
         start_process(fault_workers.publish_count, str(data_dir), "crowd", w, each, start)
@@ -44,9 +44,9 @@ def test_32_publisher_processes(
     errors = [error for _, error in reports if error]
     broker.stop()
     seen: collections.Counter[tuple[int, int]] = collections.Counter()
-    with Log(data_dir) as log:
+    with Store(data_dir) as store:
         for partition in range(4):
-            records = list(log.reader("crowd", partition))
+            records = list(store.reader("crowd", partition))
             assert [r.offset for r in records] == list(range(len(records)))
             seen.update((r.value["w"], r.value["i"]) for r in records)
     broker_log = (tmp_path / "broker.log").read_text()
@@ -81,8 +81,8 @@ def test_32_processes_open_a_new_store_at_once(
         start.set()
         stop_processes(workers, timeout=300)
         failures += [text for out in outs if (text := out.read_text()) != "ok"]
-        with Log(store) as log:
-            records = list(log.reader("crowd", 0))
+        with Store(store) as store:
+            records = list(store.reader("crowd", 0))
         assert [r.offset for r in records] == list(range(len(records)))
         if not failures:
             assert len(records) == PUBLISHERS * 20

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from fault_checks import audit, read_acks, start_process, start_publishers, stop_processes
 
-from spoolmq import Consumer, Log, Publisher
+from spoolmq import Consumer, Publisher, Store
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "soak"
@@ -83,8 +83,8 @@ def test_soak(
     duration = 300.0 if long_run else 20.0
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    with Log(data_dir) as log:
-        log.create_topic(
+    with Store(data_dir) as store:
+        store.create_topic(
             TOPIC,
             partitions=PARTITIONS,
             segment_bytes=SEGMENT_BYTES,
@@ -180,10 +180,10 @@ def test_soak(
         broker.stop()
     result = audit(data_dir, TOPIC, acks)
     lost_to_retention = skipped(data_dir, "soak")
-    with Log(data_dir) as log:
-        committed = log.state.committed_offsets("soak")
-        ends = {(TOPIC, p): log.log_end_offset(TOPIC, p) for p in range(PARTITIONS)}
-        dead_lettered = f"{TOPIC}.dlq" in log.topics()
+    with Store(data_dir) as store:
+        committed = store.state.committed_offsets("soak")
+        ends = {(TOPIC, p): store.log_end_offset(TOPIC, p) for p in range(PARTITIONS)}
+        dead_lettered = f"{TOPIC}.dlq" in store.topics()
     early = statistics.median(r for t, r in rss if t <= duration * 0.3) if rss else 0
     late = statistics.median(r for t, r in rss if t >= duration * 0.7) if rss else 0
     growth = (late - early) / early if early else 0.0

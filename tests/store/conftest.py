@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from store_helpers import FakeClock
 
-from spoolmq import Log
+from spoolmq import Store
 from spoolmq.store import partition as partition_module
 
 
@@ -20,7 +20,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 @pytest.fixture
-def small_log(data_dir: Path) -> Iterator[Log]:
-    """A log whose index has an entry every 64 bytes, for seeking tests."""
-    with Log(data_dir, config={"index_interval_bytes": 64}) as opened:
+def small_store(data_dir: Path) -> Iterator[Store]:
+    """A store whose index has an entry every 64 bytes, for seeking tests."""
+    with Store(data_dir, config={"index_interval_bytes": 64}) as opened:
         yield opened

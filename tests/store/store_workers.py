@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 
 
 def append_worker(data_dir: str, topic: str, worker: int, batches: int, start: Any) -> None:
@@ -16,10 +16,10 @@ def append_worker(data_dir: str, topic: str, worker: int, batches: int, start: A
     start.wait()
     rng = random.Random(worker)
     sent = 0
-    with Log(data_dir) as log:
+    with Store(data_dir) as store:
         for _ in range(batches):
             size = rng.randint(1, 5)
-            log.append_batch(
+            store.append_batch(
                 topic, [Message({"w": worker, "i": sent + k}) for k in range(size)], acks="1"
             )
             sent += size
@@ -35,8 +35,8 @@ def crash_writer(data_dir: str, side_file: str, run: int) -> None:
     rng = random.Random(run)
     side = os.open(side_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     producer = f"run-{run}"
-    with Log(data_dir) as log:
-        log.create_topic("crash", partitions=1, segment_bytes=64 * 1024)
+    with Store(data_dir) as store:
+        store.create_topic("crash", partitions=1, segment_bytes=64 * 1024)
         batch = 0
         while True:
             size = rng.choice([1, 2, 50, 400])
@@ -49,7 +49,7 @@ def crash_writer(data_dir: str, side_file: str, run: int) -> None:
                 )
                 for i in range(size)
             ]
-            positions = log.append_batch("crash", messages, acks="all")
+            positions = store.append_batch("crash", messages, acks="all")
             os.write(side, f"{batch_id} {positions[0].offset} {size}\n".encode())
             batch += 1
 

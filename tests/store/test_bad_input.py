@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from store_helpers import tree_snapshot
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.errors import (
     InvalidArgumentError,
     InvalidTopicError,
@@ -28,21 +28,21 @@ from spoolmq.errors import (
     ["", ".hidden", "-x", "a/b", "../etc", "a b", "é", "x" * 129, "a\x00b", 7, None],
 )
 def test_invalid_topic_names_are_refused_before_any_path(
-    log: Log, data_dir: Path, name: Any
+    store: Store, data_dir: Path, name: Any
 ) -> None:
     before = tree_snapshot(data_dir)
     with pytest.raises(InvalidTopicError, match="A-Z a-z 0-9"):
-        log.append(name, {"n": 1})
+        store.append(name, {"n": 1})
     with pytest.raises(InvalidTopicError):
-        log.create_topic(name)
+        store.create_topic(name)
     with pytest.raises(InvalidTopicError):
-        log.reader(name, 0)
+        store.reader(name, 0)
     assert tree_snapshot(data_dir) == before
 
 
 @pytest.mark.parametrize("name", ["a", "A.b_c-9", "0" * 128, "orders.dlq"])
-def test_valid_topic_names_are_accepted(log: Log, name: str) -> None:
-    assert log.append(name, 1).topic == name
+def test_valid_topic_names_are_accepted(store: Store, name: str) -> None:
+    assert store.append(name, 1).topic == name
 
 
 class Unserialisable:
@@ -65,21 +65,21 @@ class Unserialisable:
 )
 @pytest.mark.parametrize("topic_exists", [True, False])
 def test_unserialisable_values_write_nothing(
-    log: Log, data_dir: Path, value: Any, what: str, topic_exists: bool
+    store: Store, data_dir: Path, value: Any, what: str, topic_exists: bool
 ) -> None:
     if topic_exists:
-        log.create_topic("orders", partitions=2)
-        log.append("orders", "before")
+        store.create_topic("orders", partitions=2)
+        store.append("orders", "before")
     before = tree_snapshot(data_dir)
     with pytest.raises(SerializationError, match=what):
-        log.append("orders", value)
+        store.append("orders", value)
     # a good message in the same batch is not written either
     with pytest.raises(SerializationError):
-        log.append_batch("orders", [Message("fine"), Message(value)])
+        store.append_batch("orders", [Message("fine"), Message(value)])
     assert tree_snapshot(data_dir) == before
     if topic_exists:
         # the failed appends took no round-robin turn: "before" went to 0, next is 1
-        assert log.append("orders", "after").partition == 1
+        assert store.append("orders", "after").partition == 1
 
 
 @pytest.mark.parametrize(
@@ -101,56 +101,56 @@ def test_unserialisable_values_write_nothing(
     ],
 )
 def test_bad_arguments_write_nothing(
-    log: Log, data_dir: Path, kwargs: dict[str, Any], error: type[SpoolError], what: str
+    store: Store, data_dir: Path, kwargs: dict[str, Any], error: type[SpoolError], what: str
 ) -> None:
-    log.create_topic("orders", partitions=2)
+    store.create_topic("orders", partitions=2)
     before = tree_snapshot(data_dir)
     with pytest.raises(error, match=what):
-        log.append("orders", {"n": 1}, **kwargs)
+        store.append("orders", {"n": 1}, **kwargs)
     assert tree_snapshot(data_dir) == before
 
 
-def test_bad_partition_on_a_new_topic_creates_no_topic(log: Log, data_dir: Path) -> None:
+def test_bad_partition_on_a_new_topic_creates_no_topic(store: Store, data_dir: Path) -> None:
     before = tree_snapshot(data_dir)
     with pytest.raises(UnknownPartitionError, match="partitions 0 to 0"):
-        log.append("fresh", 1, partition=1)
-    assert "fresh" not in log.topics()
+        store.append("fresh", 1, partition=1)
+    assert "fresh" not in store.topics()
     assert tree_snapshot(data_dir) == before
 
 
 @pytest.mark.parametrize("limit", [1024, 4096])
 def test_message_over_the_size_limit(data_dir: Path, limit: int) -> None:
-    with Log(data_dir, config={"max_message_bytes": limit}) as log:
-        log.append("orders", "x" * (limit // 2))
+    with Store(data_dir, config={"max_message_bytes": limit}) as store:
+        store.append("orders", "x" * (limit // 2))
         before = tree_snapshot(data_dir)
         with pytest.raises(MessageTooLargeError, match=f"limit of {limit} bytes"):
-            log.append("orders", "x" * limit)
+            store.append("orders", "x" * limit)
         assert tree_snapshot(data_dir) == before
 
 
-def test_default_size_limit_is_one_mebibyte(log: Log) -> None:
-    log.append("big", "x" * (1024 * 1024 - 500))
+def test_default_size_limit_is_one_mebibyte(store: Store) -> None:
+    store.append("big", "x" * (1024 * 1024 - 500))
     with pytest.raises(MessageTooLargeError, match="1048576"):
-        log.append("big", "x" * (1024 * 1024))
+        store.append("big", "x" * (1024 * 1024))
 
 
 @pytest.fixture
-def filled(log: Log) -> Log:
-    log.create_topic("orders", partitions=2, segment_bytes=1024)
+def filled(store: Store) -> Store:
+    store.create_topic("orders", partitions=2, segment_bytes=1024)
     for i in range(30):
-        log.append("orders", {"i": i}, partition=0)
-    return log
+        store.append("orders", {"i": i}, partition=0)
+    return store
 
 
 @pytest.mark.parametrize("offset", [-1, 31, 10**6])
-def test_offsets_outside_the_log(filled: Log, data_dir: Path, offset: int) -> None:
+def test_offsets_outside_the_log(filled: Store, data_dir: Path, offset: int) -> None:
     before = tree_snapshot(data_dir)
     with pytest.raises(OffsetOutOfRangeError, match=r"valid offsets are 0 \(log start\) to 30"):
         filled.reader("orders", 0, offset=offset)
     assert tree_snapshot(data_dir) == before
 
 
-def test_offset_below_the_log_start_after_retention(filled: Log) -> None:
+def test_offset_below_the_log_start_after_retention(filled: Store) -> None:
     filled.enforce_retention("orders", now=2**62)
     start = filled.log_start_offset("orders", 0)
     assert start > 0
@@ -162,16 +162,20 @@ def test_offset_below_the_log_start_after_retention(filled: Log) -> None:
 @pytest.mark.parametrize(
     ("call", "error", "what"),
     [
-        (lambda log: log.reader("orders", 2), UnknownPartitionError, "partitions 0 to 1"),
-        (lambda log: log.reader("orders", -1), UnknownPartitionError, "no partition -1"),
-        (lambda log: log.reader("nope", 0), UnknownTopicError, "'nope' does not exist"),
-        (lambda log: log.reader("orders", 0, offset="middle"), InvalidArgumentError, "earliest"),
-        (lambda log: log.log_end_offset("orders", 5), UnknownPartitionError, "no partition 5"),
-        (lambda log: log.alter_topic("orders", partitions=3), InvalidArgumentError, "cannot"),
+        (lambda store: store.reader("orders", 2), UnknownPartitionError, "partitions 0 to 1"),
+        (lambda store: store.reader("orders", -1), UnknownPartitionError, "no partition -1"),
+        (lambda store: store.reader("nope", 0), UnknownTopicError, "'nope' does not exist"),
+        (
+            lambda store: store.reader("orders", 0, offset="middle"),
+            InvalidArgumentError,
+            "earliest",
+        ),
+        (lambda store: store.log_end_offset("orders", 5), UnknownPartitionError, "no partition 5"),
+        (lambda store: store.alter_topic("orders", partitions=3), InvalidArgumentError, "cannot"),
     ],
 )
 def test_bad_reads_raise_specific_errors(
-    filled: Log, data_dir: Path, call: Callable[[Log], Any], error: type[SpoolError], what: str
+    filled: Store, data_dir: Path, call: Callable[[Store], Any], error: type[SpoolError], what: str
 ) -> None:
     before = tree_snapshot(data_dir)
     with pytest.raises(error, match=what):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import store_workers
 
-from spoolmq import Log
+from spoolmq import Store
 
 WORKERS = 8
 
@@ -23,9 +23,9 @@ WORKERS = 8
 def test_eight_processes_append_every_record_once(
     data_dir: Path, figure: Callable[[str], None]
 ) -> None:
-    with Log(data_dir) as log:
+    with Store(data_dir) as store:
         # small segments: the writers also overtake each other's rolls
-        log.create_topic("shared", partitions=2, segment_bytes=4096)
+        store.create_topic("shared", partitions=2, segment_bytes=4096)
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     processes = [
@@ -42,9 +42,9 @@ def test_eight_processes_append_every_record_once(
         assert process.exitcode == 0
     sent = {w: int((data_dir / f"sent-{w}").read_text()) for w in range(WORKERS)}
     seen: collections.Counter[tuple[int, int]] = collections.Counter()
-    with Log(data_dir) as log:
+    with Store(data_dir) as store:
         for partition in (0, 1):
-            records = list(log.reader("shared", partition))
+            records = list(store.reader("shared", partition))
             assert [r.offset for r in records] == list(range(len(records)))
             stamps = [r.timestamp for r in records]
             assert stamps == sorted(stamps)
@@ -53,7 +53,7 @@ def test_eight_processes_append_every_record_once(
             for w in range(WORKERS):
                 mine = [r.value["i"] for r in records if r.value["w"] == w]
                 assert mine == sorted(mine)
-        assert log.check() == []
+        assert store.check() == []
     expected = {(w, i) for w in range(WORKERS) for i in range(sent[w])}
     assert set(seen) == expected
     assert all(count == 1 for count in seen.values())
@@ -76,10 +76,10 @@ def test_writer_killed_mid_batch(
         time.sleep(rng.uniform(0.4, 1.0))
         writer.send_signal(signal.SIGKILL)
         assert writer.wait(30) == -signal.SIGKILL
-        with Log(data_dir) as log:
-            log.append("crash", {"batch": f"marker-{run}", "n": 1, "i": 0}, acks="all")
-            records = list(log.reader("crash", 0))
-            assert log.check() == []
+        with Store(data_dir) as store:
+            store.append("crash", {"batch": f"marker-{run}", "n": 1, "i": 0}, acks="all")
+            records = list(store.reader("crash", 0))
+            assert store.check() == []
         assert [r.offset for r in records] == list(range(len(records)))
         by_batch: dict[str, list[int]] = collections.defaultdict(list)
         sizes = {}

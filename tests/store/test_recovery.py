@@ -11,7 +11,7 @@ import orjson
 import pytest
 from store_helpers import segment_files
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.errors import CorruptRecordError
 
 TOPIC = "events"
@@ -22,23 +22,23 @@ def build_store(data_dir: Path, last_batch: int) -> tuple[bytes, int, int]:
 
     Returns the segment bytes, where the last batch starts, and its first offset.
     """
-    with Log(data_dir, config={"index_interval_bytes": 64}) as log:
-        log.create_topic(TOPIC)
+    with Store(data_dir, config={"index_interval_bytes": 64}) as store:
+        store.create_topic(TOPIC)
         for n in range(5):
-            log.append_batch(TOPIC, [Message({"b": n, "i": i}) for i in range(n + 1)])
-        first = log.log_end_offset(TOPIC, 0)
+            store.append_batch(TOPIC, [Message({"b": n, "i": i}) for i in range(n + 1)])
+        first = store.log_end_offset(TOPIC, 0)
         size_before = segment_files(data_dir, TOPIC)[0].stat().st_size
-        log.append_batch(TOPIC, [Message({"b": "last", "i": i}) for i in range(last_batch)])
+        store.append_batch(TOPIC, [Message({"b": "last", "i": i}) for i in range(last_batch)])
     data = segment_files(data_dir, TOPIC)[0].read_bytes()
     return data, size_before, first
 
 
 def check_recovered(data_dir: Path, intact: bytes, first: int, cut: bytes) -> None:
     """Open, append once, and check nothing before the torn batch was lost."""
-    with Log(data_dir) as log:
-        appended = log.append(TOPIC, {"after": "recovery"})
-        reports = list(log.recovery_reports)
-        records = list(log.reader(TOPIC, 0))
+    with Store(data_dir) as store:
+        appended = store.append(TOPIC, {"after": "recovery"})
+        reports = list(store.recovery_reports)
+        records = list(store.reader(TOPIC, 0))
     assert appended.offset == first  # the torn batch's offsets are taken by the next append
     assert len(reports) == 1
     report = reports[0]
@@ -112,22 +112,22 @@ def test_a_reader_never_returns_part_of_a_batch(tmp_path: Path) -> None:
     segment = segment_files(tmp_path, TOPIC)[0]
     last_line_start = data.rfind(b"\n", 0, len(data) - 1) + 1
     os.truncate(segment, last_line_start)  # two of three records of the batch are there
-    with Log(tmp_path) as log:  # reading does not recover: the writer might be mid-write
-        reader = log.reader(TOPIC, 0)
+    with Store(tmp_path) as store:  # reading does not recover: the writer might be mid-write
+        reader = store.reader(TOPIC, 0)
         assert [r.offset for r in reader] == list(range(first))
         assert reader.poll() is None
         with open(segment, "ab") as handle:  # the writer finishes the batch
             handle.write(data[last_line_start:])
         assert [r.value["i"] for r in reader] == [0, 1, 2]
-        assert log.recovery_reports == []
+        assert store.recovery_reports == []
 
 
 @pytest.fixture
 def damaged(tmp_path: Path) -> tuple[Path, int]:
     """A store with a changed byte in its third record, valid records after it."""
-    with Log(tmp_path) as log:
+    with Store(tmp_path) as store:
         for i in range(10):
-            log.append("events", {"i": i, "text": "some text"})
+            store.append("events", {"i": i, "text": "some text"})
     segment = segment_files(tmp_path, TOPIC)[0]
     data = bytearray(segment.read_bytes())
     third = data.index(b'{"offset":2,')
@@ -138,8 +138,8 @@ def damaged(tmp_path: Path) -> tuple[Path, int]:
 
 def test_damage_inside_a_segment_raises_on_read(damaged: tuple[Path, int]) -> None:
     data_dir, position = damaged
-    with Log(data_dir) as log:
-        reader = log.reader(TOPIC, 0)
+    with Store(data_dir) as store:
+        reader = store.reader(TOPIC, 0)
         assert [reader.poll().offset, reader.poll().offset] == [0, 1]  # type: ignore[union-attr]
         with pytest.raises(CorruptRecordError, match="failed its checksum") as caught:
             reader.poll()
@@ -152,11 +152,11 @@ def test_damage_inside_a_segment_raises_on_read(damaged: tuple[Path, int]) -> No
 def test_damage_inside_a_segment_is_reported_by_check(damaged: tuple[Path, int]) -> None:
     data_dir, position = damaged
     before = segment_files(data_dir, TOPIC)[0].read_bytes()
-    with Log(data_dir) as log:
-        problems = log.check()
+    with Store(data_dir) as store:
+        problems = store.check()
         with pytest.raises(CorruptRecordError, match="not a torn tail"):
             # the damage is after the newest index entry: the writer refuses to cut it
-            log.append(TOPIC, "more")
+            store.append(TOPIC, "more")
     assert [(p.position, p.topic, p.partition) for p in problems] == [(position, TOPIC, 0)]
     assert "damage inside the segment" in problems[0].problem
     assert segment_files(data_dir, TOPIC)[0].read_bytes() == before  # nothing changed
@@ -169,9 +169,9 @@ def test_damage_anywhere_before_the_tail_is_detected_every_time(
     and a reader raises at it; no damaged record is ever returned."""
     template = tmp_path / "template"
     records = 12 if long_run else 5
-    with Log(template) as log:
+    with Store(template) as store:
         for i in range(records):
-            log.append(TOPIC, {"i": i, "text": "some text"})
+            store.append(TOPIC, {"i": i, "text": "some text"})
     data = segment_files(template, TOPIC)[0].read_bytes()
     # The newline before the last record is left out: changing it makes one damaged last
     # line, which is a torn tail (the tests above), not damage inside.
@@ -183,11 +183,11 @@ def test_damage_anywhere_before_the_tail_is_detected_every_time(
         damaged = bytearray(data)
         damaged[position] ^= 0x01
         segment_files(data_dir, TOPIC)[0].write_bytes(bytes(damaged))
-        with Log(data_dir) as log:
-            problems = log.check()
+        with Store(data_dir) as store:
+            problems = store.check()
             returned = []
             with pytest.raises(CorruptRecordError):
-                for record in log.reader(TOPIC, 0):
+                for record in store.reader(TOPIC, 0):
                     returned.append(record.value)
         assert problems, position
         assert returned == [{"i": i, "text": "some text"} for i in range(len(returned))]
@@ -201,18 +201,18 @@ def test_damage_anywhere_before_the_tail_is_detected_every_time(
     )
 
 
-def test_check_finds_nothing_in_a_healthy_store(log: Log) -> None:
-    log.create_topic("a", partitions=3, segment_bytes=1024)
+def test_check_finds_nothing_in_a_healthy_store(store: Store) -> None:
+    store.create_topic("a", partitions=3, segment_bytes=1024)
     for i in range(100):
-        log.append("a", {"i": i})
-    assert log.check() == []
+        store.append("a", {"i": i})
+    assert store.check() == []
 
 
 def test_opening_reads_only_the_tail(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Log(data_dir) as log:
-        log.create_topic(TOPIC, segment_bytes=4096)
+    with Store(data_dir) as store:
+        store.create_topic(TOPIC, segment_bytes=4096)
         for i in range(40):
-            log.append_batch(TOPIC, [Message({"i": i, "pad": "x" * 100})] * 20, acks="0")
+            store.append_batch(TOPIC, [Message({"i": i, "pad": "x" * 100})] * 20, acks="0")
     segments = segment_files(data_dir, TOPIC)
     assert len(segments) > 20
     # damage an old segment: opening for append must not even look at it
@@ -228,10 +228,10 @@ def test_opening_reads_only_the_tail(data_dir: Path, monkeypatch: pytest.MonkeyP
         return data
 
     monkeypatch.setattr(os, "pread", counting_pread)
-    with Log(data_dir) as log:
-        end = log.log_end_offset(TOPIC, 0)
-        appended = log.append(TOPIC, "next")
-        record = log.reader(TOPIC, 0, offset=end).poll()
+    with Store(data_dir) as store:
+        end = store.log_end_offset(TOPIC, 0)
+        appended = store.append(TOPIC, "next")
+        record = store.reader(TOPIC, 0, offset=end).poll()
     assert appended.offset == end == 800
     assert record is not None and record.value == "next"
     assert read_bytes <= 3 * segments[-1].stat().st_size + 8192

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.errors import CorruptRecordError
 from spoolmq.store.record import check_line, decode_line, encode_message, frame_record
 
@@ -74,9 +74,9 @@ def test_record_codec_round_trip(message: Message, offset: int, timestamp: int) 
     ],
 )
 def test_values_are_stored_as_readable_json(
-    log: Log, data_dir: Path, value: Any, stored_field: str, stored: Any
+    store: Store, data_dir: Path, value: Any, stored_field: str, stored: Any
 ) -> None:
-    log.append("orders", value, key="customer-7", headers={"trace": "abc"})
+    store.append("orders", value, key="customer-7", headers={"trace": "abc"})
     line = next((data_dir / "logs" / "orders" / "0").glob("*.jsonl")).read_bytes()
     fields = orjson.loads(line)
     assert fields[stored_field] == stored
@@ -94,14 +94,14 @@ def test_values_are_stored_as_readable_json(
 def test_log_round_trip_through_files(tmp_path_factory: pytest.TempPathFactory, batches) -> None:
     data_dir = tmp_path_factory.mktemp("rt")
     sent: list[Message] = []
-    with Log(data_dir) as log:
-        log.create_topic("t", partitions=1, segment_bytes=1024)  # rolls often
+    with Store(data_dir) as store:
+        store.create_topic("t", partitions=1, segment_bytes=1024)  # rolls often
         for batch in batches:
-            positions = log.append_batch("t", batch, acks="1")
+            positions = store.append_batch("t", batch, acks="1")
             assert [p.offset for p in positions] == list(range(len(sent), len(sent) + len(batch)))
             sent.extend(batch)
-    with Log(data_dir) as log:  # a fresh process's view: everything from the files
-        got = list(log.reader("t", 0))
+    with Store(data_dir) as store:  # a fresh process's view: everything from the files
+        got = list(store.reader("t", 0))
     assert [r.offset for r in got] == list(range(len(sent)))
     for record, message in zip(got, sent, strict=True):
         assert record.value == message.value

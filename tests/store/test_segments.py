@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import FakeClock, segment_files
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.config import DAY_MS
 from spoolmq.errors import OffsetOutOfRangeError, StorageError
 from spoolmq.store.partition import PartitionLog
@@ -19,33 +19,33 @@ from spoolmq.store.partition import PartitionLog
 TOPIC = "t"
 
 
-def test_segments_roll_by_size(log: Log, data_dir: Path) -> None:
-    log.create_topic(TOPIC, segment_bytes=1024)
+def test_segments_roll_by_size(store: Store, data_dir: Path) -> None:
+    store.create_topic(TOPIC, segment_bytes=1024)
     for i in range(50):
-        log.append(TOPIC, {"i": i, "pad": "x" * 60})
+        store.append(TOPIC, {"i": i, "pad": "x" * 60})
     segments = segment_files(data_dir, TOPIC)
     assert len(segments) > 3
     assert all(s.stat().st_size <= 1024 for s in segments)
     # each file is named after the offset of its first record
     for segment in segments:
-        first = log.reader(TOPIC, 0, offset=int(segment.stem)).poll()
+        first = store.reader(TOPIC, 0, offset=int(segment.stem)).poll()
         assert first is not None and first.offset == int(segment.stem)
-    assert [r.value["i"] for r in log.reader(TOPIC, 0)] == list(range(50))
+    assert [r.value["i"] for r in store.reader(TOPIC, 0)] == list(range(50))
 
 
 def test_a_roll_that_fails_is_a_storage_error_and_loses_nothing(
-    log: Log, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new segment that cannot be created (no room for the file, too many open files)
     fails that append with StorageError, stores nothing of it, and the next append, once
     the cause is gone, rolls and goes on at the next offset."""
-    log.create_topic(TOPIC, segment_bytes=1024)
+    store.create_topic(TOPIC, segment_bytes=1024)
     offset = 0
     while len(segment_files(data_dir, TOPIC)) < 2:
-        offset = log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
+        offset = store.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
     last = segment_files(data_dir, TOPIC)[-1]
     while last.stat().st_size + 100 <= 1024:  # fill the active segment to just below a roll
-        offset = log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
+        offset = store.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset + 1
 
     def no_room(self: object, base: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -53,46 +53,46 @@ def test_a_roll_that_fails_is_a_storage_error_and_loses_nothing(
     with monkeypatch.context() as patch:
         patch.setattr(PartitionLog, "_create_segment", no_room)
         with pytest.raises(StorageError, match="rolling t/0 to a new segment failed"):
-            log.append(TOPIC, {"i": "lost", "pad": "x" * 60})
-    assert log.log_end_offset(TOPIC, 0) == offset
-    assert log.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset == offset
-    assert [r.value["i"] for r in log.reader(TOPIC, 0)] == list(range(offset + 1))
-    assert log.check() == []
+            store.append(TOPIC, {"i": "lost", "pad": "x" * 60})
+    assert store.log_end_offset(TOPIC, 0) == offset
+    assert store.append(TOPIC, {"i": offset, "pad": "x" * 60}).offset == offset
+    assert [r.value["i"] for r in store.reader(TOPIC, 0)] == list(range(offset + 1))
+    assert store.check() == []
 
 
-def test_segments_roll_by_age(log: Log, data_dir: Path, clock: FakeClock) -> None:
-    log.create_topic(TOPIC, segment_ms=60_000)
-    log.append(TOPIC, 1)
+def test_segments_roll_by_age(store: Store, data_dir: Path, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, segment_ms=60_000)
+    store.append(TOPIC, 1)
     clock.advance(59_999)
-    log.append(TOPIC, 2)
+    store.append(TOPIC, 2)
     assert len(segment_files(data_dir, TOPIC)) == 1
     clock.advance(1)
-    log.append(TOPIC, 3)
+    store.append(TOPIC, 3)
     assert [int(s.stem) for s in segment_files(data_dir, TOPIC)] == [0, 2]
 
 
-def test_timestamps_never_decrease_across_a_roll(log: Log, clock: FakeClock) -> None:
-    log.create_topic(TOPIC, segment_bytes=1024)
+def test_timestamps_never_decrease_across_a_roll(store: Store, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, segment_bytes=1024)
     stamps = []
     for _ in range(40):
-        stamps.append(log.append(TOPIC, "x" * 100).timestamp)
+        stamps.append(store.append(TOPIC, "x" * 100).timestamp)
         clock.advance(-1000)  # the wall clock goes backwards
     assert stamps == [stamps[0]] * 40
-    assert [r.timestamp for r in log.reader(TOPIC, 0)] == stamps
+    assert [r.timestamp for r in store.reader(TOPIC, 0)] == stamps
 
 
-def fill(log: Log, clock: FakeClock, count: int, **settings: object) -> None:
-    log.create_topic(TOPIC, segment_bytes=1024, **settings)
+def fill(store: Store, clock: FakeClock, count: int, **settings: object) -> None:
+    store.create_topic(TOPIC, segment_bytes=1024, **settings)
     for i in range(count):
-        log.append(TOPIC, {"i": i, "pad": "x" * 80})
+        store.append(TOPIC, {"i": i, "pad": "x" * 80})
         clock.advance(1000)
 
 
 @pytest.mark.parametrize("age", [0, 15_000, 30_000, 59_000, 70_000])
-def test_retention_by_time(log: Log, clock: FakeClock, data_dir: Path, age: int) -> None:
-    fill(log, clock, 60, retention_ms=20_000)
+def test_retention_by_time(store: Store, clock: FakeClock, data_dir: Path, age: int) -> None:
+    fill(store, clock, 60, retention_ms=20_000)
     bases = [int(s.stem) for s in segment_files(data_dir, TOPIC)]
-    stamps = {r.offset: r.timestamp for r in log.reader(TOPIC, 0)}
+    stamps = {r.offset: r.timestamp for r in store.reader(TOPIC, 0)}
     now = clock.now + age
     # expected: the longest prefix of closed segments whose newest record is > 20 s old
     expected_start = 0
@@ -101,37 +101,37 @@ def test_retention_by_time(log: Log, clock: FakeClock, data_dir: Path, age: int)
             expected_start = next_base
         else:
             break
-    result = log.enforce_retention(TOPIC, now=now)
-    assert log.log_start_offset(TOPIC, 0) == expected_start
+    result = store.enforce_retention(TOPIC, now=now)
+    assert store.log_start_offset(TOPIC, 0) == expected_start
     assert result.log_start_offsets[(TOPIC, 0)] == expected_start
     assert result.deleted_segments == bases.index(expected_start)
-    assert [r.offset for r in log.reader(TOPIC, 0)] == list(range(expected_start, 60))
-    assert log.append(TOPIC, "new").offset == 60  # offsets are never reused
+    assert [r.offset for r in store.reader(TOPIC, 0)] == list(range(expected_start, 60))
+    assert store.append(TOPIC, "new").offset == 60  # offsets are never reused
 
 
-def test_retention_default_is_fourteen_days(log: Log, clock: FakeClock) -> None:
-    fill(log, clock, 30)
-    assert log.topic_config(TOPIC).retention_ms == 14 * DAY_MS
-    assert log.enforce_retention(now=clock.now + 13 * DAY_MS).deleted_segments == 0
-    assert log.enforce_retention(now=clock.now + 15 * DAY_MS).deleted_segments > 0
-    assert log.log_start_offset(TOPIC, 0) == log.partition_log(TOPIC, 0).segment_bases()[-1]
+def test_retention_default_is_fourteen_days(store: Store, clock: FakeClock) -> None:
+    fill(store, clock, 30)
+    assert store.topic_config(TOPIC).retention_ms == 14 * DAY_MS
+    assert store.enforce_retention(now=clock.now + 13 * DAY_MS).deleted_segments == 0
+    assert store.enforce_retention(now=clock.now + 15 * DAY_MS).deleted_segments > 0
+    assert store.log_start_offset(TOPIC, 0) == store.partition_log(TOPIC, 0).segment_bases()[-1]
 
 
-def test_retention_by_bytes(log: Log, clock: FakeClock, data_dir: Path) -> None:
-    fill(log, clock, 80, retention_bytes=2500, retention_ms=-1)
-    log.enforce_retention(now=clock.now + 100 * DAY_MS)
+def test_retention_by_bytes(store: Store, clock: FakeClock, data_dir: Path) -> None:
+    fill(store, clock, 80, retention_bytes=2500, retention_ms=-1)
+    store.enforce_retention(now=clock.now + 100 * DAY_MS)
     sizes = [s.stat().st_size for s in segment_files(data_dir, TOPIC)]
     assert sum(sizes) >= 2500 or len(sizes) == 1
     assert sum(sizes[1:]) < 2500  # one more deletion would go below the limit
-    assert log.enforce_retention(now=clock.now).deleted_segments == 0
+    assert store.enforce_retention(now=clock.now).deleted_segments == 0
 
 
-def test_retention_while_a_reader_is_in_a_segment(log: Log, clock: FakeClock) -> None:
-    fill(log, clock, 60, retention_ms=1)
-    reader = log.reader(TOPIC, 0)
+def test_retention_while_a_reader_is_in_a_segment(store: Store, clock: FakeClock) -> None:
+    fill(store, clock, 60, retention_ms=1)
+    reader = store.reader(TOPIC, 0)
     assert reader.poll().offset == 0  # type: ignore[union-attr]
-    log.enforce_retention(now=clock.now + 10)
-    start = log.log_start_offset(TOPIC, 0)
+    store.enforce_retention(now=clock.now + 10)
+    start = store.log_start_offset(TOPIC, 0)
     assert start > 10
     # the open segment is still readable to its end; then the reader finds its offset gone
     offsets = []
@@ -143,20 +143,20 @@ def test_retention_while_a_reader_is_in_a_segment(log: Log, clock: FakeClock) ->
     assert reader.poll().offset == start  # type: ignore[union-attr]
 
 
-def test_compaction_keeps_the_newest_per_key(log: Log, clock: FakeClock) -> None:
-    log.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=1024)
+def test_compaction_keeps_the_newest_per_key(store: Store, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=1024)
     expected: dict[str, int] = {}
     for i in range(120):
         key = f"k{i % 7}"
         # batches of 3: compaction removes parts of batches
-        log.append_batch(TOPIC, [Message({"i": i, "j": j}, key=key) for j in range(3)])
+        store.append_batch(TOPIC, [Message({"i": i, "j": j}, key=key) for j in range(3)])
         expected[key] = i
         clock.advance(10)
-    log.append(TOPIC, "no key")
-    active = log.partition_log(TOPIC, 0).segment_bases()[-1]
-    before = list(log.reader(TOPIC, 0))
-    result = log.compact(TOPIC, now=clock.now)
-    after = list(log.reader(TOPIC, 0))
+    store.append(TOPIC, "no key")
+    active = store.partition_log(TOPIC, 0).segment_bases()[-1]
+    before = list(store.reader(TOPIC, 0))
+    result = store.compact(TOPIC, now=clock.now)
+    after = list(store.reader(TOPIC, 0))
     assert result.removed_records == len(before) - len(after) > 0
     closed_after = [r for r in after if r.offset < active]
     keys = [r.key for r in closed_after]
@@ -169,44 +169,44 @@ def test_compaction_keeps_the_newest_per_key(log: Log, clock: FakeClock) -> None
     newest = {r.key: r.value for r in after if r.key is not None}
     assert {k: v["i"] for k, v in newest.items()} == expected
     assert [r.offset for r in after] == sorted(r.offset for r in after)
-    assert log.check() == []
+    assert store.check() == []
     # compacting again finds nothing more to remove, and reading still works
-    assert log.compact(TOPIC, now=clock.now).removed_records == 0
+    assert store.compact(TOPIC, now=clock.now).removed_records == 0
 
 
-def test_compaction_tombstones_and_grace_period(log: Log, clock: FakeClock) -> None:
-    log.create_topic(
+def test_compaction_tombstones_and_grace_period(store: Store, clock: FakeClock) -> None:
+    store.create_topic(
         TOPIC, cleanup_policy="compact", segment_bytes=1024, tombstone_retention_ms=5000
     )
-    log.append(TOPIC, "v1", key="gone")
-    log.append(TOPIC, "v1", key="kept")
-    log.append(TOPIC, None, key="gone")  # tombstone
+    store.append(TOPIC, "v1", key="gone")
+    store.append(TOPIC, "v1", key="kept")
+    store.append(TOPIC, None, key="gone")  # tombstone
     deleted_at = clock.now
     for i in range(30):  # push everything into closed segments
-        log.append(TOPIC, {"filler": i, "pad": "x" * 80}, key=f"f{i}")
-    log.compact(TOPIC, now=deleted_at + 5000)
-    values = {r.key: r.value for r in log.reader(TOPIC, 0)}
+        store.append(TOPIC, {"filler": i, "pad": "x" * 80}, key=f"f{i}")
+    store.compact(TOPIC, now=deleted_at + 5000)
+    values = {r.key: r.value for r in store.reader(TOPIC, 0)}
     assert values["gone"] is None  # the delete is still visible within the grace period
     assert values["kept"] == "v1"
-    log.compact(TOPIC, now=deleted_at + 5001)
-    keys = [r.key for r in log.reader(TOPIC, 0)]
+    store.compact(TOPIC, now=deleted_at + 5001)
+    keys = [r.key for r in store.reader(TOPIC, 0)]
     assert "gone" not in keys
     assert "kept" in keys
 
 
-def test_a_reader_in_a_segment_being_compacted(log: Log, clock: FakeClock) -> None:
-    log.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=2048)
+def test_a_reader_in_a_segment_being_compacted(store: Store, clock: FakeClock) -> None:
+    store.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=2048)
     for i in range(60):
-        log.append_batch(TOPIC, [Message(i, key="same"), Message(i, key=f"u{i}")])
-    other = Log(log.path)  # another process's view, with its own cached indexes
+        store.append_batch(TOPIC, [Message(i, key="same"), Message(i, key=f"u{i}")])
+    other = Store(store.path)  # another process's view, with its own cached indexes
     other_reader = other.reader(TOPIC, 0, offset=10)
     assert other_reader.poll().offset == 10  # type: ignore[union-attr]
-    log.compact(TOPIC, now=clock.now)
+    store.compact(TOPIC, now=clock.now)
     # the open reader finishes its old copy of the segment, then carries on
     offsets = [r.offset for r in other_reader]
     assert offsets == sorted(offsets) and offsets[0] == 11 and offsets[-1] == 119
     # a fresh seek in the other process uses the new file, not its cached index
-    survivors = [r.offset for r in log.reader(TOPIC, 0)]
+    survivors = [r.offset for r in store.reader(TOPIC, 0)]
     for target in survivors[::5]:
         assert other.reader(TOPIC, 0, offset=target).poll().offset == target  # type: ignore[union-attr]
     other.close()
@@ -235,35 +235,35 @@ def test_seek_by_offset_and_by_time(
         from spoolmq.store import partition as partition_module
 
         patch.setattr(partition_module, "now_ms", clock)
-        with Log(data_dir, config={"index_interval_bytes": 64}) as log:
-            log.create_topic(TOPIC, segment_bytes=2048)
+        with Store(data_dir, config={"index_interval_bytes": 64}) as store:
+            store.create_topic(TOPIC, segment_bytes=2048)
             for size, step in zip(sizes, steps, strict=False):
                 clock.advance(step)
-                positions = log.append_batch(
+                positions = store.append_batch(
                     TOPIC, [Message({"n": len(records) + k}) for k in range(size)]
                 )
                 records.extend((p.offset, p.timestamp) for p in positions)
             end = len(records)
             for offset in data.draw(st.lists(st.integers(0, end - 1), max_size=10)):
-                record = log.reader(TOPIC, 0, offset=offset).poll()
+                record = store.reader(TOPIC, 0, offset=offset).poll()
                 assert record is not None and (record.offset, record.value) == (
                     offset,
                     {"n": offset},
                 )
-            assert log.reader(TOPIC, 0, offset=end).poll() is None
+            assert store.reader(TOPIC, 0, offset=end).poll() is None
             low, high = records[0][1] - 2, records[-1][1] + 2
             for stamp in data.draw(st.lists(st.integers(low, high), max_size=10)):
                 expected = next((o for o, t in records if t >= stamp), end)
-                assert log.offset_for_timestamp(TOPIC, 0, stamp) == expected
-                found = log.reader(TOPIC, 0, timestamp=stamp).poll()
+                assert store.offset_for_timestamp(TOPIC, 0, stamp) == expected
+                found = store.reader(TOPIC, 0, timestamp=stamp).poll()
                 assert (found.offset if found else end) == expected
 
 
-def test_a_caught_up_reader_sees_new_records(log: Log) -> None:
-    log.create_topic(TOPIC, segment_bytes=1024)
-    reader = log.reader(TOPIC, 0)
+def test_a_caught_up_reader_sees_new_records(store: Store) -> None:
+    store.create_topic(TOPIC, segment_bytes=1024)
+    reader = store.reader(TOPIC, 0)
     assert reader.poll() is None
-    writer = Log(log.path)  # appends from "another process", rolling segments
+    writer = Store(store.path)  # appends from "another process", rolling segments
     for i in range(30):
         writer.append(TOPIC, {"i": i, "pad": "y" * 80})
         record = reader.poll()
@@ -272,23 +272,23 @@ def test_a_caught_up_reader_sees_new_records(log: Log) -> None:
     writer.close()
 
 
-def test_two_readers_are_independent(log: Log) -> None:
+def test_two_readers_are_independent(store: Store) -> None:
     for i in range(20):
-        log.append(TOPIC, i)
-    first, second = log.reader(TOPIC, 0), log.reader(TOPIC, 0)
+        store.append(TOPIC, i)
+    first, second = store.reader(TOPIC, 0), store.reader(TOPIC, 0)
     assert [first.poll().value for _ in range(5)] == [0, 1, 2, 3, 4]  # type: ignore[union-attr]
     assert [r.value for r in second] == list(range(20))
     assert [r.value for r in first] == list(range(5, 20))
-    late = log.reader(TOPIC, 0, offset="latest")
-    log.append(TOPIC, 20)
+    late = store.reader(TOPIC, 0, offset="latest")
+    store.append(TOPIC, 20)
     assert [r.value for r in late] == [20]
     assert [r.value for r in first] == [20]
 
 
-def test_log_end_offset_follows_other_writers(log: Log) -> None:
-    log.create_topic(TOPIC, segment_bytes=1024)
-    other = Log(log.path)
+def test_log_end_offset_follows_other_writers(store: Store) -> None:
+    store.create_topic(TOPIC, segment_bytes=1024)
+    other = Store(store.path)
     for i in range(1, 40):
         other.append(TOPIC, "z" * 90)
-        assert log.log_end_offset(TOPIC, 0) == i
+        assert store.log_end_offset(TOPIC, 0) == i
     other.close()

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.errors import SchemaVersionError, TopicExistsError
 from spoolmq.store import state as state_module
 from spoolmq.store.partitioner import murmur2, partition_for_key
 
 
 def test_topic_settings_are_kept_in_state_db(data_dir: Path) -> None:
-    with Log(data_dir) as log:
-        log.create_topic(
+    with Store(data_dir) as store:
+        store.create_topic(
             "orders",
             partitions=3,
             retention_ms="2h",
@@ -26,8 +26,8 @@ def test_topic_settings_are_kept_in_state_db(data_dir: Path) -> None:
             segment_bytes=4096,
         )
         with pytest.raises(TopicExistsError, match="other settings"):
-            log.create_topic("orders", partitions=4, exist_ok=False)
-        log.append("auto", 1)  # created on first append with the defaults
+            store.create_topic("orders", partitions=4, exist_ok=False)
+        store.append("auto", 1)  # created on first append with the defaults
     rows = (
         sqlite3.connect(data_dir / "state.db")
         .execute(
@@ -40,55 +40,55 @@ def test_topic_settings_are_kept_in_state_db(data_dir: Path) -> None:
         ("auto", 1, 14 * 24 * 3600 * 1000, -1, "delete", 64 * 1024 * 1024),
         ("orders", 3, 7_200_000, 1_048_576, "compact", 4096),
     ]
-    with Log(data_dir) as log:
-        assert log.topic_config("orders").partitions == 3
+    with Store(data_dir) as store:
+        assert store.topic_config("orders").partitions == 3
 
 
-def test_state_db_runs_in_wal_mode(log: Log) -> None:
-    log.append("t", 1)
-    assert log.state.query("PRAGMA journal_mode") == [("wal",)]
-    assert log.state.query("PRAGMA user_version") == [(state_module.SCHEMA_VERSION,)]
+def test_state_db_runs_in_wal_mode(store: Store) -> None:
+    store.append("t", 1)
+    assert store.state.query("PRAGMA journal_mode") == [("wal",)]
+    assert store.state.query("PRAGMA user_version") == [(state_module.SCHEMA_VERSION,)]
 
 
 def test_an_older_schema_is_migrated(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Log(data_dir) as log:
-        log.create_topic("kept", partitions=2)
+    with Store(data_dir) as store:
+        store.create_topic("kept", partitions=2)
     migrations = {
         **state_module._MIGRATIONS,
         2: "ALTER TABLE topics ADD COLUMN description TEXT NOT NULL DEFAULT ''",
     }
     monkeypatch.setattr(state_module, "_MIGRATIONS", migrations)
     monkeypatch.setattr(state_module, "SCHEMA_VERSION", 2)
-    with Log(data_dir) as log:
-        assert log.state.query("PRAGMA user_version") == [(2,)]
-        assert log.state.query("SELECT name, description FROM topics") == [("kept", "")]
-        assert log.topic_config("kept").partitions == 2
+    with Store(data_dir) as store:
+        assert store.state.query("PRAGMA user_version") == [(2,)]
+        assert store.state.query("SELECT name, description FROM topics") == [("kept", "")]
+        assert store.topic_config("kept").partitions == 2
 
 
 def test_a_newer_schema_is_refused(data_dir: Path) -> None:
-    with Log(data_dir):
+    with Store(data_dir):
         pass
     connection = sqlite3.connect(data_dir / "state.db")
     connection.execute(f"PRAGMA user_version = {state_module.SCHEMA_VERSION + 1}")
     connection.close()
     with pytest.raises(SchemaVersionError, match="newer than this spoolmq"):
-        Log(data_dir)
+        Store(data_dir)
 
 
 def test_every_file_and_directory_is_private(data_dir: Path) -> None:
     old_umask = os.umask(0o022)
     try:
-        with Log(data_dir) as log:
-            log.create_topic("c", partitions=2, cleanup_policy="compact", segment_bytes=1024)
+        with Store(data_dir) as store:
+            store.create_topic("c", partitions=2, cleanup_policy="compact", segment_bytes=1024)
             for i in range(40):
-                log.append("c", {"i": i, "pad": "x" * 60}, key=f"k{i % 3}", partition=i % 2)
-            log.compact("c")
+                store.append("c", {"i": i, "pad": "x" * 60}, key=f"k{i % 3}", partition=i % 2)
+            store.compact("c")
         segment = sorted((data_dir / "logs" / "c" / "0").glob("*.jsonl"))[-1]
         with open(segment, "ab") as handle:
             handle.write(b'{"offset":')  # a torn tail, quarantined on the next open
-        with Log(data_dir) as log:
-            log.append("c", "after", partition=0)
-            assert log.recovery_reports
+        with Store(data_dir) as store:
+            store.append("c", "after", partition=0)
+            assert store.recovery_reports
     finally:
         os.umask(old_umask)
     checked = 0
@@ -103,14 +103,14 @@ def test_every_file_and_directory_is_private(data_dir: Path) -> None:
     assert checked > 10
 
 
-def test_round_robin_without_a_key(log: Log) -> None:
-    log.create_topic("orders", partitions=2)
-    assert [log.append("orders", {"i": i}).partition for i in range(4)] == [0, 1, 0, 1]
-    batch = log.append_batch("orders", [Message(i) for i in range(3)])
+def test_round_robin_without_a_key(store: Store) -> None:
+    store.create_topic("orders", partitions=2)
+    assert [store.append("orders", {"i": i}).partition for i in range(4)] == [0, 1, 0, 1]
+    batch = store.append_batch("orders", [Message(i) for i in range(3)])
     assert [p.partition for p in batch] == [0, 1, 0]
     # partitions 0 and 1 each hold their own offsets from 0
-    assert [r.value for r in log.reader("orders", 0)] == [{"i": 0}, {"i": 2}, 0, 2]
-    assert [r.value for r in log.reader("orders", 1)] == [{"i": 1}, {"i": 3}, 1]
+    assert [r.value for r in store.reader("orders", 0)] == [{"i": 0}, {"i": 2}, 0, 2]
+    assert [r.value for r in store.reader("orders", 1)] == [{"i": 1}, {"i": 3}, 1]
 
 
 # Kafka's own test vectors for its murmur2 (clients' UtilsTest.testMurmur2).
@@ -130,11 +130,11 @@ def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
 
 
 def test_a_key_always_maps_to_the_same_partition(data_dir: Path) -> None:
-    with Log(data_dir) as log:
-        log.create_topic("orders", partitions=8)
-        first = {k: log.append("orders", 1, key=k).partition for k in ("a", "b", "c", b"\x00")}
-    with Log(data_dir) as log:  # another process, same answer
-        again = {k: log.append("orders", 2, key=k).partition for k in first}
+    with Store(data_dir) as store:
+        store.create_topic("orders", partitions=8)
+        first = {k: store.append("orders", 1, key=k).partition for k in ("a", "b", "c", b"\x00")}
+    with Store(data_dir) as store:  # another process, same answer
+        again = {k: store.append("orders", 2, key=k).partition for k in first}
     assert first == again
     assert first == {k: partition_for_key(k, 8) for k in first}
     assert len({partition_for_key(f"key-{i}", 8) for i in range(200)}) == 8

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from store_helpers import FakeClock, segment_files
 
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 from spoolmq.store import partition as partition_module
 
 PLAIN = "plain"
@@ -44,9 +44,9 @@ class StoreModel(RuleBasedStateMachine):
         self.clock = FakeClock()
         self._real_now = partition_module.now_ms
         partition_module.now_ms = self.clock
-        self.log = self._open()
-        self.log.create_topic(PLAIN, segment_bytes=1024, retention_bytes=2500)
-        self.log.create_topic(
+        self.store = self._open()
+        self.store.create_topic(PLAIN, segment_bytes=1024, retention_bytes=2500)
+        self.store.create_topic(
             COMPACTED,
             cleanup_policy="compact",
             segment_bytes=1024,
@@ -56,11 +56,11 @@ class StoreModel(RuleBasedStateMachine):
         self.model: dict[str, list[tuple[str, Any, int]]] = {PLAIN: [], COMPACTED: []}
         self.log_start = 0
 
-    def _open(self) -> Log:
-        return Log(self.data)
+    def _open(self) -> Store:
+        return Store(self.data)
 
     def teardown(self) -> None:
-        self.log.close()
+        self.store.close()
         partition_module.now_ms = self._real_now
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -68,7 +68,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(topic=st.sampled_from([PLAIN, COMPACTED]), batch=batches)
     def append(self, topic: str, batch: list[tuple[str, Any]]) -> None:
-        positions = self.log.append_batch(topic, [Message(v, key=k) for k, v in batch])
+        positions = self.store.append_batch(topic, [Message(v, key=k) for k, v in batch])
         expected_first = len(self.model[topic])
         assert [p.offset for p in positions] == list(
             range(expected_first, expected_first + len(batch))
@@ -81,33 +81,33 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule()
     def retention(self) -> None:
-        result = self.log.enforce_retention(PLAIN, now=self.clock.now)
+        result = self.store.enforce_retention(PLAIN, now=self.clock.now)
         event(f"retention deleted segments: {result.deleted_segments > 0}")
 
     @rule()
     def compaction(self) -> None:
-        result = self.log.compact(COMPACTED, now=self.clock.now)
+        result = self.store.compact(COMPACTED, now=self.clock.now)
         event(f"compaction removed records: {result.removed_records > 0}")
 
     @rule()
     def reopen(self) -> None:
-        self.log.close()
-        self.log = self._open()
+        self.store.close()
+        self.store = self._open()
 
     @precondition(lambda self: self.model[PLAIN])
     @rule(garbage=st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b))
     def crash_mid_write(self, garbage: bytes) -> None:
         """A crash left part of a batch at the end: recovery cuts it off on reopen."""
-        self.log.close()
+        self.store.close()
         active = segment_files(self.data, PLAIN)[-1]
         with open(active, "ab") as segment:
             segment.write(b'{"offset":' + garbage)
-        self.log = self._open()
+        self.store = self._open()
         # Readers never see the torn batch; the writer recovers on its first append, which
         # then starts on a clean line.
-        assert self.log.log_end_offset(PLAIN, 0) == len(self.model[PLAIN])
+        assert self.store.log_end_offset(PLAIN, 0) == len(self.model[PLAIN])
         self.append(PLAIN, [("a", "after the crash")])
-        assert [r.topic for r in self.log.recovery_reports] == [PLAIN]
+        assert [r.topic for r in self.store.recovery_reports] == [PLAIN]
         quarantined = list((self.data / "quarantine" / PLAIN / "0").iterdir())
         assert any(path.read_bytes().endswith(garbage) for path in quarantined)
 
@@ -116,21 +116,21 @@ class StoreModel(RuleBasedStateMachine):
     @invariant()
     def offsets_are_never_reused(self) -> None:
         for topic, records in self.model.items():
-            assert self.log.log_end_offset(topic, 0) == len(records)
+            assert self.store.log_end_offset(topic, 0) == len(records)
 
     @invariant()
     def plain_topic_is_a_contiguous_suffix(self) -> None:
-        start = self.log.log_start_offset(PLAIN, 0)
+        start = self.store.log_start_offset(PLAIN, 0)
         assert start >= self.log_start  # the log start only moves forward
         self.log_start = start
-        got = [(r.offset, r.key, r.value) for r in self.log.reader(PLAIN, 0)]
+        got = [(r.offset, r.key, r.value) for r in self.store.reader(PLAIN, 0)]
         expected = [(o, k, v) for o, (k, v, _) in enumerate(self.model[PLAIN]) if o >= start]
         assert got == expected
 
     @invariant()
     def compacted_topic_keeps_every_newest_record(self) -> None:
         model = self.model[COMPACTED]
-        got = list(self.log.reader(COMPACTED, 0))
+        got = list(self.store.reader(COMPACTED, 0))
         offsets = [r.offset for r in got]
         assert offsets == sorted(set(offsets))
         for record in got:
@@ -145,7 +145,7 @@ class StoreModel(RuleBasedStateMachine):
             tombstone_expired = value is None and self.clock.now - stored_at > TOMBSTONE_GRACE_MS
             if not tombstone_expired:
                 assert offset in present, f"the newest record of its key, {offset}, is gone"
-        bases = self.log.partition_log(COMPACTED, 0).segment_bases()
+        bases = self.store.partition_log(COMPACTED, 0).segment_bases()
         if not bases:  # nothing appended yet: no segment file either
             assert model == []
             return

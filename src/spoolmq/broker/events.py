@@ -17,7 +17,7 @@ from spoolmq.store.segment import FILE_MODE, make_private_dirs, write_all
 _ROLL_BYTES = 64 * 1024 * 1024
 _MAX_UNWRITTEN_BYTES = 16 * 1024 * 1024
 
-log = logging.getLogger("spoolmq.events")
+logger = logging.getLogger("spoolmq.events")
 
 
 class EventLog:
@@ -115,11 +115,11 @@ class EventLog:
             else:
                 self.dropped += data.count(b"\n")
             if not self._failing:
-                log.error("cannot write delivery events (%s); retrying", exc)
+                logger.error("cannot write delivery events (%s); retrying", exc)
             self._failing = True
             return
         if self._failing:
-            log.warning("delivery events are written again (%d dropped meanwhile)", self.dropped)
+            logger.warning("delivery events are written again (%d dropped meanwhile)", self.dropped)
         self._failing = False
         self._size += len(data)
 

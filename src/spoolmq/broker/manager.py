@@ -42,9 +42,9 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from spoolmq import protocol
-from spoolmq.broker.consumer import consumer_main
+from spoolmq.broker.consumer_broker import consumer_main
 from spoolmq.broker.process import send_control, tune_allocator
-from spoolmq.broker.publisher import publisher_main
+from spoolmq.broker.publisher_broker import publisher_main
 from spoolmq.errors import (
     AuthenticationError,
     BrokerLockedError,
@@ -54,7 +54,7 @@ from spoolmq.errors import (
 )
 from spoolmq.store.segment import make_private_dirs
 
-log = logging.getLogger("spoolmq.broker")
+logger = logging.getLogger("spoolmq.broker")
 
 LOCK_FILE = "broker.lock"
 PID_FILE = "broker.pid"
@@ -195,7 +195,7 @@ class BrokerManager:
                 self.stop()
                 raise SpoolError("the broker processes did not start within 60 s")
             self.supervise_step(timeout=0.5)
-        log.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
+        logger.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
 
     def _open_listeners(self) -> None:
         if self.socket_path.exists() or self.socket_path.is_symlink():
@@ -209,7 +209,7 @@ class BrokerManager:
         os.chmod(self.socket_path, 0o600)
         if self.settings.listen is not None:
             self._listeners.append(Listener(self.settings.listen, family="AF_INET"))
-            log.info("also listening on tcp %s:%d", *self._listeners[-1].address)
+            logger.info("also listening on tcp %s:%d", *self._listeners[-1].address)
         for listener in self._listeners:
             thread = threading.Thread(
                 target=self._accept_loop, args=(listener,), name="accept", daemon=True
@@ -311,7 +311,7 @@ class BrokerManager:
                 wait_s, child.backoff = restart_backoff(
                     child.backoff, served, self.settings.restart_backoff_max_s
                 )
-                log.error(
+                logger.error(
                     "the %s broker (pid %s) exited with status %s; restarting in %.1fs",
                     child.name,
                     child.process.pid,
@@ -323,7 +323,7 @@ class BrokerManager:
             if child.restart_at is not None and time.monotonic() >= child.restart_at:
                 child.restarts += 1
                 self._start_child(child)
-                log.warning("restarted the %s broker (restart #%d)", child.name, child.restarts)
+                logger.warning("restarted the %s broker (restart #%d)", child.name, child.restarts)
 
     def _close_child_channels(self, child: _Child) -> None:
         for conn in (child.control, child.watch):
@@ -377,7 +377,7 @@ class BrokerManager:
                     protocol.send(child.control, {"op": "stop"})
             child.process.join(15)
             if child.process.is_alive():
-                log.error("the %s broker did not stop in 15 s; killing it", name)
+                logger.error("the %s broker did not stop in 15 s; killing it", name)
                 child.process.kill()
                 child.process.join(5)
             self._drain_status(child)
@@ -388,7 +388,7 @@ class BrokerManager:
             (self.data_dir / PID_FILE).unlink()
         if self._lock.is_locked:
             self._lock.release()
-        log.info("broker stopped")
+        logger.info("broker stopped")
 
     # -- connections ------------------------------------------------------------------------
 
@@ -430,7 +430,7 @@ class BrokerManager:
             timer.cancel()
         except (SpoolError, EOFError, OSError) as exc:
             timer.cancel()
-            log.info("refused a connection: %s", exc)
+            logger.info("refused a connection: %s", exc)
             if isinstance(exc, SpoolError):
                 with contextlib.suppress(OSError):
                     protocol.send(conn, protocol.error_frame(exc))
@@ -454,7 +454,7 @@ class BrokerManager:
                     raise OSError("child is restarting")
                 send_control(child.control, {"op": "client", "client_id": client_id}, conn.fileno())
         except OSError:
-            log.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
+            logger.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
             with self._registry_lock:
                 self.registry.pop(client_id, None)
         conn.close()

@@ -30,7 +30,7 @@ from spoolmq.errors import (
 )
 from spoolmq.store.record import Headers, check_line, record_from_fields
 
-log = logging.getLogger("spoolmq.client")
+logger = logging.getLogger("spoolmq.client")
 
 
 class ReceivedMessage:
@@ -207,7 +207,7 @@ class Consumer:
         while True:
             try:
                 self._open()
-                log.info("reconnected to the broker as %s", self.consumer_id)
+                logger.info("reconnected to the broker as %s", self.consumer_id)
                 return
             except (BrokerUnavailableError, OSError, EOFError) as exc:
                 if time.monotonic() >= deadline:
@@ -256,7 +256,9 @@ class Consumer:
         if frame.get("op") in ("ack_result", "nack_result") and frame.get("id") is None:
             self.refused.extend(frame.get("refused") or [])
             for refusal in frame.get("refused") or []:
-                log.warning("the broker refused %s: %s", refusal.get("tag"), refusal.get("message"))
+                logger.warning(
+                    "the broker refused %s: %s", refusal.get("tag"), refusal.get("message")
+                )
             return None
         if frame.get("op") == "error" and frame.get("id") is None:
             raise error_from_code(str(frame.get("code")), str(frame.get("message")))
@@ -281,7 +283,7 @@ class Consumer:
                 self._flush_credit()
                 frame = self._read_frame(remaining if remaining is not None else 1.0)
             except (EOFError, OSError) as exc:
-                log.warning("lost the broker (%s); reconnecting", exc)
+                logger.warning("lost the broker (%s); reconnecting", exc)
                 self._reconnect()
                 continue
             if frame is not None:

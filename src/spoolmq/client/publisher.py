@@ -37,11 +37,11 @@ from spoolmq.errors import (
     SpoolError,
     error_from_code,
 )
-from spoolmq.store.log import Position, normalize_acks
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import HeadersInput, has_non_finite, normalize_headers
+from spoolmq.store.store import Position, normalize_acks
 
-log = logging.getLogger("spoolmq.client")
+logger = logging.getLogger("spoolmq.client")
 
 
 @dataclass(slots=True)
@@ -357,7 +357,7 @@ class Publisher:
                 self._send_ready_frames()
                 self._wait_and_read()
             except (EOFError, OSError) as exc:
-                log.warning("lost the broker (%s); reconnecting", exc)
+                logger.warning("lost the broker (%s); reconnecting", exc)
                 if self._conn is not None:
                     with contextlib.suppress(OSError):
                         self._conn.close()
@@ -381,7 +381,7 @@ class Publisher:
                     self._address, self._authkey, "publisher", self.name
                 )
             except (BrokerUnavailableError, SpoolError) as exc:
-                log.debug("reconnect failed: %s", exc)
+                logger.debug("reconnect failed: %s", exc)
                 with self._cond:
                     self._cond.wait(delay)
                 delay = min(delay * 2, 1.0)

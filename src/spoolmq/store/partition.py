@@ -44,7 +44,7 @@ from spoolmq.store.segment import (
 )
 from spoolmq.store.state import SequenceRow, StateDB, now_ms
 
-log = logging.getLogger("spoolmq.store")
+logger = logging.getLogger("spoolmq.store")
 
 Acks = Literal["0", "1", "all"]
 
@@ -292,7 +292,9 @@ class PartitionLog:
                 self.topic, self.partition, path, scan.bad_position, scan.problem, None, 0
             )
             self._reports.append(report)
-            log.error("corruption inside %s at byte %d: %s", path, scan.bad_position, scan.problem)
+            logger.error(
+                "corruption inside %s at byte %d: %s", path, scan.bad_position, scan.problem
+            )
             raise CorruptRecordError(
                 f"{path} is damaged at byte {scan.bad_position} ({scan.problem}) and valid records "
                 "follow, so it is not a torn tail; nothing was changed. Run `spoolmq check` and "
@@ -324,7 +326,7 @@ class PartitionLog:
             len(torn),
         )
         self._reports.append(report)
-        log.warning(
+        logger.warning(
             "torn tail in %s at byte %d (%s): %d bytes moved to %s; nothing before it was lost",
             path,
             scan.bad_position,
@@ -540,7 +542,7 @@ class PartitionLog:
         try:
             os.ftruncate(tail.fd, position)
         except OSError:
-            log.exception("could not cut a failed batch off %s", self.segment_path(tail.base))
+            logger.exception("could not cut a failed batch off %s", self.segment_path(tail.base))
         # Whatever happened, re-read the file before the next append.
         self._close_tail()
 
@@ -553,7 +555,7 @@ class PartitionLog:
         new_tail = self._open_tail()
         new_tail.last_timestamp = max(new_tail.last_timestamp, tail.last_timestamp)
         self._tail = new_tail
-        log.info("rolled %s/%d to segment %d", self.topic, self.partition, base)
+        logger.info("rolled %s/%d to segment %d", self.topic, self.partition, base)
         return new_tail
 
     def _maybe_record_figures(self, tail: _Tail) -> None:

@@ -38,11 +38,11 @@ from spoolmq.errors import (
     SpoolError,
     UnknownTopicError,
 )
-from spoolmq.store import Log, Message, Reader
+from spoolmq.store import Message, Reader, Store
 from spoolmq.store.names import check_topic, dlq_topic
 from spoolmq.store.state import now_ms
 
-log = logging.getLogger("spoolmq.consumer")
+logger = logging.getLogger("spoolmq.consumer")
 
 _READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
 _CHECKPOINT_S = 0.2
@@ -106,7 +106,7 @@ class ConsumerBroker:
         self.parent_watch = parent_watch
         self.notices = notices
         self.status = status
-        self.log = Log(data_dir, config=store_settings or None)
+        self.store = Store(data_dir, config=store_settings or None)
         self.events = EventLog(data_dir)
         self.consumers: dict[Connection, _Consumer] = {}
         self.by_id: dict[str, _Consumer] = {}
@@ -154,7 +154,7 @@ class ConsumerBroker:
             if conn in self.consumers:
                 self._lost(self.consumers[conn], "connection lost while delivering")
         if self.parent_watch in ready:
-            log.error("the manager is gone; stopping")
+            logger.error("the manager is gone; stopping")
             self.stopping = True
         if self.control in ready:
             self._handle_control()
@@ -169,7 +169,7 @@ class ConsumerBroker:
             # A safety net for notices lost while a process restarted; not the normal path.
             self._last_rescan = monotonic
             for key in {k for rt in self.groups.values() for k in rt.group.partitions}:
-                self.log_ends[key] = self.log.log_end_offset(*key)
+                self.log_ends[key] = self.store.log_end_offset(*key)
         self._pump()
         if monotonic - self._last_checkpoint >= _CHECKPOINT_S:
             self._last_checkpoint = monotonic
@@ -215,7 +215,7 @@ class ConsumerBroker:
             except OffsetOutOfRangeError:
                 # Retention deleted records this group had not read yet (it lagged more
                 # than the topic keeps): go on from the log start, and say so.
-                begin = self.log.partition_log(*key).log_start_offset()
+                begin = self.store.partition_log(*key).log_start_offset()
                 self._skipped(runtime, state, begin, now)
                 with contextlib.suppress(OffsetOutOfRangeError):  # moved again: next time
                     reader.seek(begin)
@@ -223,7 +223,7 @@ class ConsumerBroker:
             except CorruptRecordError as exc:
                 # Never skipped in silence: this partition stops for the group until the
                 # damage is dealt with (`spoolmq check`); the others go on.
-                log.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
+                logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
                 del runtime.readers[key]
                 continue
             for fields, line in entries:
@@ -245,7 +245,7 @@ class ConsumerBroker:
         state.next_fetch = begin
         self.counts["skipped"] += begin - first
         self.events.add_skipped(runtime.group.name, state.topic, state.partition, first, begin)
-        log.warning(
+        logger.warning(
             "group %s: offsets %d..%d of %s/%d were deleted by retention before the group "
             "read them; it goes on from %d",
             runtime.group.name,
@@ -286,9 +286,11 @@ class ConsumerBroker:
         while group.dead:
             pending = group.dead.pop(0)
             try:
-                self.log.append_batch(dlq_topic(pending.topic), [self._dlq_message(group, pending)])
+                self.store.append_batch(
+                    dlq_topic(pending.topic), [self._dlq_message(group, pending)]
+                )
             except SpoolError:
-                log.exception(
+                logger.exception(
                     "could not dead-letter %s/%d@%d; it stays unfinished",
                     pending.topic,
                     pending.partition,
@@ -356,7 +358,7 @@ class ConsumerBroker:
                 op = protocol.check_client_frame(frame)
                 self._handle_frame(consumer, op, frame)
             except ProtocolError as exc:
-                log.warning("closing consumer %s: %s", consumer.client_id, exc)
+                logger.warning("closing consumer %s: %s", consumer.client_id, exc)
                 self._send(consumer, protocol.error_frame(exc))
                 self._drop(consumer, f"bad frame: {exc}")
                 return False
@@ -364,7 +366,7 @@ class ConsumerBroker:
                 self._send(consumer, protocol.error_frame(exc, id=frame.get("id")))
             except Exception:
                 # A bug must cost one connection, not every consumer of the broker.
-                log.exception("failed handling a frame of consumer %s", consumer.client_id)
+                logger.exception("failed handling a frame of consumer %s", consumer.client_id)
                 self._drop(consumer, "internal error")
                 return False
             if consumer.conn not in self.consumers:
@@ -486,14 +488,14 @@ class ConsumerBroker:
         else:
             runtime.group.settings = settings
         group = runtime.group
-        committed = self.log.state.committed_offsets(group_name)
+        committed = self.store.state.committed_offsets(group_name)
         for topic in topics:
-            config = self.log.topic_config(topic, create=True)
+            config = self.store.topic_config(topic, create=True)
             for partition in range(config.partitions):
                 key = (topic, partition)
                 if key in group.partitions:
                     continue
-                plog = self.log.partition_log(topic, partition)
+                plog = self.store.partition_log(topic, partition)
                 end = plog.log_end_offset()
                 self.log_ends[key] = end
                 begin = plog.log_start_offset()
@@ -515,18 +517,18 @@ class ConsumerBroker:
             consumer,
             {"op": "subscribed", "id": frame.get("id"), "consumer_id": consumer.consumer_id},
         )
-        log.info("consumer %s joined group %s on %s", consumer.consumer_id, group_name, topics)
+        logger.info("consumer %s joined group %s on %s", consumer.consumer_id, group_name, topics)
 
     def _restore(self, runtime: _GroupRuntime) -> None:
         """Attempt counts of messages that were in flight when a broker stopped, so
         max_deliveries keeps counting across restarts."""
-        rows = self.log.state.query(
+        rows = self.store.state.query(
             "SELECT topic, partition, offset, attempt FROM deliveries WHERE group_name = ?",
             (runtime.group.name,),
         )
         scheduled = {
             (t, p, o): due
-            for t, p, o, due in self.log.state.query(
+            for t, p, o, due in self.store.state.query(
                 "SELECT topic, partition, offset, due_at FROM scheduled WHERE group_name = ?",
                 (runtime.group.name,),
             )
@@ -549,7 +551,7 @@ class ConsumerBroker:
                     runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
             runtime.group.remove_consumer(consumer.consumer_id, now_ms())
             self._drain_events(runtime)
-        log.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
+        logger.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
         with contextlib.suppress(OSError):
             consumer.conn.close()
         consumer.reader.close()
@@ -617,7 +619,7 @@ class ConsumerBroker:
                 body = protocol.error_frame(exc)
             except Exception as exc:
                 # A bug must cost one admin request, not every consumer of the broker.
-                log.exception("failed an admin request")
+                logger.exception("failed an admin request")
                 body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
             self._report(("admin_result", frame.get("request_id"), body))
 
@@ -678,7 +680,7 @@ class ConsumerBroker:
             del self.groups[name]
             for reader in runtime.readers.values():
                 reader.close()  # the group starts afresh with new readers
-        self.log.state.reset_group(name, new)
+        self.store.state.reset_group(name, new)
         return {"reset": len(new)}
 
     def stats(self) -> dict[str, Any]:
@@ -707,7 +709,7 @@ class ConsumerBroker:
             return
         timestamp = now_ms()
         try:
-            with self.log.state.write() as db:
+            with self.store.state.write() as db:
                 for name, changed in commits:
                     db.executemany(
                         "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
@@ -766,7 +768,7 @@ class ConsumerBroker:
                         "INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?, ?)", schedules
                     )
         except SpoolError:
-            log.exception("checkpoint to state.db failed; will retry")
+            logger.exception("checkpoint to state.db failed; will retry")
             for _, runtime in self.groups.items():
                 for state in runtime.group.partitions.values():
                     state.committed_persisted = -1
@@ -796,7 +798,7 @@ class ConsumerBroker:
             for runtime in self.groups.values():
                 for reader in runtime.readers.values():
                     reader.close()
-            self.log.close()
+            self.store.close()
             self._report(("stats", "consumer", self.stats()))
 
 

@@ -37,8 +37,7 @@ from spoolmq.errors import (
     SpoolError,
     StorageError,
 )
-from spoolmq.store import Log
-from spoolmq.store.log import delay_to_deliver_at, normalize_acks
+from spoolmq.store import Store
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import (
     RECORD_OVERHEAD,
@@ -48,8 +47,9 @@ from spoolmq.store.record import (
     encode_message,
 )
 from spoolmq.store.state import now_ms
+from spoolmq.store.store import delay_to_deliver_at, normalize_acks
 
-log = logging.getLogger("spoolmq.publisher")
+logger = logging.getLogger("spoolmq.publisher")
 
 # How many frames one connection may contribute to one group commit, so one busy
 # publisher cannot starve the others.
@@ -220,7 +220,7 @@ class PublisherBroker:
         self.control = control
         self.parent_watch = parent_watch
         self.status = status
-        self.log = Log(data_dir, config=store_settings or None)
+        self.store = Store(data_dir, config=store_settings or None)
         self.clients: dict[Connection, _Client] = {}
         self.notices: Connection | None = None
         self.stats = PublisherStats()
@@ -234,12 +234,12 @@ class PublisherBroker:
     def run(self) -> None:
         # A retry may go to another partition than its first copy (round-robin), so every
         # partition's producer sequences must be known before the first publish is taken.
-        for topic, config in self.log.topics().items():
+        for topic, config in self.store.topics().items():
             for partition in range(config.partitions):
                 try:
-                    self.log.partition_log(topic, partition).recover()
+                    self.store.partition_log(topic, partition).recover()
                 except SpoolError as exc:  # damage: appends there fail with it, others go on
-                    log.error("cannot recover %s/%d: %s", topic, partition, exc)
+                    logger.error("cannot recover %s/%d: %s", topic, partition, exc)
         self._report(("ready", "publisher", os.getpid()))
         # Figures from the start, so `spoolmq stats` has its full shape at once.
         self._report(("stats", "publisher", self._stats_dict()))
@@ -260,7 +260,7 @@ class PublisherBroker:
             if conn in self.clients:
                 self._drop(self.clients[conn], "connection lost while answering")
         if self.parent_watch in ready:
-            log.error("the manager is gone; stopping")
+            logger.error("the manager is gone; stopping")
             self.stopping = True
         if self.control in ready:
             self._handle_control()
@@ -277,9 +277,9 @@ class PublisherBroker:
         if time.monotonic() - self._last_prune >= 30.0:
             self._last_prune = time.monotonic()
             try:
-                self.log.state.prune_sequences()
+                self.store.state.prune_sequences()
             except SpoolError:
-                log.exception("pruning old producer sequences failed; will retry")
+                logger.exception("pruning old producer sequences failed; will retry")
         if time.monotonic() - self._last_stats >= 1.0:
             self._last_stats = time.monotonic()
             self._report(("stats", "publisher", self._stats_dict()))
@@ -288,12 +288,12 @@ class PublisherBroker:
         """Delete closed segments past their topic's retention: without this a running
         broker's disk use would only grow."""
         try:
-            result = self.log.enforce_retention()
+            result = self.store.enforce_retention()
         except (SpoolError, OSError):
-            log.exception("enforcing retention failed; will retry")
+            logger.exception("enforcing retention failed; will retry")
             return
         if result.deleted_segments:
-            log.info(
+            logger.info(
                 "retention deleted %d segment(s), %d bytes",
                 result.deleted_segments,
                 result.deleted_bytes,
@@ -331,7 +331,7 @@ class PublisherBroker:
                     raise ProtocolError(f"a publisher connection cannot send {op!r}")
                 frames.append((client, frame))
             except SpoolError as exc:
-                log.warning("closing publisher %s: bad frame: %s", client.client_id, exc)
+                logger.warning("closing publisher %s: bad frame: %s", client.client_id, exc)
                 self._send(client, protocol.error_frame(exc))
                 self._drop(client, f"bad frame: {exc}")
                 return
@@ -358,18 +358,18 @@ class PublisherBroker:
             answered.append(frame)
             client.frames += 1
             self.stats.frames += 1
-            max_bytes = self.log.config.max_message_bytes
+            max_bytes = self.store.config.max_message_bytes
             for index, item in enumerate(messages):
                 try:
                     common = encode_common_message(item, producer_id, max_bytes)
                     if common is not None:
                         topic, key, encoded = common
-                        config = self.log.topic_config(topic, create=True)
-                        partition = self.log.choose_partition(topic, config, key, None)
+                        config = self.store.topic_config(topic, create=True)
+                        partition = self.store.choose_partition(topic, config, key, None)
                     else:
                         topic, message = message_from_wire(item, producer_id, now)
-                        config = self.log.topic_config(topic, create=True)
-                        partition = self.log.choose_partition(
+                        config = self.store.topic_config(topic, create=True)
+                        partition = self.store.choose_partition(
                             topic, config, message.key, message.partition
                         )
                         encoded = encode_message(message, max_bytes=max_bytes, parsed_json=True)
@@ -385,7 +385,7 @@ class PublisherBroker:
         for (topic, partition), items in batches.items():
             level = levels[(topic, partition)]
             try:
-                positions = self.log.append_encoded(
+                positions = self.store.append_encoded(
                     topic,
                     partition,
                     [item.encoded for item in items],
@@ -393,9 +393,9 @@ class PublisherBroker:
                 )
             except SpoolError as exc:
                 if not isinstance(exc, StorageError):
-                    log.exception("append to %s/%d failed", topic, partition)
+                    logger.exception("append to %s/%d failed", topic, partition)
                 else:
-                    log.error("append to %s/%d failed: %s", topic, partition, exc)
+                    logger.error("append to %s/%d failed: %s", topic, partition, exc)
                 for item in items:
                     item.frame.results[item.index] = {"error": exc.code, "message": str(exc)}
                 self.stats.errors += len(items)
@@ -473,7 +473,7 @@ class PublisherBroker:
     def _drop(self, client: _Client, reason: str) -> None:
         if self.clients.pop(client.conn, None) is None:
             return
-        log.info("publisher %s left: %s", client.client_id, reason)
+        logger.info("publisher %s left: %s", client.client_id, reason)
         with contextlib.suppress(OSError):
             client.conn.close()
         client.reader.close()
@@ -498,7 +498,7 @@ class PublisherBroker:
         flush_before_close({c.conn: c.writer for c in self.clients.values()}, timeout=2.0)
         for client in list(self.clients.values()):
             self._drop(client, "broker stopping")
-        self.log.close()
+        self.store.close()
         self._report(("stats", "publisher", self._stats_dict()))
 
 

@@ -96,7 +96,7 @@ def delay_to_deliver_at(
     return deliver_at, expires_at
 
 
-class Log:
+class Store:
     """A data directory's message store."""
 
     def __init__(
@@ -122,7 +122,7 @@ class Log:
         self._round_robin = RoundRobin()
         self._lock = threading.Lock()
 
-    def __enter__(self) -> Log:
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -281,8 +281,8 @@ class Log:
             by_partition[number].append((index, encoded))
         positions: list[Position | None] = [None] * len(batch)
         for number, items in by_partition.items():
-            log = self.partition_log(topic, number)
-            appended = log.append([encoded for _, encoded in items], level)
+            partition_log = self.partition_log(topic, number)
+            appended = partition_log.append([encoded for _, encoded in items], level)
             for (index, _), result in zip(items, appended, strict=True):
                 positions[index] = Position(
                     topic,
@@ -297,7 +297,7 @@ class Log:
         self, topic: str, partition: int, messages: Sequence[EncodedMessage], acks: Acks
     ) -> list[Position]:
         """Append already validated messages to one partition (the broker's path)."""
-        log = self.partition_log(topic, partition)
+        partition_log = self.partition_log(topic, partition)
         return [
             Position(
                 topic,
@@ -306,7 +306,7 @@ class Log:
                 r.timestamp,
                 r.duplicate,
             )
-            for r in log.append(messages, acks)
+            for r in partition_log.append(messages, acks)
         ]
 
     def _existing_topic(self, name: str) -> TopicConfig | None:
@@ -359,20 +359,20 @@ class Log:
     ) -> Reader:
         """A reader with its own position: ``offset`` is a number, ``"earliest"`` (the
         default) or ``"latest"``; or ``timestamp`` (ms) for the first record at or after it."""
-        log = self.partition_log(topic, partition)
+        partition_log = self.partition_log(topic, partition)
         if timestamp is not None:
             if offset is not None:
                 raise InvalidArgumentError("give either offset or timestamp, not both")
-            return Reader(log, offset_for_timestamp(log, timestamp))
+            return Reader(partition_log, offset_for_timestamp(partition_log, timestamp))
         if offset is None or offset == "earliest":
-            return Reader(log, log.log_start_offset())
+            return Reader(partition_log, partition_log.log_start_offset())
         if offset == "latest":
-            return Reader(log, log.log_end_offset())
+            return Reader(partition_log, partition_log.log_end_offset())
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgumentError(
                 f"offset must be a whole number, 'earliest' or 'latest', not {offset!r}"
             )
-        return Reader(log, offset)
+        return Reader(partition_log, offset)
 
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self.partition_log(topic, partition).log_start_offset()
@@ -395,8 +395,8 @@ class Log:
         for name in names:
             config = self.topic_config(name)
             for number in range(config.partitions):
-                log = self.partition_log(name, number)
-                infos = log.segment_infos()
+                partition_log = self.partition_log(name, number)
+                infos = partition_log.segment_infos()
                 doomed = segments_to_delete(
                     infos,
                     now_ms=moment,
@@ -405,10 +405,10 @@ class Log:
                 )
                 if doomed:
                     sizes = {info.base: info.size for info in infos}
-                    log.delete_segments(doomed)
+                    partition_log.delete_segments(doomed)
                     result.deleted_segments += len(doomed)
                     result.deleted_bytes += sum(sizes[base] for base in doomed)
-                result.log_start_offsets[(name, number)] = log.log_start_offset()
+                result.log_start_offsets[(name, number)] = partition_log.log_start_offset()
         return result
 
     def compact(self, topic: str, *, now: int | None = None) -> CompactionResult:
@@ -422,10 +422,11 @@ class Log:
         moment = now_ms() if now is None else now
         result = CompactionResult()
         for number in range(config.partitions):
-            log = self.partition_log(topic, number)
-            bases = log.segment_bases()
+            partition_log = self.partition_log(topic, number)
+            bases = partition_log.segment_bases()
             segments = [
-                (base, self._segment_entries(log, base, closed=base != bases[-1])) for base in bases
+                (base, self._segment_entries(partition_log, base, closed=base != bases[-1]))
+                for base in bases
             ]
             latest = latest_offsets(e for _, entries in segments for e, _ in entries)
             for base, entries in segments[:-1]:
@@ -440,7 +441,7 @@ class Log:
                     )
                 ]
                 if len(kept) != len(entries):
-                    log.replace_segment(base, kept)
+                    partition_log.replace_segment(base, kept)
                     result.rewritten_segments += 1
                     result.removed_records += len(entries) - len(kept)
                 result.kept_records += len(kept)
@@ -448,11 +449,11 @@ class Log:
 
     @staticmethod
     def _segment_entries(
-        log: PartitionLog, base: int, *, closed: bool
+        partition_log: PartitionLog, base: int, *, closed: bool
     ) -> list[tuple[KeyedEntry, bytes]]:
         """Every whole record of a segment with its stored line. A closed segment must be
         whole: compacting past damage would delete the records after it in silence."""
-        path = str(log.segment_path(base))
+        path = str(partition_log.segment_path(base))
         fd = os.open(path, os.O_RDONLY)
         try:
             data = pread_all(fd, os.fstat(fd).st_size, 0)
@@ -491,10 +492,10 @@ class Log:
         for name in names:
             config = self.topic_config(name)
             for number in range(config.partitions):
-                log = self.partition_log(name, number)
+                partition_log = self.partition_log(name, number)
                 expected: int | None = None
-                for base in log.segment_bases():
-                    path = str(log.segment_path(base))
+                for base in partition_log.segment_bases():
+                    path = str(partition_log.segment_path(base))
                     fd = os.open(path, os.O_RDONLY)
                     try:
                         scan = scan_batches(fd, path, 0, expected)
