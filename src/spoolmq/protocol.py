@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from spoolmq.errors import ProtocolError, SpoolError, error_from_code
+from spoolmq.files import write_durably
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -243,14 +244,7 @@ def read_or_create_authkey(data_dir: Path) -> bytes:
     except FileNotFoundError:
         pass
     key = secrets.token_bytes(32)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_durably([(path, key)])
     return key
 
 

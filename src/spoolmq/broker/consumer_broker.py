@@ -29,6 +29,7 @@ from spoolmq.broker.process import (
     receive_fd,
     wait_for_clients,
 )
+from spoolmq.clock import now_ms
 from spoolmq.errors import (
     CorruptRecordError,
     GroupActiveError,
@@ -40,7 +41,6 @@ from spoolmq.errors import (
 )
 from spoolmq.store import Message, Reader, Store
 from spoolmq.store.names import check_topic, dlq_topic
-from spoolmq.store.state import now_ms
 
 logger = logging.getLogger("spoolmq.consumer")
 

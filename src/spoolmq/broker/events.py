@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from spoolmq.broker.delivery import Event
-from spoolmq.store.segment import FILE_MODE, make_private_dirs, write_all
+from spoolmq.files import FILE_MODE, make_private_dirs, write_all
 
 _ROLL_BYTES = 64 * 1024 * 1024
 _MAX_UNWRITTEN_BYTES = 16 * 1024 * 1024

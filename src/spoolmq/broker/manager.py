@@ -52,7 +52,7 @@ from spoolmq.errors import (
     SpoolError,
     UnsafePermissionsError,
 )
-from spoolmq.store.segment import make_private_dirs
+from spoolmq.files import make_private_dirs
 
 logger = logging.getLogger("spoolmq.broker")
 

@@ -30,6 +30,7 @@ from spoolmq.broker.process import (
     receive_fd,
     wait_for_clients,
 )
+from spoolmq.clock import now_ms
 from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -46,7 +47,6 @@ from spoolmq.store.record import (
     common_fields,
     encode_message,
 )
-from spoolmq.store.state import now_ms
 from spoolmq.store.store import delay_to_deliver_at, normalize_acks
 
 logger = logging.getLogger("spoolmq.publisher")

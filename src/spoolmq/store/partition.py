@@ -20,29 +20,27 @@ from typing import Literal, NamedTuple
 
 from filelock import FileLock, Timeout
 
+from spoolmq.clock import now_ms
 from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.errors import (
     CorruptRecordError,
     OffsetOutOfRangeError,
     StorageError,
 )
+from spoolmq.files import FILE_MODE, fsync_dir, make_private_dirs, write_all
 from spoolmq.store.names import index_name, segment_name
 from spoolmq.store.record import EncodedMessage, as_single_record, check_line, frame_record
 from spoolmq.store.segment import (
-    FILE_MODE,
     INDEX_ENTRY,
     ScanResult,
     SparseIndex,
     entry_matches,
-    fsync_dir,
     last_record_fields,
     list_segment_bases,
     load_index,
-    make_private_dirs,
     scan_batches,
-    write_all,
 )
-from spoolmq.store.state import SequenceRow, StateDB, now_ms
+from spoolmq.store.state import SequenceRow, StateDB
 
 logger = logging.getLogger("spoolmq.store")
 

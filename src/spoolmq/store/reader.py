@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
+from spoolmq.files import pread_all
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.record import (
     Record,
@@ -23,7 +24,7 @@ from spoolmq.store.record import (
     record_offset_and_timestamp,
     verified_fields,
 )
-from spoolmq.store.segment import first_line_at_or_after, pread_all
+from spoolmq.store.segment import first_line_at_or_after
 
 _CHUNK = 1024 * 1024
 _FIRST_CHUNK = 16 * 1024  # after a seek: the first poll parses little

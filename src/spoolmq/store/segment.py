@@ -21,38 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq.errors import CorruptRecordError
+from spoolmq.files import pread_all
 from spoolmq.store.record import check_line, record_offset
 
 INDEX_ENTRY = struct.Struct("<qqq")
-FILE_MODE = 0o600
-DIR_MODE = 0o700
-_READ_CHUNK = 1 << 20
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a created, renamed or deleted entry in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and missing parents with mode 0700.
-
-    Each new directory's entry is fsynced in its parent: a segment fsynced with ACK
-    ``all`` is only durable if the directories leading to it are.
-    """
-    if path.is_dir():
-        return
-    make_private_dirs(path.parent)
-    try:
-        os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        return
-    os.chmod(path, DIR_MODE)  # the umask may have narrowed it further; never widened
-    fsync_dir(path.parent)
 
 
 def list_segment_bases(directory: Path) -> list[int]:
@@ -67,25 +39,6 @@ def list_segment_bases(directory: Path) -> list[int]:
             bases.append(int(name[:20]))
     bases.sort()
     return bases
-
-
-def pread_all(fd: int, length: int, position: int) -> bytes:
-    chunks = []
-    while length > 0:
-        chunk = os.pread(fd, min(length, _READ_CHUNK * 16), position)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        length -= len(chunk)
-        position += len(chunk)
-    return b"".join(chunks)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 class SparseIndex:

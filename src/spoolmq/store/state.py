@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from spoolmq.clock import now_ms
 from spoolmq.config import TopicConfig
 from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
-from spoolmq.store.segment import FILE_MODE
+from spoolmq.files import FILE_MODE
 
 SCHEMA_VERSION = 1
 
@@ -121,10 +122,6 @@ class SequenceRow(NamedTuple):
     topic: str
     partition: int
     offset: int
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 _UPSERT_COMMITTED = (

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from spoolmq.clock import now_ms
 from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir
 from spoolmq.errors import (
     CorruptRecordError,
@@ -26,6 +27,7 @@ from spoolmq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
+from spoolmq.files import make_private_dirs, pread_all
 from spoolmq.store.compaction import KeyedEntry, keep_record, latest_offsets
 from spoolmq.store.names import check_topic
 from spoolmq.store.partition import Acks, PartitionLog, RecoveryReport
@@ -33,8 +35,8 @@ from spoolmq.store.partitioner import RoundRobin, partition_for_key
 from spoolmq.store.reader import Reader, offset_for_timestamp
 from spoolmq.store.record import EncodedMessage, HeadersInput, Message, encode_message
 from spoolmq.store.retention import segments_to_delete
-from spoolmq.store.segment import make_private_dirs, pread_all, scan_batches
-from spoolmq.store.state import StateDB, now_ms
+from spoolmq.store.segment import scan_batches
+from spoolmq.store.state import StateDB
 
 
 class Position(NamedTuple):

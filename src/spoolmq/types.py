@@ -1,0 +1,28 @@
+"""Small value types shared by every layer (the store, the brokers, the clients, analytics)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic."""
+
+    topic: str
+    partition: int
+
+
+class EventType(StrEnum):
+    """The ``type`` of a line in ``events/`` (docs/FORMAT.md). A ``StrEnum``: each member is
+    the string written to the file, so ``EventType.ACKED == "acked"``."""
+
+    DELIVERED = "delivered"  # handed to a consumer (attempt n)
+    ACKED = "acked"  # settled by the consumer (or at once with auto_ack)
+    NACKED = "nacked"  # the consumer gave it back; retried after a backoff
+    LEASE_EXPIRED = "lease_expired"  # the consumer kept it past its lease; retried
+    RELEASED = "released"  # its consumer left: returned unread, or counted as an attempt
+    EXPIRED = "expired"  # its TTL passed before it was delivered
+    DEAD_LETTERED = "dead_lettered"  # out of attempts: moved to <topic>.dlq
+    SKIPPED = "skipped"  # deleted by retention before the group read it (a range)
+    LAG = "lag"  # a group's committed offset and log end in a partition (periodic)
