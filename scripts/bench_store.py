@@ -129,12 +129,12 @@ def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[floa
 OPEN_PROBE = """
 import json, resource, sys, time
 started = time.perf_counter()
-from spoolmq import Log
+from spoolmq import Store
 imported = time.perf_counter()
-log = Log(sys.argv[1])
-end = log.log_end_offset("bench", 0)
-log.append("bench", {"probe": True}, partition=0)   # opens the tail: recovery scan
-reader = log.reader("bench", 0, offset=end)
+store = Store(sys.argv[1])
+end = store.log_end_offset("bench", 0)
+store.append("bench", {"probe": True}, partition=0)   # opens the tail: recovery scan
+reader = store.reader("bench", 0, offset=end)
 record = reader.poll()
 opened = time.perf_counter()
 print(json.dumps({"open_s": opened - imported, "import_s": imported - started, "end": end,

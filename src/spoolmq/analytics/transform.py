@@ -22,10 +22,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from spoolmq.analytics import schemas
+from spoolmq.types import EventType
 
 PERCENTILES = (0.5, 0.9, 0.99)
 # Delivery events that a consumer's work ended in, other than an ACK.
-FAILURE_TYPES = ("nacked", "lease_expired", "released")
+FAILURE_TYPES = (EventType.NACKED, EventType.LEASE_EXPIRED, EventType.RELEASED)
 _CRC_MARK = ',"crc":'
 
 
@@ -234,11 +235,11 @@ def throughput(records: DataFrame, events: DataFrame, bucket_ms: int) -> DataFra
         F.count(F.lit(1)).alias("published"), F.sum("bytes").cast("long").alias("bytes")
     )
     worked = (
-        events.where(F.col("type").isin("delivered", "acked"))
+        events.where(F.col("type").isin(EventType.DELIVERED, EventType.ACKED))
         .groupBy("topic", bucket(F.col("ts")))
         .agg(
-            _count_if(F.col("type") == "delivered").alias("delivered"),
-            _count_if(F.col("type") == "acked").alias("acked"),
+            _count_if(F.col("type") == EventType.DELIVERED).alias("delivered"),
+            _count_if(F.col("type") == EventType.ACKED).alias("acked"),
         )
     )
     joined = stored.join(worked, ["topic", "bucket_start_ms"], "full")
@@ -290,15 +291,17 @@ def payload_sizes(records: DataFrame) -> DataFrame:
 def delivery_outcomes(events: DataFrame) -> DataFrame:
     """One row per (group, topic, partition, offset) that has delivery events."""
     # ``lag`` and ``skipped`` are about a group's position, not about one message.
-    typed = events.where(~F.col("type").isin("lag", "skipped") & F.col("offset").isNotNull())
-    delivered = F.col("type") == "delivered"
+    typed = events.where(
+        ~F.col("type").isin(EventType.LAG, EventType.SKIPPED) & F.col("offset").isNotNull()
+    )
+    delivered = F.col("type") == EventType.DELIVERED
     return typed.groupBy("group", "topic", "partition", "offset").agg(
         F.max("published_at").alias("published_at"),
         F.min(F.when(delivered, F.col("ts"))).alias("first_delivered_at"),
         F.max(F.when(delivered, F.col("attempt"))).alias("attempts"),
-        F.min(F.when(F.col("type") == "acked", F.col("ts"))).alias("acked_at"),
-        F.max(F.col("type") == "dead_lettered").alias("dead_lettered"),
-        F.max(F.col("type") == "expired").alias("expired"),
+        F.min(F.when(F.col("type") == EventType.ACKED, F.col("ts"))).alias("acked_at"),
+        F.max(F.col("type") == EventType.DEAD_LETTERED).alias("dead_lettered"),
+        F.max(F.col("type") == EventType.EXPIRED).alias("expired"),
     )
 
 
@@ -326,7 +329,7 @@ def latency(outcomes: DataFrame) -> DataFrame:
 def processing_time(events: DataFrame) -> DataFrame:
     """Delivery to ACK per group and consumer: ACKs, mean, p50, p90, p99, max in ms."""
     return (
-        events.where((F.col("type") == "acked") & F.col("processing_ms").isNotNull())
+        events.where((F.col("type") == EventType.ACKED) & F.col("processing_ms").isNotNull())
         .groupBy("group", "consumer")
         .agg(
             F.count(F.lit(1)).alias("acked"),
@@ -370,15 +373,16 @@ def consumer_stats(events: DataFrame) -> DataFrame:
     kind = F.col("type")
     counted = (
         events.where(
-            F.col("consumer").isNotNull() & kind.isin("delivered", "acked", *FAILURE_TYPES)
+            F.col("consumer").isNotNull()
+            & kind.isin(EventType.DELIVERED, EventType.ACKED, *FAILURE_TYPES)
         )
         .groupBy("group", "consumer")
         .agg(
-            _count_if(kind == "delivered").alias("deliveries"),
-            _count_if(kind == "acked").alias("acked"),
-            _count_if(kind == "nacked").alias("nacked"),
-            _count_if(kind == "lease_expired").alias("lease_expired"),
-            _count_if(kind == "released").alias("released"),
+            _count_if(kind == EventType.DELIVERED).alias("deliveries"),
+            _count_if(kind == EventType.ACKED).alias("acked"),
+            _count_if(kind == EventType.NACKED).alias("nacked"),
+            _count_if(kind == EventType.LEASE_EXPIRED).alias("lease_expired"),
+            _count_if(kind == EventType.RELEASED).alias("released"),
             F.min("ts").alias("first_ts"),
             F.max("ts").alias("last_ts"),
         )
@@ -418,7 +422,7 @@ def lag_over_time(events: DataFrame) -> DataFrame:
     """The broker's periodic lag snapshots (``lag`` events); a snapshot without its ``lag``
     field gets ``log_end_offset - committed``."""
     derived = F.greatest(F.col("log_end_offset") - F.col("committed"), F.lit(0))
-    return events.where(F.col("type") == "lag").select(
+    return events.where(F.col("type") == EventType.LAG).select(
         "group",
         "topic",
         "partition",

@@ -3,9 +3,9 @@
 Works with no broker running and from several processes at once: appends to a partition
 are serialised by the partition's file lock, topic settings live in ``state.db``.
 
-    >>> log = Log(tmp)                                         # doctest: +SKIP
-    >>> log.create_topic("orders", partitions=2)               # doctest: +SKIP
-    >>> log.append("orders", {"order_id": 1})                  # doctest: +SKIP
+    >>> store = Store(tmp)                                       # doctest: +SKIP
+    >>> store.create_topic("orders", partitions=2)               # doctest: +SKIP
+    >>> store.append("orders", {"order_id": 1})                  # doctest: +SKIP
     Position(topic='orders', partition=0, offset=0, ...)
 """
 
