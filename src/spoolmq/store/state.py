@@ -356,14 +356,6 @@ class StateDB:
                 [(pid, sequence, timestamp) for pid, sequence in last.items()],
             )
 
-    def forget_sequences(self, producer_id: str, up_to: int) -> None:
-        """Drop sequences at or below ``up_to``: the producer has had every answer for them."""
-        with self.write() as db:
-            db.execute(
-                "DELETE FROM producer_sequences WHERE producer_id = ? AND sequence <= ?",
-                (producer_id, up_to),
-            )
-
     def prune_sequences(self, *, keep: int = 100_000, idle_ms: int = 7 * 24 * 3600 * 1000) -> int:
         """Forget sequences more than ``keep`` below each producer's newest, and producers idle for
         ``idle_ms``. A client only ever resends its in-flight window (a few thousand
