@@ -18,6 +18,7 @@ import orjson
 
 from spoolmq.config import TopicConfig, parse_duration_ms, resolve_data_dir
 from spoolmq.errors import ConfigError, GroupActiveError, InvalidArgumentError, SpoolError
+from spoolmq.types import TopicPartition
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -375,7 +376,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
             {
                 "topic": t,
                 "partition": p,
-                "from": current.get((t, p)),
+                "from": current.get(TopicPartition(t, p)),
                 "to": o,
             }
             for (t, p), o in sorted(targets.items())

@@ -6,21 +6,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import FakeClock
+from store_helpers import START_MS
 
 from spoolmq import Store
-from spoolmq.store import partition as partition_module
+from spoolmq.clock import ManualClock
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(partition_module, "now_ms", fake)
-    return fake
+def clock() -> ManualClock:
+    """The time the store tests run at; it moves only when a test moves it."""
+    return ManualClock(START_MS)
 
 
 @pytest.fixture
-def small_store(data_dir: Path) -> Iterator[Store]:
-    """A store whose index has an entry every 64 bytes, for seeking tests."""
-    with Store(data_dir, config={"index_interval_bytes": 64}) as opened:
+def store(data_dir: Path, clock: ManualClock) -> Iterator[Store]:
+    """A store on the manual ``clock`` (record timestamps, segment age, retention)."""
+    with Store(data_dir, clock=clock) as opened:
         yield opened

@@ -6,6 +6,11 @@ import hashlib
 import os
 from pathlib import Path
 
+from spoolmq.store.names import partition_dir
+from spoolmq.types import TopicPartition
+
+START_MS = 1_700_000_000_000  # where the store tests' ManualClock starts (Nov 2023)
+
 
 def tree_snapshot(root: Path) -> dict[str, tuple[int, str]]:
     """Every file and directory under ``root`` with its mode and content hash.
@@ -30,17 +35,4 @@ def tree_snapshot(root: Path) -> dict[str, tuple[int, str]]:
 
 
 def segment_files(data_dir: Path, topic: str, partition: int = 0) -> list[Path]:
-    return sorted((data_dir / "logs" / topic / str(partition)).glob("*.jsonl"))
-
-
-class FakeClock:
-    """A settable millisecond clock for the writer's timestamps."""
-
-    def __init__(self, start: int = 1_700_000_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
+    return sorted(partition_dir(data_dir, TopicPartition(topic, partition)).glob("*.jsonl"))

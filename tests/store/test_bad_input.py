@@ -11,6 +11,8 @@ import pytest
 from store_helpers import tree_snapshot
 
 from spoolmq import Message, Store
+from spoolmq.clock import ManualClock
+from spoolmq.config import DAY_MS
 from spoolmq.errors import (
     InvalidArgumentError,
     InvalidTopicError,
@@ -150,8 +152,9 @@ def test_offsets_outside_the_log(filled: Store, data_dir: Path, offset: int) -> 
     assert tree_snapshot(data_dir) == before
 
 
-def test_offset_below_the_log_start_after_retention(filled: Store) -> None:
-    filled.enforce_retention("orders", now=2**62)
+def test_offset_below_the_log_start_after_retention(filled: Store, clock: ManualClock) -> None:
+    clock.advance(15 * DAY_MS)  # past the default retention of 14 days
+    filled.enforce_retention("orders")
     start = filled.log_start_offset("orders", 0)
     assert start > 0
     with pytest.raises(OffsetOutOfRangeError, match=f"valid offsets are {start}"):

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import FakeClock, segment_files
+from store_helpers import START_MS, segment_files
 
 from spoolmq import Message, Store
+from spoolmq.clock import ManualClock
 from spoolmq.config import DAY_MS
 from spoolmq.errors import OffsetOutOfRangeError, StorageError
-from spoolmq.store.partition import PartitionLog
+from spoolmq.store.segment import SegmentFiles
 
 TOPIC = "t"
 
@@ -51,7 +52,7 @@ def test_a_roll_that_fails_is_a_storage_error_and_loses_nothing(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with monkeypatch.context() as patch:
-        patch.setattr(PartitionLog, "_create_segment", no_room)
+        patch.setattr(SegmentFiles, "create", no_room)
         with pytest.raises(StorageError, match="rolling t/0 to a new segment failed"):
             store.append(TOPIC, {"i": "lost", "pad": "x" * 60})
     assert store.log_end_offset(TOPIC, 0) == offset
@@ -60,7 +61,7 @@ def test_a_roll_that_fails_is_a_storage_error_and_loses_nothing(
     assert store.check() == []
 
 
-def test_segments_roll_by_age(store: Store, data_dir: Path, clock: FakeClock) -> None:
+def test_segments_roll_by_age(store: Store, data_dir: Path, clock: ManualClock) -> None:
     store.create_topic(TOPIC, segment_ms=60_000)
     store.append(TOPIC, 1)
     clock.advance(59_999)
@@ -71,7 +72,7 @@ def test_segments_roll_by_age(store: Store, data_dir: Path, clock: FakeClock) ->
     assert [int(s.stem) for s in segment_files(data_dir, TOPIC)] == [0, 2]
 
 
-def test_timestamps_never_decrease_across_a_roll(store: Store, clock: FakeClock) -> None:
+def test_timestamps_never_decrease_across_a_roll(store: Store, clock: ManualClock) -> None:
     store.create_topic(TOPIC, segment_bytes=1024)
     stamps = []
     for _ in range(40):
@@ -81,7 +82,7 @@ def test_timestamps_never_decrease_across_a_roll(store: Store, clock: FakeClock)
     assert [r.timestamp for r in store.reader(TOPIC, 0)] == stamps
 
 
-def fill(store: Store, clock: FakeClock, count: int, **settings: object) -> None:
+def fill(store: Store, clock: ManualClock, count: int, **settings: object) -> None:
     store.create_topic(TOPIC, segment_bytes=1024, **settings)
     for i in range(count):
         store.append(TOPIC, {"i": i, "pad": "x" * 80})
@@ -89,11 +90,11 @@ def fill(store: Store, clock: FakeClock, count: int, **settings: object) -> None
 
 
 @pytest.mark.parametrize("age", [0, 15_000, 30_000, 59_000, 70_000])
-def test_retention_by_time(store: Store, clock: FakeClock, data_dir: Path, age: int) -> None:
+def test_retention_by_time(store: Store, clock: ManualClock, data_dir: Path, age: int) -> None:
     fill(store, clock, 60, retention_ms=20_000)
     bases = [int(s.stem) for s in segment_files(data_dir, TOPIC)]
     stamps = {r.offset: r.timestamp for r in store.reader(TOPIC, 0)}
-    now = clock.now + age
+    now = clock.now_ms() + age
     # expected: the longest prefix of closed segments whose newest record is > 20 s old
     expected_start = 0
     for next_base in bases[1:]:
@@ -101,7 +102,8 @@ def test_retention_by_time(store: Store, clock: FakeClock, data_dir: Path, age: 
             expected_start = next_base
         else:
             break
-    result = store.enforce_retention(TOPIC, now=now)
+    clock.advance(age)
+    result = store.enforce_retention(TOPIC)
     assert store.log_start_offset(TOPIC, 0) == expected_start
     assert result.log_start_offsets[(TOPIC, 0)] == expected_start
     assert result.deleted_segments == bases.index(expected_start)
@@ -109,28 +111,32 @@ def test_retention_by_time(store: Store, clock: FakeClock, data_dir: Path, age: 
     assert store.append(TOPIC, "new").offset == 60  # offsets are never reused
 
 
-def test_retention_default_is_fourteen_days(store: Store, clock: FakeClock) -> None:
+def test_retention_default_is_fourteen_days(store: Store, clock: ManualClock) -> None:
     fill(store, clock, 30)
     assert store.topic_config(TOPIC).retention_ms == 14 * DAY_MS
-    assert store.enforce_retention(now=clock.now + 13 * DAY_MS).deleted_segments == 0
-    assert store.enforce_retention(now=clock.now + 15 * DAY_MS).deleted_segments > 0
+    clock.advance(13 * DAY_MS)
+    assert store.enforce_retention().deleted_segments == 0
+    clock.advance(2 * DAY_MS)
+    assert store.enforce_retention().deleted_segments > 0
     assert store.log_start_offset(TOPIC, 0) == store.partition_log(TOPIC, 0).segment_bases()[-1]
 
 
-def test_retention_by_bytes(store: Store, clock: FakeClock, data_dir: Path) -> None:
+def test_retention_by_bytes(store: Store, clock: ManualClock, data_dir: Path) -> None:
     fill(store, clock, 80, retention_bytes=2500, retention_ms=-1)
-    store.enforce_retention(now=clock.now + 100 * DAY_MS)
+    clock.advance(100 * DAY_MS)
+    store.enforce_retention()
     sizes = [s.stat().st_size for s in segment_files(data_dir, TOPIC)]
     assert sum(sizes) >= 2500 or len(sizes) == 1
     assert sum(sizes[1:]) < 2500  # one more deletion would go below the limit
-    assert store.enforce_retention(now=clock.now).deleted_segments == 0
+    assert store.enforce_retention().deleted_segments == 0
 
 
-def test_retention_while_a_reader_is_in_a_segment(store: Store, clock: FakeClock) -> None:
+def test_retention_while_a_reader_is_in_a_segment(store: Store, clock: ManualClock) -> None:
     fill(store, clock, 60, retention_ms=1)
     reader = store.reader(TOPIC, 0)
     assert reader.poll().offset == 0  # type: ignore[union-attr]
-    store.enforce_retention(now=clock.now + 10)
+    clock.advance(10)
+    store.enforce_retention()
     start = store.log_start_offset(TOPIC, 0)
     assert start > 10
     # the open segment is still readable to its end; then the reader finds its offset gone
@@ -143,7 +149,7 @@ def test_retention_while_a_reader_is_in_a_segment(store: Store, clock: FakeClock
     assert reader.poll().offset == start  # type: ignore[union-attr]
 
 
-def test_compaction_keeps_the_newest_per_key(store: Store, clock: FakeClock) -> None:
+def test_compaction_keeps_the_newest_per_key(store: Store, clock: ManualClock) -> None:
     store.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=1024)
     expected: dict[str, int] = {}
     for i in range(120):
@@ -155,7 +161,7 @@ def test_compaction_keeps_the_newest_per_key(store: Store, clock: FakeClock) -> 
     store.append(TOPIC, "no key")
     active = store.partition_log(TOPIC, 0).segment_bases()[-1]
     before = list(store.reader(TOPIC, 0))
-    result = store.compact(TOPIC, now=clock.now)
+    result = store.compact(TOPIC)
     after = list(store.reader(TOPIC, 0))
     assert result.removed_records == len(before) - len(after) > 0
     closed_after = [r for r in after if r.offset < active]
@@ -171,37 +177,39 @@ def test_compaction_keeps_the_newest_per_key(store: Store, clock: FakeClock) -> 
     assert [r.offset for r in after] == sorted(r.offset for r in after)
     assert store.check() == []
     # compacting again finds nothing more to remove, and reading still works
-    assert store.compact(TOPIC, now=clock.now).removed_records == 0
+    assert store.compact(TOPIC).removed_records == 0
 
 
-def test_compaction_tombstones_and_grace_period(store: Store, clock: FakeClock) -> None:
+def test_compaction_tombstones_and_grace_period(store: Store, clock: ManualClock) -> None:
     store.create_topic(
         TOPIC, cleanup_policy="compact", segment_bytes=1024, tombstone_retention_ms=5000
     )
     store.append(TOPIC, "v1", key="gone")
     store.append(TOPIC, "v1", key="kept")
     store.append(TOPIC, None, key="gone")  # tombstone
-    deleted_at = clock.now
+    deleted_at = clock.now_ms()
     for i in range(30):  # push everything into closed segments
         store.append(TOPIC, {"filler": i, "pad": "x" * 80}, key=f"f{i}")
-    store.compact(TOPIC, now=deleted_at + 5000)
+    clock.set(deleted_at + 5000)
+    store.compact(TOPIC)
     values = {r.key: r.value for r in store.reader(TOPIC, 0)}
     assert values["gone"] is None  # the delete is still visible within the grace period
     assert values["kept"] == "v1"
-    store.compact(TOPIC, now=deleted_at + 5001)
+    clock.advance(1)
+    store.compact(TOPIC)
     keys = [r.key for r in store.reader(TOPIC, 0)]
     assert "gone" not in keys
     assert "kept" in keys
 
 
-def test_a_reader_in_a_segment_being_compacted(store: Store, clock: FakeClock) -> None:
+def test_a_reader_in_a_segment_being_compacted(store: Store, clock: ManualClock) -> None:
     store.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=2048)
     for i in range(60):
         store.append_batch(TOPIC, [Message(i, key="same"), Message(i, key=f"u{i}")])
     other = Store(store.path)  # another process's view, with its own cached indexes
     other_reader = other.reader(TOPIC, 0, offset=10)
     assert other_reader.poll().offset == 10  # type: ignore[union-attr]
-    store.compact(TOPIC, now=clock.now)
+    store.compact(TOPIC)
     # the open reader finishes its old copy of the segment, then carries on
     offsets = [r.offset for r in other_reader]
     assert offsets == sorted(offsets) and offsets[0] == 11 and offsets[-1] == 119
@@ -228,35 +236,31 @@ def test_seek_by_offset_and_by_time(
     steps: list[int],
     data: st.DataObject,
 ) -> None:
-    clock = FakeClock()
+    clock = ManualClock(START_MS)
     data_dir = tmp_path_factory.mktemp("seek")
     records: list[tuple[int, int]] = []  # (offset, timestamp)
-    with pytest.MonkeyPatch.context() as patch:
-        from spoolmq.store import partition as partition_module
-
-        patch.setattr(partition_module, "now_ms", clock)
-        with Store(data_dir, config={"index_interval_bytes": 64}) as store:
-            store.create_topic(TOPIC, segment_bytes=2048)
-            for size, step in zip(sizes, steps, strict=False):
-                clock.advance(step)
-                positions = store.append_batch(
-                    TOPIC, [Message({"n": len(records) + k}) for k in range(size)]
-                )
-                records.extend((p.offset, p.timestamp) for p in positions)
-            end = len(records)
-            for offset in data.draw(st.lists(st.integers(0, end - 1), max_size=10)):
-                record = store.reader(TOPIC, 0, offset=offset).poll()
-                assert record is not None and (record.offset, record.value) == (
-                    offset,
-                    {"n": offset},
-                )
-            assert store.reader(TOPIC, 0, offset=end).poll() is None
-            low, high = records[0][1] - 2, records[-1][1] + 2
-            for stamp in data.draw(st.lists(st.integers(low, high), max_size=10)):
-                expected = next((o for o, t in records if t >= stamp), end)
-                assert store.offset_for_timestamp(TOPIC, 0, stamp) == expected
-                found = store.reader(TOPIC, 0, timestamp=stamp).poll()
-                assert (found.offset if found else end) == expected
+    with Store(data_dir, config={"index_interval_bytes": 64}, clock=clock) as store:
+        store.create_topic(TOPIC, segment_bytes=2048)
+        for size, step in zip(sizes, steps, strict=False):
+            clock.advance(step)
+            positions = store.append_batch(
+                TOPIC, [Message({"n": len(records) + k}) for k in range(size)]
+            )
+            records.extend((p.offset, p.timestamp) for p in positions)
+        end = len(records)
+        for offset in data.draw(st.lists(st.integers(0, end - 1), max_size=10)):
+            record = store.reader(TOPIC, 0, offset=offset).poll()
+            assert record is not None and (record.offset, record.value) == (
+                offset,
+                {"n": offset},
+            )
+        assert store.reader(TOPIC, 0, offset=end).poll() is None
+        low, high = records[0][1] - 2, records[-1][1] + 2
+        for stamp in data.draw(st.lists(st.integers(low, high), max_size=10)):
+            expected = next((o for o, t in records if t >= stamp), end)
+            assert store.offset_for_timestamp(TOPIC, 0, stamp) == expected
+            found = store.reader(TOPIC, 0, timestamp=stamp).poll()
+            assert (found.offset if found else end) == expected
 
 
 def test_a_caught_up_reader_sees_new_records(store: Store) -> None:

@@ -1,9 +1,13 @@
-"""Pruning the idempotence sequences keeps each producer's newest window."""
+"""Pruning the idempotence sequences keeps each producer's newest window and forgets idle
+producers."""
 
 from __future__ import annotations
 
 from spoolmq import Store
+from spoolmq.clock import ManualClock
 from spoolmq.store.state import SequenceRow
+
+HOUR_MS = 3_600_000
 
 
 def test_prune_keeps_the_newest_window_per_producer(store: Store) -> None:
@@ -17,3 +21,16 @@ def test_prune_keeps_the_newest_window_per_producer(store: Store) -> None:
     assert sorted(s for p, s in found if p == "b") == list(range(5))
     # a retry inside the window is still answered with its first offset
     assert found[("a", 45)].offset == 45
+
+
+def test_prune_forgets_producers_idle_longer_than_idle_ms(store: Store, clock: ManualClock) -> None:
+    """Idleness is measured on the store's clock: a producer last heard from more than
+    ``idle_ms`` ago is forgotten with all its sequences; one heard from since is kept."""
+    store.state.record_sequences([SequenceRow("idle", 1, "t", 0, 0)])
+    clock.advance(HOUR_MS)
+    store.state.record_sequences([SequenceRow("busy", 1, "t", 0, 1)])
+    clock.advance(HOUR_MS)
+    assert store.state.prune_sequences(idle_ms=HOUR_MS + 1) == 0  # none below any window
+    assert store.state.last_sequence("idle") is None
+    assert store.state.last_sequence("busy") == 1
+    assert set(store.state.find_sequences([("idle", 1), ("busy", 1)])) == {("busy", 1)}

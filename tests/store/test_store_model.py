@@ -22,10 +22,10 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from store_helpers import FakeClock, segment_files
+from store_helpers import START_MS, segment_files
 
 from spoolmq import Message, Store
-from spoolmq.store import partition as partition_module
+from spoolmq.clock import ManualClock
 
 PLAIN = "plain"
 COMPACTED = "compacted"
@@ -41,9 +41,7 @@ class StoreModel(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="spoolmq-model-"))
         self.data = self.root / "queue_data"
-        self.clock = FakeClock()
-        self._real_now = partition_module.now_ms
-        partition_module.now_ms = self.clock
+        self.clock = ManualClock(START_MS)
         self.store = self._open()
         self.store.create_topic(PLAIN, segment_bytes=1024, retention_bytes=2500)
         self.store.create_topic(
@@ -57,11 +55,10 @@ class StoreModel(RuleBasedStateMachine):
         self.log_start = 0
 
     def _open(self) -> Store:
-        return Store(self.data)
+        return Store(self.data, clock=self.clock)
 
     def teardown(self) -> None:
         self.store.close()
-        partition_module.now_ms = self._real_now
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- steps -----------------------------------------------------------------------------
@@ -73,7 +70,7 @@ class StoreModel(RuleBasedStateMachine):
         assert [p.offset for p in positions] == list(
             range(expected_first, expected_first + len(batch))
         )
-        self.model[topic] += [(k, v, self.clock.now) for k, v in batch]
+        self.model[topic] += [(k, v, self.clock.now_ms()) for k, v in batch]
 
     @rule(ms=st.integers(1, 4_000))
     def time_passes(self, ms: int) -> None:
@@ -81,12 +78,12 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule()
     def retention(self) -> None:
-        result = self.store.enforce_retention(PLAIN, now=self.clock.now)
+        result = self.store.enforce_retention(PLAIN)
         event(f"retention deleted segments: {result.deleted_segments > 0}")
 
     @rule()
     def compaction(self) -> None:
-        result = self.store.compact(COMPACTED, now=self.clock.now)
+        result = self.store.compact(COMPACTED)
         event(f"compaction removed records: {result.removed_records > 0}")
 
     @rule()
@@ -142,7 +139,9 @@ class StoreModel(RuleBasedStateMachine):
             newest[key] = offset
         for offset in newest.values():
             _, value, stored_at = model[offset]
-            tombstone_expired = value is None and self.clock.now - stored_at > TOMBSTONE_GRACE_MS
+            tombstone_expired = (
+                value is None and self.clock.now_ms() - stored_at > TOMBSTONE_GRACE_MS
+            )
             if not tombstone_expired:
                 assert offset in present, f"the newest record of its key, {offset}, is gone"
         bases = self.store.partition_log(COMPACTED, 0).segment_bases()

@@ -41,6 +41,7 @@ from spoolmq.errors import (
 )
 from spoolmq.store import Message, Reader, Store
 from spoolmq.store.names import check_topic, dlq_topic
+from spoolmq.types import TopicPartition
 
 logger = logging.getLogger("spoolmq.consumer")
 
@@ -492,7 +493,7 @@ class ConsumerBroker:
         for topic in topics:
             config = self.store.topic_config(topic, create=True)
             for partition in range(config.partitions):
-                key = (topic, partition)
+                key = TopicPartition(topic, partition)
                 if key in group.partitions:
                     continue
                 plog = self.store.partition_log(topic, partition)

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from spoolmq.errors import InvalidTopicError
+from spoolmq.types import TopicPartition
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 DLQ_SUFFIX = ".dlq"
@@ -48,5 +49,20 @@ def index_name(base_offset: int) -> str:
     return f"{base_offset:020d}.index"
 
 
-def partition_dir(root: Path, topic: str, partition: int) -> Path:
-    return root / "logs" / check_topic(topic) / str(int(partition))
+def logs_dir(root: Path) -> Path:
+    """Where the segments of every topic are (``<data dir>/logs``)."""
+    return root / "logs"
+
+
+def topic_dir(root: Path, topic: str) -> Path:
+    return logs_dir(root) / check_topic(topic)
+
+
+def partition_dir(root: Path, tp: TopicPartition) -> Path:
+    """A partition's segments, indexes and writer lock (``logs/<topic>/<partition>``)."""
+    return topic_dir(root, tp.topic) / str(int(tp.partition))
+
+
+def quarantine_dir(root: Path, tp: TopicPartition) -> Path:
+    """Where recovery moves the torn tails cut off a partition's segments."""
+    return root / "quarantine" / check_topic(tp.topic) / str(int(tp.partition))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spoolmq.store.partition import SegmentInfo
+from spoolmq.store.segment import SegmentInfo
 
 
 def segments_to_delete(

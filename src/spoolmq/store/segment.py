@@ -1,4 +1,5 @@
-"""Segment files and their sparse index, and the scan that finds whole batches.
+"""A partition's segment files (:class:`SegmentFiles`), their sparse index, and the scan
+that finds whole batches.
 
 A segment is ``<base offset, 20 digits>.jsonl``: record lines in offset order. Beside it,
 ``<base>.index`` holds 24-byte little-endian entries ``(offset, byte position, timestamp)``,
@@ -21,24 +22,71 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq.errors import CorruptRecordError
-from spoolmq.files import pread_all
+from spoolmq.files import FILE_MODE, fsync_dir, pread_all
+from spoolmq.store.names import index_name, segment_name
 from spoolmq.store.record import check_line, record_offset
 
 INDEX_ENTRY = struct.Struct("<qqq")
 
 
-def list_segment_bases(directory: Path) -> list[int]:
-    """Base offsets of the segment files in a partition directory, ascending."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    bases = []
-    for name in names:
-        if len(name) == 26 and name.endswith(".jsonl") and name[:20].isdigit():
-            bases.append(int(name[:20]))
-    bases.sort()
-    return bases
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """A segment's size and the timestamp of its newest record (-1 if unreadable)."""
+
+    base: int
+    size: int
+    newest_timestamp: int
+
+
+class SegmentFiles:
+    """The segment and index files of one partition directory."""
+
+    __slots__ = ("directory",)
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def segment_path(self, base: int) -> Path:
+        return self.directory / segment_name(base)
+
+    def index_path(self, base: int) -> Path:
+        return self.directory / index_name(base)
+
+    def bases(self) -> list[int]:
+        """Base offsets of the segments, ascending."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        bases = []
+        for name in names:
+            if len(name) == 26 and name.endswith(".jsonl") and name[:20].isdigit():
+                bases.append(int(name[:20]))
+        bases.sort()
+        return bases
+
+    def create(self, base: int) -> None:
+        """Create an empty segment and index starting at offset ``base``, durably."""
+        for path in (self.segment_path(base), self.index_path(base)):
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, FILE_MODE)
+            os.close(fd)
+        fsync_dir(self.directory)
+
+    def info(self, base: int) -> SegmentInfo | None:
+        """The segment's size and the timestamp of its last record, read from the end
+        backwards (``None`` if the segment is gone)."""
+        try:
+            fd = os.open(self.segment_path(base), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            last = last_record_fields(fd, size) if size else None
+        except CorruptRecordError:
+            last = None
+        finally:
+            os.close(fd)
+        return SegmentInfo(base, size, last["timestamp"] if last else -1)
 
 
 class SparseIndex:
@@ -86,6 +134,18 @@ class SparseIndex:
         entry is older than ``timestamp`` and a scan can start there.
         """
         return bisect.bisect_left(self.timestamps, timestamp) - 1
+
+    def wants_entry(self, position: int, interval_bytes: int) -> bool:
+        """Does a batch starting at byte ``position`` get an entry? The first batch does,
+        then the first one at least ``interval_bytes`` past the newest entry."""
+        return not self.positions or position - self.positions[-1] >= interval_bytes
+
+    def scan_start(self, base: int) -> tuple[int, int]:
+        """``(byte position, offset)`` a scan to the segment's end starts from: the newest
+        entry, or the segment's start."""
+        if self.offsets:
+            return self.positions[-1], self.offsets[-1]
+        return 0, base
 
     def encode_from(self, start: int) -> bytes:
         return b"".join(
@@ -159,7 +219,6 @@ class BatchInfo:
     position: int
     first_offset: int
     timestamp: int
-    end: int
 
 
 @dataclass(slots=True)
@@ -251,9 +310,7 @@ def scan_batches(
             result.corrupt_inside = _any_valid_line(data, position)
             return result
         first = fields[0]
-        result.batches.append(
-            BatchInfo(start + batch_start, first["offset"], first["timestamp"], start + position)
-        )
+        result.batches.append(BatchInfo(start + batch_start, first["offset"], first["timestamp"]))
         if keep_records:
             result.records.extend(fields)
         result.end = start + position

@@ -15,15 +15,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from spoolmq.clock import now_ms
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import TopicConfig
 from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
 from spoolmq.files import FILE_MODE
+from spoolmq.types import TopicPartition
 
 SCHEMA_VERSION = 1
 
@@ -124,6 +125,9 @@ class SequenceRow(NamedTuple):
     offset: int
 
 
+# Offsets by partition, keyed by TopicPartition or a plain (topic, partition) tuple.
+PartitionOffsets = Mapping[TopicPartition, int] | Mapping[tuple[str, int], int]
+
 _UPSERT_COMMITTED = (
     "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
@@ -134,9 +138,12 @@ _UPSERT_COMMITTED = (
 class StateDB:
     """The per-process handle on ``state.db``; safe to share between threads."""
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = 30_000) -> None:
+    def __init__(
+        self, path: Path, *, busy_timeout_ms: int = 30_000, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
+        self._clock = clock
         self._connection: sqlite3.Connection | None = None
         self._owner_pid = -1
         self._lock = threading.RLock()
@@ -264,7 +271,7 @@ class StateDB:
             db.execute(
                 f"INSERT INTO topics (name, {', '.join(_TOPIC_COLUMNS)}, created_at) "
                 f"VALUES (?, {', '.join('?' * len(_TOPIC_COLUMNS))}, ?)",
-                (name, *values, now_ms()),
+                (name, *values, self._clock.now_ms()),
             )
             return config
 
@@ -308,7 +315,7 @@ class StateDB:
                 "DO UPDATE SET log_start_offset = excluded.log_start_offset, "
                 "log_end_offset = MAX(log_end_offset, excluded.log_end_offset), "
                 "updated_at = excluded.updated_at",
-                (topic, partition, start, end, now_ms()),
+                (topic, partition, start, end, self._clock.now_ms()),
             )
 
     # -- producer sequences (idempotent publishing) -----------------------------------
@@ -343,7 +350,7 @@ class StateDB:
     def record_sequences(self, rows: Sequence[SequenceRow]) -> None:
         if not rows:
             return
-        timestamp = now_ms()
+        timestamp = self._clock.now_ms()
         last: dict[str, int] = {}
         for row in rows:
             last[row.producer_id] = max(last.get(row.producer_id, -1), row.sequence)
@@ -354,14 +361,6 @@ class StateDB:
                 "last_sequence = MAX(last_sequence, excluded.last_sequence), "
                 "updated_at = excluded.updated_at",
                 [(pid, sequence, timestamp) for pid, sequence in last.items()],
-            )
-
-    def forget_sequences(self, producer_id: str, up_to: int) -> None:
-        """Drop sequences at or below ``up_to``: the producer has had every answer for them."""
-        with self.write() as db:
-            db.execute(
-                "DELETE FROM producer_sequences WHERE producer_id = ? AND sequence <= ?",
-                (producer_id, up_to),
             )
 
     def prune_sequences(self, *, keep: int = 100_000, idle_ms: int = 7 * 24 * 3600 * 1000) -> int:
@@ -376,7 +375,7 @@ class StateDB:
                 (keep,),
             )
             removed = cursor.rowcount
-            stale = now_ms() - idle_ms
+            stale = self._clock.now_ms() - idle_ms
             db.execute(
                 "DELETE FROM producer_sequences WHERE producer_id IN "
                 "(SELECT producer_id FROM producers WHERE updated_at < ?)",
@@ -393,26 +392,26 @@ class StateDB:
 
     # -- group offsets ----------------------------------------------------------------
 
-    def committed_offsets(self, group: str, topic: str | None = None) -> dict[tuple[str, int], int]:
+    def committed_offsets(self, group: str, topic: str | None = None) -> dict[TopicPartition, int]:
         sql = "SELECT topic, partition, committed_offset FROM group_offsets WHERE group_name = ?"
         params: list[Any] = [group]
         if topic is not None:
             sql += " AND topic = ?"
             params.append(topic)
-        return {(t, p): o for t, p, o in self.query(sql, params)}
+        return {TopicPartition(t, p): o for t, p, o in self.query(sql, params)}
 
-    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
-        timestamp = now_ms()
+    def commit_offsets(self, group: str, offsets: PartitionOffsets) -> None:
+        timestamp = self._clock.now_ms()
         with self.write() as db:
             db.executemany(
                 _UPSERT_COMMITTED,
                 [(group, t, p, o, timestamp) for (t, p), o in offsets.items()],
             )
 
-    def reset_group(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+    def reset_group(self, group: str, offsets: PartitionOffsets) -> None:
         """Move a group to new offsets and forget its open deliveries and scheduled retries
         in those partitions, in one transaction: its work there starts over."""
-        timestamp = now_ms()
+        timestamp = self._clock.now_ms()
         with self.write() as db:
             db.executemany(
                 _UPSERT_COMMITTED,

@@ -3,9 +3,9 @@
 Works with no broker running and from several processes at once: appends to a partition
 are serialised by the partition's file lock, topic settings live in ``state.db``.
 
-    >>> store = Store(tmp)                                       # doctest: +SKIP
-    >>> store.create_topic("orders", partitions=2)               # doctest: +SKIP
-    >>> store.append("orders", {"order_id": 1})                  # doctest: +SKIP
+    >>> store = Store(tmp)                                     # doctest: +SKIP
+    >>> store.create_topic("orders", partitions=2)             # doctest: +SKIP
+    >>> store.append("orders", {"order_id": 1})                # doctest: +SKIP
     Position(topic='orders', partition=0, offset=0, ...)
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from spoolmq.clock import now_ms
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir
 from spoolmq.errors import (
     CorruptRecordError,
@@ -27,16 +27,20 @@ from spoolmq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from spoolmq.files import make_private_dirs, pread_all
-from spoolmq.store.compaction import KeyedEntry, keep_record, latest_offsets
-from spoolmq.store.names import check_topic
-from spoolmq.store.partition import Acks, PartitionLog, RecoveryReport
+from spoolmq.files import make_private_dirs
+from spoolmq.store.cleanup import keyed_entries
+from spoolmq.store.compaction import keep_record, latest_offsets
+from spoolmq.store.names import check_topic, logs_dir, topic_dir
+from spoolmq.store.partition import PartitionLog
 from spoolmq.store.partitioner import RoundRobin, partition_for_key
 from spoolmq.store.reader import Reader, offset_for_timestamp
 from spoolmq.store.record import EncodedMessage, HeadersInput, Message, encode_message
+from spoolmq.store.recovery import RecoveryReport
 from spoolmq.store.retention import segments_to_delete
 from spoolmq.store.segment import scan_batches
 from spoolmq.store.state import StateDB
+from spoolmq.store.writer import Acks
+from spoolmq.types import TopicPartition
 
 
 class Position(NamedTuple):
@@ -53,7 +57,7 @@ class Position(NamedTuple):
 class RetentionResult:
     deleted_segments: int = 0
     deleted_bytes: int = 0
-    log_start_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    log_start_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -99,13 +103,15 @@ def delay_to_deliver_at(
 
 
 class Store:
-    """A data directory's message store."""
+    """A data directory's message store. ``clock`` tells the time for record timestamps,
+    delays, segment age, retention and compaction (tests pass a ``ManualClock``)."""
 
     def __init__(
         self,
         path: str | os.PathLike[str] | None = None,
         *,
         config: StoreConfig | Mapping[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.path = resolve_data_dir(path)
         if config is None:
@@ -113,13 +119,16 @@ class Store:
         elif isinstance(config, Mapping):
             config = StoreConfig.from_mapping(config)
         self.config = config
+        self._clock = clock
         make_private_dirs(self.path)
-        make_private_dirs(self.path / "logs")
-        self.state = StateDB(self.path / "state.db", busy_timeout_ms=config.busy_timeout_ms)
+        make_private_dirs(logs_dir(self.path))
+        self.state = StateDB(
+            self.path / "state.db", busy_timeout_ms=config.busy_timeout_ms, clock=clock
+        )
         # Open (and migrate, or refuse a newer schema) now rather than at first use.
         self.state.connect()
         self.recovery_reports: list[RecoveryReport] = []
-        self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._partitions: dict[TopicPartition, PartitionLog] = {}
         self._topics: dict[str, TopicConfig] = {}
         self._round_robin = RoundRobin()
         self._lock = threading.Lock()
@@ -178,8 +187,8 @@ class Store:
         config = self.state.alter_topic(name, update)
         self._topics[name] = config
         with self._lock:
-            for (topic, _), partition in self._partitions.items():
-                if topic == name:
+            for tp, partition in self._partitions.items():
+                if tp.topic == name:
                     partition.topic_config = config
         return config
 
@@ -190,11 +199,11 @@ class Store:
         """Delete a topic's settings and files. Stop its writers first."""
         self.topic_config(name)
         with self._lock:
-            for key in [k for k in self._partitions if k[0] == name]:
-                self._partitions.pop(key).close()
+            for tp in [tp for tp in self._partitions if tp.topic == name]:
+                self._partitions.pop(tp).close()
         self.state.delete_topic(name)
         self._topics.pop(name, None)
-        shutil.rmtree(self.path / "logs" / name, ignore_errors=True)
+        shutil.rmtree(topic_dir(self.path, name), ignore_errors=True)
 
     def partition_log(self, topic: str, partition: int, *, create: bool = False) -> PartitionLog:
         config = self.topic_config(topic, create=create)
@@ -205,18 +214,18 @@ class Store:
                 f"topic {topic!r} has partitions 0 to {config.partitions - 1}; "
                 f"there is no partition {partition}"
             )
-        key = (topic, partition)
+        tp = TopicPartition(topic, partition)
         with self._lock:
-            existing = self._partitions.get(key)
+            existing = self._partitions.get(tp)
             if existing is None:
-                existing = self._partitions[key] = PartitionLog(
+                existing = self._partitions[tp] = PartitionLog(
                     self.path,
-                    topic,
-                    partition,
+                    tp,
                     config,
                     self.config,
                     self.state,
                     self.recovery_reports,
+                    clock=self._clock,
                 )
             return existing
 
@@ -239,7 +248,7 @@ class Store:
         acks: str | int = "all",
     ) -> Position:
         """Append one message. ``delay`` and ``ttl`` are seconds; ``deliver_at`` is epoch ms."""
-        when, expires = delay_to_deliver_at(delay, deliver_at, ttl, now_ms())
+        when, expires = delay_to_deliver_at(delay, deliver_at, ttl, self._clock.now_ms())
         message = Message(
             value=value,
             key=key,
@@ -387,12 +396,10 @@ class Store:
 
     # -- retention and compaction ----------------------------------------------------------
 
-    def enforce_retention(
-        self, topic: str | None = None, *, now: int | None = None
-    ) -> RetentionResult:
+    def enforce_retention(self, topic: str | None = None) -> RetentionResult:
         """Delete closed segments past their topic's time or size retention."""
         result = RetentionResult()
-        moment = now_ms() if now is None else now
+        moment = self._clock.now_ms()
         names = [topic] if topic is not None else list(self.topics())
         for name in names:
             config = self.topic_config(name)
@@ -410,10 +417,12 @@ class Store:
                     partition_log.delete_segments(doomed)
                     result.deleted_segments += len(doomed)
                     result.deleted_bytes += sum(sizes[base] for base in doomed)
-                result.log_start_offsets[(name, number)] = partition_log.log_start_offset()
+                result.log_start_offsets[TopicPartition(name, number)] = (
+                    partition_log.log_start_offset()
+                )
         return result
 
-    def compact(self, topic: str, *, now: int | None = None) -> CompactionResult:
+    def compact(self, topic: str) -> CompactionResult:
         """Keep the newest record per key in every closed segment of a compacted topic."""
         config = self.topic_config(topic)
         if config.cleanup_policy != "compact":
@@ -421,13 +430,13 @@ class Store:
                 f"topic {topic!r} has cleanup_policy {config.cleanup_policy!r}; "
                 "only 'compact' topics are compacted"
             )
-        moment = now_ms() if now is None else now
+        moment = self._clock.now_ms()
         result = CompactionResult()
         for number in range(config.partitions):
             partition_log = self.partition_log(topic, number)
             bases = partition_log.segment_bases()
             segments = [
-                (base, self._segment_entries(partition_log, base, closed=base != bases[-1]))
+                (base, keyed_entries(partition_log.files, base, closed=base != bases[-1]))
                 for base in bases
             ]
             latest = latest_offsets(e for _, entries in segments for e, _ in entries)
@@ -448,42 +457,6 @@ class Store:
                     result.removed_records += len(entries) - len(kept)
                 result.kept_records += len(kept)
         return result
-
-    @staticmethod
-    def _segment_entries(
-        partition_log: PartitionLog, base: int, *, closed: bool
-    ) -> list[tuple[KeyedEntry, bytes]]:
-        """Every whole record of a segment with its stored line. A closed segment must be
-        whole: compacting past damage would delete the records after it in silence."""
-        path = str(partition_log.segment_path(base))
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = pread_all(fd, os.fstat(fd).st_size, 0)
-            scan = scan_batches(fd, path, 0, None, keep_records=True)
-        finally:
-            os.close(fd)
-        if closed and scan.bad_position >= 0:
-            raise CorruptRecordError(
-                f"{path} is damaged at byte {scan.bad_position} ({scan.problem}); not compacted. "
-                "Run `spoolmq check`.",
-                path=path,
-                position=scan.bad_position,
-            )
-        lines = data[: scan.end].split(b"\n")[:-1]
-        lines = [line + b"\n" for line in lines]
-        entries = []
-        for fields, line in zip(scan.records, lines, strict=True):
-            if "key_b64" in fields:
-                key: str | None = "b:" + fields["key_b64"]
-            elif fields.get("key") is not None:
-                key = "s:" + fields["key"]
-            else:
-                key = None
-            tombstone = "value_b64" not in fields and fields.get("value") is None
-            entries.append(
-                (KeyedEntry(fields["offset"], fields["timestamp"], key, tombstone), line)
-            )
-        return entries
 
     # -- checking ----------------------------------------------------------------------------
 
