@@ -4,7 +4,7 @@
     uv run python scripts/bench_analytics.py --messages 100000 --messages 1000000
 
 Builds the store directly in the documented format (docs/FORMAT.md) in a temporary
-directory: the segments through the store library (``Log.append_batch``), the delivery
+directory: the segments through the store library (``Store.append_batch``), the delivery
 events and lag snapshots as JSON lines written with orjson, committed offsets in
 ``state.db``. Then runs ``python -m spoolmq analytics`` as a new process (a cold JVM) and
 reports its wall time and the peak RSS of the driver: the Python process and its JVM,

@@ -15,7 +15,6 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 from spoolmq import Message, Store
+from spoolmq.stats import percentile
 from spoolmq.store.record import EncodedMessage, encode_message
 
 TOPIC = "bench"
@@ -89,8 +89,7 @@ def build_big(directory: Path, count: int) -> None:
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
+    return percentile(samples, 0.5), percentile(samples, 0.99)
 
 
 def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[float, float]]:
@@ -129,12 +128,12 @@ def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[floa
 OPEN_PROBE = """
 import json, resource, sys, time
 started = time.perf_counter()
-from spoolmq import Log
+from spoolmq import Store
 imported = time.perf_counter()
-log = Log(sys.argv[1])
-end = log.log_end_offset("bench", 0)
-log.append("bench", {"probe": True}, partition=0)   # opens the tail: recovery scan
-reader = log.reader("bench", 0, offset=end)
+store = Store(sys.argv[1])
+end = store.log_end_offset("bench", 0)
+store.append("bench", {"probe": True}, partition=0)   # opens the tail: recovery scan
+reader = store.reader("bench", 0, offset=end)
 record = reader.poll()
 opened = time.perf_counter()
 print(json.dumps({"open_s": opened - imported, "import_s": imported - started, "end": end,
