@@ -37,10 +37,13 @@ from spoolmq.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from rich.console import Console
 
+__all__ = ["add_arguments", "run"]
+
 PHASES = ("produce", "consume", "latency")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``spoolmq bench`` (the CLI adds ``--data``, which the bench ignores)."""
     parser.add_argument("--n", type=int, default=100_000, help="messages per throughput phase")
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--consumers", type=int, default=2)
