@@ -15,7 +15,6 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 from spoolmq import Message, Store
+from spoolmq.stats import percentile
 from spoolmq.store.record import EncodedMessage, encode_message
 
 TOPIC = "bench"
@@ -89,8 +89,7 @@ def build_big(directory: Path, count: int) -> None:
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[int(len(ordered) * 0.99) - 1]
+    return percentile(samples, 0.5), percentile(samples, 0.99)
 
 
 def bench_seeks(directory: Path, count: int, tries: int) -> dict[str, tuple[float, float]]:

@@ -18,11 +18,12 @@ from typing import Any
 
 import orjson
 
-from spoolmq.bench import percentile
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage
 from spoolmq.errors import SpoolError
+from spoolmq.stats import percentile
 from spoolmq.store import Store
 from spoolmq.testing import BrokerProcess
+from spoolmq.types import EventType
 
 TOPIC = "orders"
 POISON_EVERY = 97  # orders whose id is a multiple of this always fail: they end in the DLQ
@@ -96,9 +97,9 @@ def _latencies(data: Path) -> dict[str, list[float]]:
                 continue
             key = (event["topic"], event["partition"], event["offset"])
             wait = event["ts"] - event["published_at"]
-            if event["type"] == "delivered" and key not in first_delivery:
+            if event["type"] == EventType.DELIVERED and key not in first_delivery:
                 first_delivery[key] = wait
-            elif event["type"] == "acked":
+            elif event["type"] == EventType.ACKED:
                 acked[key] = wait
     return {"first delivery": list(first_delivery.values()), "ack": list(acked.values())}
 

@@ -18,8 +18,6 @@ import orjson
 import psutil
 import pytest
 
-from spoolmq.bench import count_ids, median_run, percentile
-
 
 def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """`python -m spoolmq bench ARGS` as a user runs it; fails the test unless it exits 0."""
@@ -32,25 +30,6 @@ def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
     assert completed.returncode == 0, completed.stderr.decode()[-2000:]
     return completed
-
-
-def test_percentile_is_nearest_rank() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 0.5) == 50.0
-    assert percentile(values, 0.99) == 99.0
-    assert percentile([3.0], 0.999) == 3.0
-
-
-def test_count_ids_finds_duplicates_and_missing() -> None:
-    assert count_ids([0, 1, 1, 3], 5) == {"received": 4, "duplicates": 1, "missing": 2}
-
-
-def test_median_run_keeps_the_middle_run_and_every_throughput() -> None:
-    runs = [{"msgs_per_s": 30.0, "run": "a"}, {"msgs_per_s": 10.0, "run": "b"}]
-    runs.append({"msgs_per_s": 20.0, "run": "c"})
-    assert median_run(runs) == {"msgs_per_s": 20.0, "run": "c", "runs_msgs_per_s": [30, 10, 20]}
-    assert median_run(runs[:2])["run"] == "b"  # even count: the lower middle, not a mean
-    assert median_run(runs[:1])["runs_msgs_per_s"] == [30.0]
 
 
 def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:

@@ -1,0 +1,112 @@
+"""How ``spoolmq bench`` reports: the throughput figures every system's phases share, the median
+of repeated runs, the ratios between systems and stores, the table and the JSON file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from spoolmq.stats import per_second, ratio
+
+
+def produce_figures(messages: int, seconds: float) -> dict[str, Any]:
+    """The first figures of a produce phase, spoolmq's or Redis's.
+
+    >>> produce_figures(1000, 0.25)
+    {'messages': 1000, 'seconds': 0.25, 'msgs_per_s': 4000.0}
+    """
+    return {
+        "messages": messages,
+        "seconds": round(seconds, 4),
+        "msgs_per_s": round(per_second(messages, seconds), 1),
+    }
+
+
+def consume_figures(
+    messages: int, seconds: float, ids: list[int], completed: bool
+) -> dict[str, Any]:
+    """The first figures of a consume phase, spoolmq's or Redis's: the rate counts each id
+    once, and a drain that did not complete counts as 0 msg/s.
+
+    >>> consume_figures(3, 0.5, [0, 1, 1, 2], True)
+    {'messages': 3, 'seconds': 0.5, 'msgs_per_s': 6.0, 'completed': True}
+    """
+    return {
+        "messages": messages,
+        "seconds": round(seconds, 4),
+        "msgs_per_s": round(per_second(len(set(ids)), seconds), 1) if completed else 0.0,
+        "completed": completed,
+    }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (the lower middle one of an even count), with
+    every run's throughput beside it; a run that did not complete counts as 0 msg/s.
+
+    >>> median_run([{"msgs_per_s": 3.0}, {"msgs_per_s": 1.0}, {"msgs_per_s": 2.0}])
+    {'msgs_per_s': 2.0, 'runs_msgs_per_s': [3.0, 1.0, 2.0]}
+    """
+    ordered = sorted(runs, key=lambda run: float(run["msgs_per_s"]))
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "runs_msgs_per_s": [run["msgs_per_s"] for run in runs],
+    }
+
+
+def throughput_ratios(
+    ours: dict[str, Any], theirs: dict[str, Any], figure: str = "msgs_per_s"
+) -> dict[str, float]:
+    """``ours[phase][figure] / theirs[phase][figure]`` for the produce and consume phases
+    both have, to 3 decimals.
+
+    >>> throughput_ratios({"produce": {"msgs_per_s": 3}}, {"produce": {"msgs_per_s": 4}})
+    {'produce': 0.75}
+    """
+    return {
+        phase: round(ratio(float(ours[phase][figure]), float(theirs[phase][figure])), 3)
+        for phase in ("produce", "consume")
+        if phase in ours and phase in theirs
+    }
+
+
+def compare_with_empty(prefilled: dict[str, Any], empty: dict[str, Any]) -> None:
+    """Add to the prefilled store's figures their ratios to the empty store's."""
+    prefilled["vs_empty"] = throughput_ratios(prefilled, empty)
+    # The broker's CPU per message moves far less with the machine's load than
+    # throughput does: the steadier answer to "does a big store slow it down".
+    prefilled["broker_cpu_vs_empty"] = throughput_ratios(
+        prefilled, empty, "broker_cpu_us_per_message"
+    )
+
+
+def _flatten(figures: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, value in figures.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def print_table(results: dict[str, Any]) -> None:
+    """Every figure of every phase and system, and the spoolmq / Redis ratios, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="spoolmq bench")
+    for column in ("phase", "system", "figure", "value"):
+        table.add_column(column)
+    for system in ("spoolmq", "redis"):
+        for phase, figures in results.get(system, {}).items():
+            for figure, value in _flatten(figures):
+                table.add_row(phase, system, figure, str(value))
+    for phase, value in results.get("ratios", {}).items():
+        table.add_row(phase, "spoolmq / redis", "ratio", str(value))
+    Console().print(table)
+
+
+def write_json(path: str | Path, results: dict[str, Any]) -> None:
+    """The results as indented JSON (``--json FILE``), in the order they were measured."""
+    Path(path).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
