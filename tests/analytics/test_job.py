@@ -120,12 +120,12 @@ def test_damaged_lines_are_skipped_and_reported(spark: SparkSession, tmp_path: P
 _WRITER = """
 import os, sys, time
 from pathlib import Path
-from spoolmq import Log, Message
+from spoolmq import Message, Store
 data, stop = Path(sys.argv[1]), Path(sys.argv[2])
-with Log(data) as log:
+with Store(data) as store:
     n = 0
     while not stop.exists():
-        log.append_batch("busy", [Message({"n": n + i}, key=f"k{i}") for i in range(50)], acks=1)
+        store.append_batch("busy", [Message({"n": n + i}, key=f"k{i}") for i in range(50)], acks=1)
         n += 50
         # Replaced whole, never truncated, so a reader never sees it empty.
         (data.parent / "written.tmp").write_text(str(n))
