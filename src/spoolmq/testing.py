@@ -1,8 +1,9 @@
 """Run a real broker as a subprocess, the way a user starts one: for the demo, tests, benchmarks.
 
 `BrokerProcess` starts `python -m spoolmq broker --data DIR`, waits until it answers an admin
-`stats` request, knows the pids of the BrokerManager and of its two children, and stops or
-kills them by pid. It never signals a process it did not start (or that its broker did not).
+`stats` request with both children ready, knows the pids of the BrokerManager and of its two
+children, and stops or kills them by pid. It never signals a process it did not start (or that
+its broker did not). `wait_until` is the one bounded poll the tests share.
 """
 
 from __future__ import annotations
@@ -12,11 +13,30 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from spoolmq.errors import SpoolError
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll ``predicate`` until it returns something true, and return that; raise
+    TimeoutError naming ``what`` after ``timeout`` seconds.
+
+    For another process's state (a file, a broker's answer), which offers nothing to wait
+    on. Give a generous ``timeout``: it bounds a failure, it does not slow a pass.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
 
 
 class BrokerProcess:
@@ -72,22 +92,25 @@ class BrokerProcess:
         return time.monotonic() - started
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Wait until the broker answers with both children up and reporting; return its
-        `stats`."""
-        deadline = time.monotonic() + timeout
-        while True:
+        """Wait until the broker answers with both children ready (a restarted child
+        included) and reporting; return its `stats`."""
+
+        def ready() -> dict[str, Any] | None:
             if self.process is not None and self.process.poll() is not None:
                 raise SpoolError(f"the broker exited with status {self.process.returncode}")
             try:
                 stats = self.stats()
-                if all(stats["pids"].values()) and stats["publisher"] and stats["consumer"]:
-                    return stats
             except SpoolError:
-                pass
-            if time.monotonic() > deadline:
-                raise SpoolError(f"the broker did not answer within {timeout} s")
-            # Another process is coming up: there is nothing of ours to wait on.
-            time.sleep(0.05)
+                return None  # not answering yet
+            children_ready = all(stats["pids"].values()) and all(
+                seconds is not None for seconds in stats["ready_s"].values()
+            )
+            return stats if children_ready and stats["publisher"] and stats["consumer"] else None
+
+        try:
+            return wait_until(ready, timeout, "the broker and both its children")
+        except TimeoutError as exc:
+            raise SpoolError(f"the broker was not ready within {timeout} s") from exc
 
     def stats(self) -> dict[str, Any]:
         from spoolmq.client import Admin
@@ -114,18 +137,23 @@ class BrokerProcess:
 
     def wait_child_replaced(self, name: str, old_pid: int, timeout: float = 60.0) -> float:
         """Wait until the manager has restarted child ``name`` (a pid other than
-        ``old_pid``) and both children are up; return the seconds it took."""
+        ``old_pid``) and both children are ready; return the seconds it took."""
         started = time.monotonic()
         deadline = started + timeout
-        while True:
+
+        def replaced() -> bool:
             stats = self.wait_ready(max(0.1, deadline - time.monotonic()))
-            pid = stats["pids"].get(name)
-            if pid and int(pid) != old_pid:
-                return time.monotonic() - started
-            if time.monotonic() > deadline:
-                raise SpoolError(f"the {name} broker was not restarted within {timeout} s")
-            # The manager restarts it after a backoff; nothing to wait on from outside.
-            time.sleep(0.05)
+            return int(stats["pids"][name]) != old_pid
+
+        try:
+            wait_until(replaced, timeout, f"a new {name} broker")
+        except TimeoutError as exc:
+            raise SpoolError(f"the {name} broker was not restarted within {timeout} s") from exc
+        return time.monotonic() - started
+
+    def ready_seconds(self, name: str) -> float:
+        """How long child ``name`` has been ready, as its manager counts (0 while it starts)."""
+        return float(self.stats()["ready_s"][name] or 0.0)
 
     def pids(self) -> list[int]:
         """The manager and its children (the children as last seen)."""

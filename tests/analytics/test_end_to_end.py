@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ import pytest
 from analytics_helpers import need
 
 from spoolmq import Publisher, Store
+from spoolmq.testing import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -44,14 +44,6 @@ class Run:
     stdout: str
 
 
-def _wait_for(condition: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # another process's progress: nothing to wait on
-
-
 def _workload(data: Path) -> None:
     """Two billing consumers (NACKs, a poison message per 40, a held key) and one audit
     consumer, in their own processes, while this process publishes."""
@@ -63,7 +55,9 @@ def _workload(data: Path) -> None:
             (
                 context.Process(
                     target=analytics_workers.consume,
-                    args=(str(data), group, name, str(ready), 4.0),
+                    # Idle this long: done. Generous: the publishing starts only once all
+                    # three are up, and a busy machine may pause any of them for seconds.
+                    args=(str(data), group, name, str(ready), 10.0),
                     name=name,
                 ),
                 ready,
@@ -73,7 +67,7 @@ def _workload(data: Path) -> None:
         for process, _ in consumers:
             process.start()
         for process, ready in consumers:
-            _wait_for(ready.exists, TIMEOUT_S, f"consumer {process.name}")
+            wait_until(ready.exists, TIMEOUT_S, f"consumer {process.name}")
         with Publisher(data=data, name="e2e-publisher") as publisher:
             futures = [
                 publisher.publish_async(
@@ -122,7 +116,7 @@ def e2e() -> Iterator[Run]:
         stdin=subprocess.DEVNULL,
     )
     try:
-        _wait_for((data / "broker.sock").exists, 60, "the broker's socket")
+        wait_until((data / "broker.sock").exists, 60, "the broker's socket")
         _workload(data)
     finally:
         broker.send_signal(signal.SIGTERM)

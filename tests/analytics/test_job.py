@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from spoolmq import Message, Store
 from spoolmq.analytics import run
 from spoolmq.analytics.job import default_out_dir
 from spoolmq.cli import main as cli_main
+from spoolmq.testing import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -142,12 +142,13 @@ def test_a_store_being_written_to_is_read_without_failing(
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(data), str(stop)])
     try:
-        deadline = time.monotonic() + 60
         written = tmp_path / "written"
-        while not (written.exists() and int(written.read_text()) >= 2000):
-            assert time.monotonic() < deadline, "the writer did not get going"
+
+        def going() -> bool:
             assert writer.poll() is None, "the writer died"
-            time.sleep(0.05)  # another process's progress: nothing to wait on
+            return written.exists() and int(written.read_text()) >= 2000
+
+        wait_until(going, 120, "the writer to get going")
         before = int(written.read_text())
         summary: dict[str, Any] = run(spark, data, tmp_path / "out").summary
         assert writer.poll() is None, "the writer stopped while the job ran"

@@ -21,6 +21,7 @@ from spoolmq.errors import InvalidArgumentError, InvalidTopicError, Serializatio
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import Message, encode_message, message_fields
 from spoolmq.store.store import Position
+from spoolmq.testing import wait_until
 
 POSITION = Position("t", 0, 7, 1000)
 
@@ -46,10 +47,7 @@ def test_publish_future_wakes_a_thread_already_waiting() -> None:
     waiter = threading.Thread(target=lambda: results.append(future.result(timeout=30)))
     waiter.start()
     # The waiter is inside result() once the future has its Condition; resolve after that.
-    for _ in range(3000):
-        if "_condition" in future.__dict__:
-            break
-        threading.Event().wait(0.001)
+    wait_until(lambda: "_condition" in future.__dict__, 60, "the waiter inside result()")
     future.resolve(POSITION, None)
     waiter.join(30)
     assert results == [POSITION]

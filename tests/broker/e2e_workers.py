@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from spoolmq import Consumer, Position, Publisher
+from spoolmq.testing import wait_until
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -182,19 +183,6 @@ def events_of(data_dir: Path, kind: str) -> list[dict[str, Any]]:
     for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
         found += [e for e in read_lines(path) if e["type"] == kind]
     return found
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something true; the thing polled is another
-    process's state (a file, a broker answer), which offers nothing to wait on."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def flaky_handler(message: Any) -> None:

@@ -10,10 +10,10 @@ import time
 from multiprocessing.connection import Client
 from pathlib import Path
 
-from e2e_workers import events_of, wait_until
+from e2e_workers import events_of
 
 from spoolmq import Admin, Consumer, Publisher, Store, protocol
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 
 def now_ms() -> int:
@@ -58,7 +58,9 @@ def test_a_message_past_its_ttl_is_not_delivered_and_is_recorded(
         assert held is not None and held.offset == first.offset
         doomed = publisher.publish("ttl", "expires while waiting", ttl=0.3)
         survivor = publisher.publish("ttl", "no ttl")
-        time.sleep(1.0)  # let the ttl pass while the consumer's slot is taken
+        # Let the ttl pass while the consumer's slot is taken: the ttl runs by the clock from
+        # the publish, so the sleep itself makes it true.
+        time.sleep(1.0)
         held.ack()
         nxt = consumer.receive(timeout=30)
         assert nxt is not None and nxt.offset == survivor.offset
@@ -80,18 +82,22 @@ def test_filters_deliver_only_matching_messages(broker: BrokerProcess, data_dir:
         publisher.publish("f", 3, tags=["vip", "eu"], headers={"kind": "refund"})
         publisher.publish("f", 4)
 
-    def take(group: str, spec: dict[str, object] | None) -> list[int]:
+    def take(group: str, spec: dict[str, object] | None, count: int) -> list[int]:
+        """``count`` values, each waited for with a generous bound, then any that come
+        within a second more (none, if the filter is right)."""
         values = []
         with Consumer("f", group=group, data=data_dir, filter=spec, prefetch=10) as consumer:
-            while (message := consumer.receive(timeout=2)) is not None:
+            while (
+                message := consumer.receive(timeout=60 if len(values) < count else 1.0)
+            ) is not None:
                 values.append(message.value)
                 message.ack()
         return values
 
-    assert take("vips", {"tags": ["vip"]}) == [0, 3]
-    assert take("refunds", {"headers": {"kind": "refund"}}) == [1, 3]
-    assert take("both", {"tags": ["eu", "basic"], "headers": {"kind": "refund"}}) == [3]
-    assert take("all", None) == [0, 1, 2, 3, 4]
+    assert take("vips", {"tags": ["vip"]}, 2) == [0, 3]
+    assert take("refunds", {"headers": {"kind": "refund"}}, 2) == [1, 3]
+    assert take("both", {"tags": ["eu", "basic"], "headers": {"kind": "refund"}}, 1) == [3]
+    assert take("all", None, 5) == [0, 1, 2, 3, 4]
     # Skipped messages are final for a filtered group: nothing is left to do.
     with Admin(data_dir) as admin:
         groups = admin.describe_groups()
@@ -139,11 +145,15 @@ def test_a_nack_delay_and_the_backoff_are_never_cut_short(
 def test_an_extended_lease_keeps_the_message(broker: BrokerProcess, data_dir: Path) -> None:
     with Publisher(data=data_dir) as publisher:
         publisher.publish("long", "work")
-    with Consumer("long", group="g", data=data_dir, lease=1.0) as consumer:
+    # The extension must reach the broker within the original lease: 3 s leaves room for a
+    # busy machine.
+    with Consumer("long", group="g", data=data_dir, lease=3.0) as consumer:
         message = consumer.receive(timeout=30)
         assert message is not None
-        message.extend_lease(5.0)
-        time.sleep(1.5)  # past the original lease, inside the extended one
+        message.extend_lease(60.0)
+        # Past the original lease (it began before the receive), inside the extended one:
+        # the broker judges by the clock, so the sleep itself is what makes it late.
+        time.sleep(3.5)
         message.ack()  # not refused
     assert [e["offset"] for e in wait_until(lambda: events_of(data_dir, "acked"), 30, "ack")] == [0]
     assert events_of(data_dir, "lease_expired") == []
@@ -263,7 +273,11 @@ def test_damage_inside_a_segment_stops_that_partition_only(
     consumer_broker = broker.child_pids()["consumer"]
     with Consumer(["damaged", "healthy"], group="g", data=data_dir, prefetch=20) as consumer:
         got: dict[str, list[int]] = {"damaged": [], "healthy": []}
-        while (message := consumer.receive(timeout=3.0)) is not None:
+        # The 13 messages before the damage and of "healthy", each waited for with a
+        # generous bound; then 3 s in which nothing past the damage may come.
+        while (
+            message := consumer.receive(timeout=60 if sum(map(len, got.values())) < 13 else 3.0)
+        ) is not None:
             got[message.topic].append(
                 message.value["n"] if message.topic == "damaged" else message.value
             )

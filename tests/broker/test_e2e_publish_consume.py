@@ -19,13 +19,12 @@ from e2e_workers import (
     publish_worker,
     read_lines,
     start,
-    wait_until,
 )
 
 from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import InvalidTopicError, MessageTooLargeError
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 
 def event_lines(data_dir: Path) -> list[dict[str, Any]]:
@@ -66,7 +65,7 @@ def test_publishers_and_consumers_in_separate_processes(
                 ["orders"],
                 group,
                 str(tmp_path / f"{group}-{n}"),
-                5.0,
+                10.0,  # idle this long: done (generous, as on a busy machine)
                 {"prefetch": 5},
                 0.0,
                 None,

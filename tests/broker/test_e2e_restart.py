@@ -17,12 +17,11 @@ from e2e_workers import (
     publish_worker,
     read_lines,
     start,
-    wait_until,
 )
 
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.errors import BrokerUnavailableError, PublishTimeoutError, UnknownDeliveryError
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 
 def test_publishes_in_flight_ride_through_a_broker_restart(
@@ -132,7 +131,11 @@ def test_a_child_that_served_before_it_was_killed_comes_back_at_once(
     """Kills of a child that was up and serving are not a crash loop: each restart waits
     the minimum (0.1 s), not a backoff that doubles up to 5 s."""
     for _ in range(4):
-        time.sleep(1.2)  # the child has been ready for over a second: it started well
+        # Ready for well over the 1 s after which the manager counts a child as having
+        # started well, however slowly it came up.
+        wait_until(
+            lambda: broker.ready_seconds("consumer") >= 1.5, 60, "a consumer broker up 1.5 s"
+        )
         broker.wait_child_replaced("consumer", broker.kill_child("consumer"))
     broker_log = (tmp_path / "broker.log").read_text()
     waits = re.findall(

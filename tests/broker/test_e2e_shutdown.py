@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_workers import client_processes, join_all, publish_worker, read_lines, start, wait_until
+from e2e_workers import client_processes, join_all, publish_worker, read_lines, start
 
 from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 
 def alive(pid: int) -> bool:
@@ -63,7 +63,7 @@ def test_a_signal_stops_the_broker_cleanly_while_publishers_send(
             wait_until(lambda: all(len(read_lines(out)) >= 50 for out in outputs), 60, "publishing")
             assert broker.stop(signum) == 0
             for name, pid in children.items():
-                wait_until(lambda pid=pid: not alive(pid), 10, f"the {name} broker to exit")
+                wait_until(lambda pid=pid: not alive(pid), 60, f"the {name} broker to exit")
             join_all(processes, 60)
         frames = []
         while raw.poll(5):

@@ -285,8 +285,11 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "pids",
             "clients",
             "listen",
+            "ready_s",
         }
         assert stats["pid"] == broker.pid
+        # Both children have been up since the broker started, and no longer than the test.
+        assert all(0 <= s < 600 for s in stats["ready_s"].values()), stats["ready_s"]
         assert set(stats["pids"]) == {"publisher", "consumer"}
         assert stats["clients"] == {"publisher": 1, "consumer": 0, "admin": 1}
         assert stats["restarts"] == {"publisher": 0, "consumer": 0}

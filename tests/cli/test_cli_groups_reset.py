@@ -15,7 +15,7 @@ import pytest
 
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.cli import main
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 
 def reset(capsys: pytest.CaptureFixture[str], data_dir: Path, *target: str) -> dict[str, Any]:
@@ -44,10 +44,14 @@ def committed(data_dir: Path) -> int | None:
         return store.state.committed_offsets("billing").get(("orders", 0))
 
 
-def receive_all(data_dir: Path) -> list[int]:
+def receive_all(data_dir: Path, count: int) -> list[int]:
+    """The offsets group billing is given: ``count`` of them, each waited for with a
+    generous bound, then any that come within a second more (none, if all is well)."""
     offsets = []
     with Consumer("orders", group="billing", data=data_dir, prefetch=10) as consumer:
-        while (message := consumer.receive(timeout=1.5)) is not None:
+        while (
+            message := consumer.receive(timeout=60 if len(offsets) < count else 1.0)
+        ) is not None:
             offsets.append(message.offset)
             message.ack()
     return offsets
@@ -55,10 +59,7 @@ def receive_all(data_dir: Path) -> list[int]:
 
 def wait_committed(data_dir: Path, offset: int) -> None:
     """The broker saves committed offsets within 0.2 s; wait (bounded) until it did."""
-    deadline = time.monotonic() + 30
-    while committed(data_dir) != offset:
-        assert time.monotonic() < deadline, f"committed offset stayed {committed(data_dir)}"
-        time.sleep(0.05)
+    wait_until(lambda: committed(data_dir) == offset, 60, f"committed offset {offset}")
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def consumed(broker: BrokerProcess, data_dir: Path) -> dt.datetime:
         time.sleep(0.05)
         for n in range(3, 6):
             publisher.publish("orders", n)
-    assert receive_all(data_dir) == [0, 1, 2, 3, 4, 5]
+    assert receive_all(data_dir, 6) == [0, 1, 2, 3, 4, 5]
     wait_committed(data_dir, 6)
     return moment
 
@@ -89,11 +90,11 @@ def test_reset_to_a_datetime_shows_then_executes(
         "changes": [{"topic": "orders", "partition": 0, "from": 6, "to": 3}],
     }
     assert committed(data_dir) == 6
-    assert receive_all(data_dir) == []  # the dry run changed nothing
+    assert receive_all(data_dir, 0) == []  # the dry run changed nothing
     done = reset(capsys, data_dir, "--to-datetime", moment, "--execute")
     assert done["executed"] is True and done["changes"] == dry["changes"]
     assert committed(data_dir) == 3
-    assert receive_all(data_dir) == [3, 4, 5]
+    assert receive_all(data_dir, 3) == [3, 4, 5]
     # The same moment in another time zone is the same moment.
     plus_two = consumed.astimezone(dt.timezone(dt.timedelta(hours=2))).isoformat()
     assert reset(capsys, data_dir, "--to-datetime", plus_two, "--execute")["changes"][0]["to"] == 3
@@ -119,7 +120,7 @@ def test_reset_to_earliest_latest_and_an_offset(
     assert result["changes"] == [
         {"topic": "orders", "partition": 0, "from": 6, "to": expected[0] if expected else 6}
     ]
-    assert receive_all(data_dir) == expected
+    assert receive_all(data_dir, len(expected)) == expected
 
 
 def test_reset_is_refused_while_the_group_has_live_consumers(
@@ -139,7 +140,7 @@ def test_reset_is_refused_while_the_group_has_live_consumers(
         # The dry run still shows what would change.
         assert reset(capsys, data_dir, "--to-earliest")["changes"][0]["to"] == 0
     assert committed(data_dir) == 6
-    assert receive_all(data_dir) == []
+    assert receive_all(data_dir, 0) == []
 
 
 def test_reset_with_the_broker_stopped(
@@ -149,7 +150,7 @@ def test_reset_with_the_broker_stopped(
     reset(capsys, data_dir, "--to-offset", "2", "--execute")
     assert committed(data_dir) == 2
     broker.start()
-    assert receive_all(data_dir) == [2, 3, 4, 5]
+    assert receive_all(data_dir, 4) == [2, 3, 4, 5]
 
 
 def test_a_reset_with_the_broker_stopped_forgets_old_attempts(
@@ -183,14 +184,11 @@ def test_resets_do_not_leak_the_brokers_files(
 
     def reset_and_replay() -> None:
         reset(capsys, data_dir, "--to-earliest", "--execute")
-        assert receive_all(data_dir) == [0, 1, 2, 3, 4, 5]
+        assert receive_all(data_dir, 6) == [0, 1, 2, 3, 4, 5]
 
     def open_files_when_idle() -> int:
         # The ConsumerBroker reports a departed consumer once it closed its connection.
-        deadline = time.monotonic() + 30
-        while broker.stats()["clients"]["consumer"]:
-            assert time.monotonic() < deadline, "the consumers did not leave"
-            time.sleep(0.05)
+        wait_until(lambda: not broker.stats()["clients"]["consumer"], 60, "the consumers to leave")
         return open_files()
 
     reset_and_replay()

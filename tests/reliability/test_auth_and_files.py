@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -21,7 +20,7 @@ import spoolmq
 from spoolmq import Consumer, Publisher, protocol
 from spoolmq.client.admin import Admin
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 SOURCE = Path(spoolmq.__file__).parent
 
@@ -36,10 +35,12 @@ def test_stale_lock_and_socket_after_sigkill(
         for _ in range(10 if long_run else 3):
             pids = broker.pids()
             broker.kill()
-            deadline = time.monotonic() + 30
-            while any(pid_alive(pid) for pid in pids):  # PR_SET_PDEATHSIG takes the children
-                assert time.monotonic() < deadline, "a child outlived its SIGKILLed manager"
-                time.sleep(0.02)
+            # PR_SET_PDEATHSIG takes the children.
+            wait_until(
+                lambda pids=pids: not any(pid_alive(pid) for pid in pids),
+                60,
+                "the children of the SIGKILLed manager to die",
+            )
             for name in ("broker.lock", "broker.sock", "broker.pid"):
                 assert (data_dir / name).exists(), f"{name} was not left behind"
             starts.append(broker.start())
@@ -169,12 +170,22 @@ def test_runtime_files_are_private(
                 pub.publish_async("perm", {"i": i}, key=str(i % 3))
             pub.publish("perm", {"poison": True})
         with Consumer("perm", group="g", data=data_dir, max_deliveries=1, prefetch=10) as c:
-            for message in iter(lambda: c.receive(timeout=3), None):
+            for _ in range(51):
+                message = c.receive(timeout=60)
+                assert message is not None
                 if message.value.get("poison"):
                     message.nack(reason="bad")
                 else:
                     message.ack()
-        time.sleep(0.5)  # let the ConsumerBroker write its events and checkpoint
+        # The ConsumerBroker writes its events and checkpoints state.db within a second or
+        # so: wait for the files, so that their modes are seen while it runs.
+        wait_until(
+            lambda: (
+                (data_dir / "state.db-wal").exists() and any((data_dir / "events").rglob("*.jsonl"))
+            ),
+            60,
+            "the events and the checkpoint",
+        )
         found = modes(data_dir)  # while the broker runs: socket, -wal and -shm exist
     finally:
         broker.stop()

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_checks import audit, start_publishers, stop_processes
+from fault_checks import audit, read_acks, start_publishers, stop_processes
 
 from spoolmq import Store
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 WORKERS = 2
 TOPIC = "stream"
@@ -35,20 +35,28 @@ def test_acked_publishes_survive_sigkill(
     broker.start()
     publishers, acks, stop_file = start_publishers(data_dir, TOPIC, WORKERS, tmp_path, 0.01)
     recovery: list[float] = []
+
+    def acked() -> int:
+        return sum(len(read_acks(path)[0]) for path in acks.values())
+
     try:
-        deadline = time.monotonic() + 60
-        while not all(path.exists() and path.stat().st_size for path in acks.values()):
-            assert time.monotonic() < deadline, "the publishers did not start"
-            time.sleep(0.05)  # they are starting up (spawn): nothing to wait on
+        wait_until(
+            lambda: all(path.exists() and path.stat().st_size for path in acks.values()),
+            60,
+            "the publishers' first ACKs",
+        )
         for _ in range(trials):
-            time.sleep(rng.uniform(0.2, 1.5))  # a random moment in the stream
+            time.sleep(rng.uniform(0.2, 1.5))  # pacing: a random moment in the stream
             if target == "manager":
                 broker.kill()  # the children die with it (PR_SET_PDEATHSIG)
                 recovery.append(broker.start())
             else:
                 old = broker.kill_child(target)
                 recovery.append(broker.wait_child_replaced(target, old))
-        time.sleep(0.5)
+            # The stream flows again before the next kill (or the end), however slowly the
+            # publishers reconnect.
+            wanted = acked() + 20
+            wait_until(lambda n=wanted: acked() >= n, 120, "ACKs after the restart")
         stop_file.touch()
         stop_processes(publishers, timeout=300)
         assert all(p.exitcode == 0 for p in publishers), [p.exitcode for p in publishers]

@@ -21,7 +21,7 @@ import pytest
 from fault_checks import audit, read_acks, start_process, start_publishers, stop_processes
 
 from spoolmq import Consumer, Publisher, Store
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 TOPIC = "soak"
 PARTITIONS = 2
@@ -67,6 +67,14 @@ def skipped(data_dir: Path, group: str) -> set[tuple[int, int]]:
     return lost
 
 
+def no_clients(broker: BrokerProcess) -> bool:
+    """Both broker children have closed every client connection, so their open files are
+    their own. (Their own counts: the manager's client registry keeps the clients of a
+    child that was SIGKILLed.)"""
+    stats = broker.stats()
+    return stats["publisher"]["publishers"] == 0 and stats["consumer"]["consumers"] == 0
+
+
 def last_intent(path: Path) -> tuple[int, int] | None:
     """The message a consumer was ACKing when it was killed, if it had not recorded it."""
     lines = path.read_text().splitlines() if path.exists() else []
@@ -102,7 +110,7 @@ def test_soak(
             message = warm.receive(timeout=30)
             assert message is not None
             message.ack()
-    time.sleep(1.0)  # the brokers notice the disconnects
+    wait_until(lambda: no_clients(broker), 60, "the brokers to notice the disconnects")
     fds_before = {"manager": fd_count(broker.pid)} | {
         name: fd_count(pid) for name, pid in broker.child_pids().items()
     }
@@ -159,6 +167,7 @@ def test_soak(
         for process in consumers:
             process.kill()
         stop_processes(consumers, timeout=10)
+        wait_until(lambda: no_clients(broker), 60, "the brokers to notice the disconnects")
         deadline = time.monotonic() + 30
         while fd_count(broker.pid) > fds_before["manager"] and time.monotonic() < deadline:
             time.sleep(0.1)  # the manager notices the disconnects

@@ -16,6 +16,7 @@ from pathlib import Path
 import store_workers
 
 from spoolmq import Store
+from spoolmq.testing import wait_until
 
 WORKERS = 8
 
@@ -68,12 +69,20 @@ def test_writer_killed_mid_batch(
 ) -> None:
     side = tmp_path / "completed.txt"
     rng = random.Random(11)
+
+    def batches_done() -> int:
+        return len(side.read_text().splitlines()) if side.exists() else 0
+
     for run in range(6):
+        done_before = batches_done()
         writer = subprocess.Popen(
             [sys.executable, store_workers.__file__, str(data_dir), str(side), str(run)],
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
-        time.sleep(rng.uniform(0.4, 1.0))
+        # However slowly it starts, the writer is mid-stream when it is killed: a couple of
+        # batches done, then a random moment.
+        wait_until(lambda n=done_before: batches_done() >= n + 2, 120, "the writer's batches")
+        time.sleep(rng.uniform(0.0, 0.6))  # pacing: a random moment, not a wait
         writer.send_signal(signal.SIGKILL)
         assert writer.wait(30) == -signal.SIGKILL
         with Store(data_dir) as store:

@@ -308,6 +308,7 @@ class BrokerManager:
                 served = child.ready_at is not None and (
                     time.monotonic() - child.ready_at >= _SERVED_S
                 )
+                child.ready_at = None  # a dead child is not ready (admin `stats` says so)
                 wait_s, child.backoff = restart_backoff(
                     child.backoff, served, self.settings.restart_backoff_max_s
                 )
@@ -505,6 +506,11 @@ class BrokerManager:
                 "clients": {
                     role: sum(1 for c in clients if c["role"] == role)
                     for role in ("publisher", "consumer", "admin")
+                },
+                # Seconds each child has been ready, None while it (re)starts.
+                "ready_s": {
+                    name: None if (at := c.ready_at) is None else round(time.monotonic() - at, 3)
+                    for name, c in self._children.items()
                 },
                 # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
                 "listen": list(self.tcp_address) if self.tcp_address else None,
