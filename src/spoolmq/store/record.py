@@ -236,6 +236,28 @@ def normalize_tags(tags: Sequence[str] | str) -> list[str]:
     return stored
 
 
+def key_identity(fields: Mapping[str, Any]) -> str | None:
+    """A stored record's key as one string, for whatever groups records by key (per-key
+    delivery order, compaction): ``"s:"`` + a text key, ``"b:"`` + a raw-bytes key's base64,
+    None without a key. The prefix keeps a text key that looks like base64 and a bytes key
+    apart.
+
+    >>> key_identity({"key": "b:QUJD"}), key_identity({"key_b64": "QUJD"})
+    ('s:b:QUJD', 'b:QUJD')
+    """
+    key = fields.get("key")
+    if key is not None:
+        return f"s:{key}"
+    key_b64 = fields.get("key_b64")
+    return None if key_b64 is None else f"b:{key_b64}"
+
+
+def key_text(identity: str | None) -> str | None:
+    """The key of a ``key_identity`` as reports show it: a text key as it is, a raw-bytes
+    key as its base64."""
+    return None if identity is None else identity[2:]
+
+
 def decode_headers(stored: Any, error: type[SpoolError] = CorruptRecordError) -> Headers:
     """Headers from their stored form (``[name, text]`` or ``[name, base64, "b64"]``
     lists); ``error`` (a bad record by default) for anything else."""

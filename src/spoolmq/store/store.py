@@ -38,6 +38,7 @@ from spoolmq.store.record import (
     Message,
     PublishOptions,
     encode_message,
+    key_identity,
     message_from_options,
 )
 from spoolmq.store.retention import segments_to_delete
@@ -449,12 +450,7 @@ class Store:
         lines = [line + b"\n" for line in lines]
         entries = []
         for fields, line in zip(scan.records, lines, strict=True):
-            if "key_b64" in fields:
-                key: str | None = "b:" + fields["key_b64"]
-            elif fields.get("key") is not None:
-                key = "s:" + fields["key"]
-            else:
-                key = None
+            key = key_identity(fields)
             tombstone = "value_b64" not in fields and fields.get("value") is None
             entries.append(
                 (KeyedEntry(fields["offset"], fields["timestamp"], key, tombstone), line)
