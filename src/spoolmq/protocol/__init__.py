@@ -13,7 +13,6 @@ from spoolmq.protocol.auth import (
     read_or_create_authkey,
 )
 from spoolmq.protocol.frames import (
-    CLIENT_OPS,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     FrameReader,
@@ -26,12 +25,11 @@ from spoolmq.protocol.frames import (
     raise_if_error,
     receive,
     send,
-    split_delivery,
+    split_frame,
 )
 
 __all__ = [
     "AUTHKEY_FILE",
-    "CLIENT_OPS",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "SOCKET_FILE",
@@ -47,5 +45,5 @@ __all__ = [
     "read_or_create_authkey",
     "receive",
     "send",
-    "split_delivery",
+    "split_frame",
 ]

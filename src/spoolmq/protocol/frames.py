@@ -221,9 +221,18 @@ def encode_delivery(header: Mapping[str, Any], lines: list[bytes]) -> bytes:
     return orjson.dumps(header) + b"\n" + b"".join(lines)
 
 
-def split_delivery(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+def split_frame(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """A frame from the broker as its checked header and the record lines after it.
+
+    Every frame is one line of JSON (``encode`` never writes a raw newline), except a
+    ``deliver`` frame, whose header line is followed by record lines: so the header's
+    ``op`` says what a frame is, whatever order its keys are in, and only a ``deliver``
+    may have lines after it.
+    """
     cut = data.find(b"\n")
     if cut < 0:
         return decode(data), []
     header = decode(data[:cut])
+    if header["op"] != "deliver":
+        raise ProtocolError(f"a {header['op'][:40]!r} frame has lines after its header")
     return header, data[cut + 1 :].splitlines(keepends=True)
