@@ -28,7 +28,7 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.store.record import Headers, check_line, record_from_fields
+from spoolmq.store.record import Headers, decode_line
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -64,7 +64,7 @@ class ReceivedMessage:
         attempt: int,
         line: bytes,
     ) -> None:
-        record = record_from_fields(check_line(line))
+        record = decode_line(line)
         self._consumer = consumer
         self._generation = generation
         self.topic = topic

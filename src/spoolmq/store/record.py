@@ -12,6 +12,11 @@ A record is one JSON object on one line, fields in this order::
 unset. ``batch_records`` is on the first record of a multi-record batch only: recovery uses
 it to keep a batch whole or drop it whole. ``crc`` is the CRC-32 (zlib) of every byte of the
 line before ``,"crc":``. See docs/FORMAT.md for the full schema.
+
+This module is the one home of a message's fields, from the options a caller gives
+(``PublishOptions``, the timing checks) to the stored line and back (base64, headers, tags,
+the key's identity); the wire codec (``spoolmq.protocol.publish``) reuses it rather than
+judging a message its own way. It is longer than most modules for that reason.
 """
 
 from __future__ import annotations
