@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from spoolmq.broker.delivery import Group, GroupSettings, Pending
-from spoolmq.broker.publisher_broker import encode_common_message, message_from_wire
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
+from spoolmq.protocol.publish import encode_common_message, message_from_wire
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import Message, encode_message, message_fields
 from spoolmq.store.store import Position

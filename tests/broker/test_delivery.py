@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from spoolmq.broker.delivery import Group, GroupSettings, backoff_ms, matches
+from spoolmq.broker.events import EventLog
 from spoolmq.errors import LeaseExpiredError
 
 
@@ -221,3 +224,35 @@ def test_matches(spec: Any, tags: list[str], headers: list[Any], expected: bool)
 
 def test_backoff_doubles_and_is_capped() -> None:
     assert [backoff_ms(a, 250, 1_500) for a in range(1, 6)] == [250, 500, 1000, 1500, 1500]
+
+
+def test_a_text_key_that_looks_like_base64_and_a_bytes_key_are_different_keys() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    text = record(0, "b64:QUJD")  # the text key "b64:QUJD"
+    raw = {"offset": 1, "timestamp": 1_001, "key_b64": "QUJD", "headers": []}  # b"ABC"
+    feed(group, state, [text, raw, record(2, "b64:QUJD")])
+    sent = group.dispatch(now=0)
+    assert offsets(sent, "a") == [0, 1]  # both keys in flight; offset 2 waits behind 0
+    group.ack(sent["a"][1].tag, "a", now=1)
+    assert group.dispatch(now=1) == {}  # b"ABC" done: "b64:QUJD" still has 0 in flight
+    group.ack(sent["a"][0].tag, "a", now=2)
+    assert offsets(group.dispatch(now=2), "a") == [2]
+
+
+def test_event_lines_show_a_text_key_as_it_is_and_a_bytes_key_as_base64(tmp_path: Path) -> None:
+    group, state = make_group(auto_ack=True)
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    group.add_credit("a", 10)
+    raw = {"offset": 1, "timestamp": 1_001, "key_b64": "QUJD", "headers": []}  # b"ABC"
+    feed(group, state, [record(0, "b64:QUJD"), raw, record(2)])
+    group.dispatch(now=0)
+    events = EventLog(tmp_path)
+    for event in group.events:
+        events.add(event, group.name)
+    events.flush()
+    events.close()
+    [path] = (tmp_path / "events").glob("date=*/*.jsonl")
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    delivered = [(line["offset"], line["key"]) for line in lines if line["type"] == "delivered"]
+    assert delivered == [(0, "b64:QUJD"), (1, "QUJD"), (2, None)]

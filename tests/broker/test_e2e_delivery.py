@@ -223,7 +223,7 @@ def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
     )
     tags: list[int] = []
     while len(tags) < 5:
-        header, _ = protocol.split_delivery(conn.recv_bytes())
+        header, _ = protocol.split_frame(conn.recv_bytes())
         if header["op"] == "deliver":
             tags += [tag for _, _, tag, _ in header["m"]]
     consumer_broker = broker.child_pids()["consumer"]

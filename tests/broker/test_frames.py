@@ -1,16 +1,23 @@
-"""FrameReader and FrameWriter: the broker's non-blocking halves of the
-``multiprocessing.connection`` framing, checked against the blocking originals."""
+"""Frames: FrameReader and FrameWriter (the broker's non-blocking halves of the
+``multiprocessing.connection`` framing, checked against the blocking originals), and how a
+client tells a delivery from any other frame."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import select
 import threading
 from multiprocessing import Pipe
+from multiprocessing.connection import Listener
+from pathlib import Path
 
+import orjson
 import pytest
 
-from spoolmq import protocol
+from spoolmq import Consumer, protocol
+from spoolmq.errors import ProtocolError
+from spoolmq.store.record import frame_record
 
 
 def test_frames_written_without_blocking_arrive_whole_and_in_order() -> None:
@@ -71,3 +78,42 @@ def test_a_client_that_has_gone_is_reported() -> None:
     with pytest.raises(BrokenPipeError):
         writer.send(b"hello")
     writer.close()
+
+
+def test_a_frame_is_told_by_its_op_whatever_the_key_order() -> None:
+    line = frame_record(5, 1_000, b'"key":"k","value":1,"headers":[]')
+    delivery = orjson.dumps({"m": [["t", 0, 9, 1]], "op": "deliver"}) + b"\n" + line
+    assert protocol.split_frame(delivery) == ({"m": [["t", 0, 9, 1]], "op": "deliver"}, [line])
+    answer = orjson.dumps({"id": 3, "op": "ack_result", "refused": []})
+    assert protocol.split_frame(answer) == ({"id": 3, "op": "ack_result", "refused": []}, [])
+    with pytest.raises(ProtocolError, match="lines after its header"):
+        protocol.split_frame(answer + b"\n" + line)
+
+
+def broker_with_its_keys_in_another_order(listener: Listener, line: bytes) -> None:
+    """Welcome one consumer, subscribe it, push one delivery whose header starts with "m"."""
+    with listener.accept() as conn:
+        assert protocol.receive(conn)["op"] == "hello"
+        protocol.send(conn, {"client_id": "fake", "op": "welcome"})
+        subscribe = protocol.receive(conn)
+        protocol.send(conn, {"id": subscribe["id"], "consumer_id": "c#1", "op": "subscribed"})
+        conn.send_bytes(protocol.encode_delivery({"m": [["t", 0, 9, 1]], "op": "deliver"}, [line]))
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                conn.recv_bytes()
+
+
+def test_the_consumer_takes_a_delivery_whatever_the_key_order(tmp_path: Path) -> None:
+    line = frame_record(5, 1_000, b'"key":"k","value":{"n":1},"headers":[]')
+    address, key = str(tmp_path / "fake.sock"), b"k" * 32
+    with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        server = threading.Thread(
+            target=broker_with_its_keys_in_another_order, args=(listener, line), daemon=True
+        )
+        server.start()
+        with Consumer("t", "g", address=address, authkey=key, auto_ack=True) as consumer:
+            message = consumer.receive(timeout=30)
+        server.join(30)
+    assert message is not None
+    assert (message.topic, message.partition, message.tag, message.attempt) == ("t", 0, 9, 1)
+    assert (message.offset, message.key, message.value) == (5, "k", {"n": 1})

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliveryError
+from spoolmq.store.record import key_identity
 
-Key = str | bytes | None
+# A record's key_identity (spoolmq.store.record): text and raw-bytes keys never collide.
+Key = str | None
 
 _EXPIRED_TAGS_KEPT = 10_000
 _MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
@@ -266,9 +268,7 @@ class Group:
         if not matches(self.settings.filter, fields.get("tags") or (), fields.get("headers") or ()):
             self.filtered += 1
             return
-        key: Key = fields.get("key")
-        if key is None and "key_b64" in fields:
-            key = "b64:" + fields["key_b64"]
+        key = key_identity(fields)
         pending = Pending(
             topic=state.topic,
             partition=state.partition,

@@ -13,6 +13,7 @@ import orjson
 
 from spoolmq.broker.delivery import Event
 from spoolmq.files import FILE_MODE, make_private_dirs, write_all
+from spoolmq.store.record import key_text
 
 _ROLL_BYTES = 64 * 1024 * 1024
 _MAX_UNWRITTEN_BYTES = 16 * 1024 * 1024
@@ -34,9 +35,6 @@ class EventLog:
 
     def add(self, event: Event, group: str) -> None:
         pending = event.pending
-        key = pending.key
-        if isinstance(key, bytes):  # pragma: no cover - keys arrive as text
-            key = key.decode("utf-8", "replace")
         record: dict[str, Any] = {
             "ts": event.ts,
             "type": event.type,
@@ -44,7 +42,7 @@ class EventLog:
             "topic": pending.topic,
             "partition": pending.partition,
             "offset": pending.offset,
-            "key": key[4:] if isinstance(key, str) and key.startswith("b64:") else key,
+            "key": key_text(pending.key),
             "consumer": event.consumer,
             "attempt": pending.attempt,
             "published_at": pending.published_at,

@@ -8,8 +8,6 @@ all of them.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import logging
 import os
@@ -21,8 +19,6 @@ from pathlib import Path
 from queue import Full
 from typing import Any
 
-import orjson
-
 from spoolmq import protocol
 from spoolmq.broker.process import (
     child_setup,
@@ -31,23 +27,10 @@ from spoolmq.broker.process import (
     wait_for_clients,
 )
 from spoolmq.clock import now_ms
-from spoolmq.errors import (
-    InvalidArgumentError,
-    ProtocolError,
-    SerializationError,
-    SpoolError,
-    StorageError,
-)
+from spoolmq.errors import ProtocolError, SpoolError, StorageError
+from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
 from spoolmq.store import Store
-from spoolmq.store.names import check_topic
-from spoolmq.store.record import (
-    RECORD_OVERHEAD,
-    EncodedMessage,
-    Message,
-    common_fields,
-    encode_message,
-)
-from spoolmq.store.store import delay_to_deliver_at, normalize_acks
+from spoolmq.store.record import EncodedMessage
 
 logger = logging.getLogger("spoolmq.publisher")
 
@@ -91,117 +74,6 @@ class PublisherStats:
     batches: int = 0
     errors: int = 0
     by_topic: dict[str, int] = field(default_factory=dict)
-
-
-def _decode_bytes(text: Any, what: str) -> bytes:
-    if not isinstance(text, str):
-        raise SerializationError(f"{what} must be a base64 string")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise SerializationError(f"{what} is not valid base64") from None
-
-
-_WIRE_FIELDS = frozenset(
-    {
-        "topic",
-        "value",
-        "value_b64",
-        "key",
-        "key_b64",
-        "headers",
-        "tags",
-        "partition",
-        "delay_ms",
-        "deliver_at",
-        "ttl_ms",
-        "sequence",
-    }
-)
-
-
-# What the common message of a publish frame has: a topic, a JSON value, maybe a text key,
-# and the sequence every Publisher client sends.
-_COMMON_FIELDS = frozenset({"topic", "value", "key", "sequence"})
-
-
-def encode_common_message(
-    raw: Any, producer_id: str | None, max_bytes: int
-) -> tuple[str, str | None, EncodedMessage] | None:
-    """(topic, key, encoded) for the common message of a publish frame, encoded straight
-    from the parsed frame; None for any other message and for anything wrong, which
-    ``message_from_wire`` then handles or refuses. Building a Message and checking every
-    optional field was half of the broker's work per message."""
-    if type(raw) is not dict or not _COMMON_FIELDS.issuperset(raw):
-        return None
-    topic, key, sequence = raw.get("topic"), raw.get("key"), raw.get("sequence")
-    if type(topic) is not str or (key is not None and type(key) is not str):
-        return None
-    if sequence is None:
-        producer_id = None  # as in message_from_wire: no sequence, no idempotence
-    elif type(sequence) is not int or sequence < 0 or not producer_id:
-        return None
-    try:
-        check_topic(topic)
-        body = orjson.dumps(common_fields(key, raw.get("value"), sequence, producer_id))
-    except (SpoolError, TypeError):
-        return None
-    if len(body) + RECORD_OVERHEAD > max_bytes:
-        return None
-    return topic, key, EncodedMessage(body[1:-1], producer_id, sequence)
-
-
-def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str, Message]:
-    """Validate one message of a publish frame and build the store's Message."""
-    if not isinstance(raw, dict):
-        raise ProtocolError("each message must be a JSON object")
-    if not _WIRE_FIELDS.issuperset(raw):
-        unknown = set(raw) - _WIRE_FIELDS
-        raise ProtocolError(f"unknown message field(s): {', '.join(sorted(unknown))[:200]}")
-    topic = check_topic(raw.get("topic"))
-    value = _decode_bytes(raw["value_b64"], "value_b64") if "value_b64" in raw else raw.get("value")
-    key = _decode_bytes(raw["key_b64"], "key_b64") if "key_b64" in raw else raw.get("key")
-    headers = raw.get("headers")
-    if headers is not None:
-        if not isinstance(headers, list):
-            raise SerializationError("headers must be a list of [name, value] pairs")
-        converted = []
-        for entry in headers:
-            if not isinstance(entry, list) or len(entry) not in (2, 3):
-                raise SerializationError("each header must be [name, value] or [name, b64, 'b64']")
-            if len(entry) == 3:
-                if entry[2] != "b64":
-                    raise SerializationError("a 3-item header must end with 'b64'")
-                converted.append((entry[0], _decode_bytes(entry[1], "a header value")))
-            else:
-                converted.append((entry[0], entry[1]))
-        headers = converted
-    delay_ms = raw.get("delay_ms")
-    ttl_ms = raw.get("ttl_ms")
-    for name, number in (("delay_ms", delay_ms), ("ttl_ms", ttl_ms)):
-        if number is not None and (not isinstance(number, int | float) or isinstance(number, bool)):
-            raise InvalidArgumentError(f"{name} must be a number")
-    deliver_at = raw.get("deliver_at")
-    expires_at = None
-    if delay_ms is not None or deliver_at is not None or ttl_ms is not None:
-        deliver_at, expires_at = delay_to_deliver_at(
-            None if delay_ms is None else delay_ms / 1000,
-            deliver_at,
-            None if ttl_ms is None else ttl_ms / 1000,
-            now,
-        )
-    sequence = raw.get("sequence")
-    return topic, Message(
-        value=value,
-        key=key,
-        headers=headers,
-        tags=raw.get("tags"),
-        deliver_at=deliver_at,
-        expires_at=expires_at,
-        producer_id=producer_id if sequence is not None else None,
-        sequence=sequence,
-        partition=raw.get("partition"),
-    )
 
 
 class PublisherBroker:
@@ -343,14 +215,8 @@ class PublisherBroker:
         levels: dict[tuple[str, int], str] = {}
         answered: list[_Frame] = []
         for client, raw in frames:
-            messages = raw.get("messages")
-            producer_id = raw.get("producer_id")
             try:
-                acks = normalize_acks(raw.get("acks", "all"))
-                if not isinstance(messages, list) or not messages:
-                    raise ProtocolError("a publish frame needs a non-empty 'messages' list")
-                if producer_id is not None and not isinstance(producer_id, str):
-                    raise ProtocolError("producer_id must be a string")
+                acks, producer_id, messages = check_publish_frame(raw)
             except SpoolError as exc:
                 self._send(client, protocol.error_frame(exc, id=raw.get("id")))
                 continue
@@ -361,18 +227,11 @@ class PublisherBroker:
             max_bytes = self.store.config.max_message_bytes
             for index, item in enumerate(messages):
                 try:
-                    common = encode_common_message(item, producer_id, max_bytes)
-                    if common is not None:
-                        topic, key, encoded = common
-                        config = self.store.topic_config(topic, create=True)
-                        partition = self.store.choose_partition(topic, config, key, None)
-                    else:
-                        topic, message = message_from_wire(item, producer_id, now)
-                        config = self.store.topic_config(topic, create=True)
-                        partition = self.store.choose_partition(
-                            topic, config, message.key, message.partition
-                        )
-                        encoded = encode_message(message, max_bytes=max_bytes, parsed_json=True)
+                    topic, key, asked, encoded = decode_publish_message(
+                        item, producer_id, now=now, max_bytes=max_bytes
+                    )
+                    config = self.store.topic_config(topic, create=True)
+                    partition = self.store.choose_partition(topic, config, key, asked)
                 except SpoolError as exc:
                     frame.results[index] = {"error": exc.code, "message": str(exc)}
                     self.stats.errors += 1

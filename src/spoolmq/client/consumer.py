@@ -28,7 +28,7 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.store.record import Headers, check_line, record_from_fields
+from spoolmq.store.record import Headers, decode_line
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -64,7 +64,7 @@ class ReceivedMessage:
         attempt: int,
         line: bytes,
     ) -> None:
-        record = record_from_fields(check_line(line))
+        record = decode_line(line)
         self._consumer = consumer
         self._generation = generation
         self.topic = topic
@@ -160,7 +160,6 @@ class Consumer:
         }
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self._buffer: deque[ReceivedMessage] = deque()
-        self._replies: deque[dict[str, Any]] = deque()
         self._frame_ids = 0
         self._generation = 0
         self._taken = 0
@@ -231,18 +230,16 @@ class Consumer:
             if reply is not None and reply.get("id") == frame_id:
                 protocol.raise_if_error(reply)
                 return reply
-            if reply is not None:
-                self._replies.append(reply)
 
     def _read_frame(self, timeout: float | None) -> dict[str, Any] | None:
         """Read one frame; deliveries go to the buffer (and None is returned)."""
         assert self._conn is not None
         if timeout is not None and not self._conn.poll(timeout):
             return None
-        data = self._conn.recv_bytes(protocol.MAX_FRAME_BYTES)
-        if data.startswith(b'{"op":"deliver"'):
-            header, lines = protocol.split_delivery(data)
-            items = header.get("m") or []
+        frame, lines = protocol.split_frame(self._conn.recv_bytes(protocol.MAX_FRAME_BYTES))
+        op = frame["op"]
+        if op == "deliver":
+            items = frame.get("m") or []
             if len(items) != len(lines):
                 raise ProtocolError("a deliver frame's header and records do not match")
             for (topic, partition, tag, attempt), line in zip(items, lines, strict=True):
@@ -250,17 +247,16 @@ class Consumer:
                     ReceivedMessage(self, self._generation, topic, partition, tag, attempt, line)
                 )
             return None
-        frame = protocol.decode(data)
-        if frame.get("op") == "closing":
+        if op == "closing":
             raise EOFError("the broker is shutting down")
-        if frame.get("op") in ("ack_result", "nack_result") and frame.get("id") is None:
+        if op in ("ack_result", "nack_result") and frame.get("id") is None:
             self.refused.extend(frame.get("refused") or [])
             for refusal in frame.get("refused") or []:
                 logger.warning(
                     "the broker refused %s: %s", refusal.get("tag"), refusal.get("message")
                 )
             return None
-        if frame.get("op") == "error" and frame.get("id") is None:
+        if op == "error" and frame.get("id") is None:
             raise error_from_code(str(frame.get("code")), str(frame.get("message")))
         return frame
 
@@ -281,13 +277,11 @@ class Consumer:
                     continue
                 self._flush_acks()  # about to wait: the broker may be waiting for these
                 self._flush_credit()
-                frame = self._read_frame(remaining if remaining is not None else 1.0)
+                self._read_frame(remaining if remaining is not None else 1.0)
             except (EOFError, OSError) as exc:
                 logger.warning("lost the broker (%s); reconnecting", exc)
                 self._reconnect()
                 continue
-            if frame is not None:
-                self._replies.append(frame)
         message = self._buffer.popleft()
         if not self.auto_ack:
             self._unsettled.add(message.tag)

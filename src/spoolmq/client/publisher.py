@@ -8,7 +8,6 @@ encode the message (so bad input fails in the caller) and queue it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
@@ -17,14 +16,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
-
-import orjson
+from typing import Any, Unpack
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
@@ -33,12 +29,11 @@ from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
-    SerializationError,
     SpoolError,
     error_from_code,
 )
-from spoolmq.store.names import check_topic
-from spoolmq.store.record import HeadersInput, has_non_finite, normalize_headers
+from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
+from spoolmq.store.record import PublishOptions
 from spoolmq.store.store import Position, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
@@ -98,58 +93,6 @@ class _PublishFuture(Future[Position]):
             self.set_exception(error)
         else:
             self.set_result(result)  # type: ignore[arg-type]
-
-
-def encode_wire_message(
-    topic: str,
-    value: Any,
-    *,
-    key: str | bytes | None,
-    headers: HeadersInput,
-    tags: Sequence[str] | None,
-    partition: int | None,
-    delay: float | None,
-    deliver_at: int | None,
-    ttl: float | None,
-    sequence: int | None,
-) -> bytes:
-    """One message of a publish frame as JSON bytes (validated here, in the caller)."""
-    message: dict[str, Any] = {"topic": check_topic(topic)}
-    if isinstance(value, bytes | bytearray | memoryview):
-        message["value_b64"] = base64.b64encode(bytes(value)).decode("ascii")
-    else:
-        message["value"] = value
-    if isinstance(key, bytes | bytearray):
-        message["key_b64"] = base64.b64encode(bytes(key)).decode("ascii")
-    elif key is not None:
-        if not isinstance(key, str):
-            raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
-        message["key"] = key
-    if headers:
-        message["headers"] = normalize_headers(headers)
-    if tags:
-        message["tags"] = [tags] if isinstance(tags, str) else list(tags)
-    if partition is not None:
-        message["partition"] = partition
-    if delay is not None:
-        if delay < 0:
-            raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
-        message["delay_ms"] = int(delay * 1000)
-    if deliver_at is not None:
-        message["deliver_at"] = deliver_at
-    if ttl is not None:
-        if ttl <= 0:
-            raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
-        message["ttl_ms"] = int(ttl * 1000)
-    if sequence is not None:
-        message["sequence"] = sequence
-    try:
-        body = orjson.dumps(message)
-    except TypeError as exc:
-        raise SerializationError(f"value can't be sent as JSON: {exc}") from None
-    if b"null" in body and has_non_finite(value):
-        raise SerializationError("value contains NaN or infinity, which JSON can't represent")
-    return body
 
 
 class Publisher:
@@ -218,39 +161,25 @@ class Publisher:
         topic: str,
         value: Any,
         *,
-        key: str | bytes | None = None,
-        headers: HeadersInput = None,
-        tags: Sequence[str] | None = None,
-        partition: int | None = None,
-        delay: float | None = None,
-        deliver_at: int | None = None,
-        ttl: float | None = None,
         acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
     ) -> Position:
-        """Publish one message and wait for its ACK. ``delay``/``ttl`` are seconds."""
-        future = self._enqueue(
-            topic, value, key, headers, tags, partition, delay, deliver_at, ttl, acks, urgent=True
-        )
-        return future.result()
+        """Publish one message and wait for its ACK. ``options`` are the PublishOptions
+        (``key``, ``headers``, ``tags``, ``partition``, ``delay``/``ttl`` in seconds,
+        ``deliver_at`` in epoch ms)."""
+        return self._enqueue(topic, value, options, acks, urgent=True).result()
 
     def publish_async(
         self,
         topic: str,
         value: Any,
         *,
-        key: str | bytes | None = None,
-        headers: HeadersInput = None,
-        tags: Sequence[str] | None = None,
-        partition: int | None = None,
-        delay: float | None = None,
-        deliver_at: int | None = None,
-        ttl: float | None = None,
         acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
     ) -> Future[Position]:
-        """Queue one message (batched with others); the future resolves on its ACK."""
-        return self._enqueue(
-            topic, value, key, headers, tags, partition, delay, deliver_at, ttl, acks, urgent=False
-        )
+        """Queue one message (batched with others); the future resolves on its ACK.
+        ``options`` as for ``publish``."""
+        return self._enqueue(topic, value, options, acks, urgent=False)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued message is answered (or failed)."""
@@ -293,13 +222,7 @@ class Publisher:
         self,
         topic: str,
         value: Any,
-        key: str | bytes | None,
-        headers: HeadersInput,
-        tags: Sequence[str] | None,
-        partition: int | None,
-        delay: float | None,
-        deliver_at: int | None,
-        ttl: float | None,
+        options: PublishOptions,
         acks: str | int | None,
         *,
         urgent: bool,
@@ -309,18 +232,7 @@ class Publisher:
             if self._closed:
                 raise SpoolError("this Publisher is closed")
             sequence = self._sequence
-            body = encode_wire_message(
-                topic,
-                value,
-                key=key,
-                headers=headers,
-                tags=tags,
-                partition=partition,
-                delay=delay,
-                deliver_at=deliver_at,
-                ttl=ttl,
-                sequence=sequence,
-            )
+            body = encode_publish_message(topic, value, options, sequence=sequence)
             self._sequence += 1
             future = _PublishFuture()
             # The I/O thread needs a wake-up only when there is something new for it to do:
@@ -416,12 +328,9 @@ class Publisher:
                 frame_id = self._frame_ids
                 if acks != "0":
                     self._in_flight[frame_id] = batch
-            head = b'{"op":"publish","id":%d,"acks":"%s","producer_id":"%s","messages":[' % (
-                frame_id,
-                acks.encode(),
-                self.producer_id.encode(),
+            self._conn.send_bytes(
+                encode_publish_frame(frame_id, acks, self.producer_id, [m.body for m in batch])
             )
-            self._conn.send_bytes(head + b",".join(m.body for m in batch) + b"]}")
             if acks == "0":
                 for item in batch:
                     item.future.resolve(Position(item.topic, -1, -1, -1), None)

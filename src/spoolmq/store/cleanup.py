@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from spoolmq.errors import CorruptRecordError
 from spoolmq.files import fsync_dir, pread_all, write_durably
 from spoolmq.store.compaction import KeyedEntry
-from spoolmq.store.record import as_single_record, check_line
+from spoolmq.store.record import as_single_record, check_line, key_identity
 from spoolmq.store.segment import SegmentFiles, SparseIndex, scan_batches
 
 
@@ -78,12 +78,7 @@ def keyed_entries(
     lines = [line + b"\n" for line in data[: scan.end].split(b"\n")[:-1]]
     entries = []
     for fields, line in zip(scan.records, lines, strict=True):
-        if "key_b64" in fields:
-            key: str | None = "b:" + fields["key_b64"]
-        elif fields.get("key") is not None:
-            key = "s:" + fields["key"]
-        else:
-            key = None
+        key = key_identity(fields)
         tombstone = "value_b64" not in fields and fields.get("value") is None
         entries.append((KeyedEntry(fields["offset"], fields["timestamp"], key, tombstone), line))
     return entries

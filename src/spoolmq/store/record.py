@@ -12,6 +12,11 @@ A record is one JSON object on one line, fields in this order::
 unset. ``batch_records`` is on the first record of a multi-record batch only: recovery uses
 it to keep a batch whole or drop it whole. ``crc`` is the CRC-32 (zlib) of every byte of the
 line before ``,"crc":``. See docs/FORMAT.md for the full schema.
+
+This module is the one home of a message's fields, from the options a caller gives
+(``PublishOptions``, the timing checks) to the stored line and back (base64, headers, tags,
+the key's identity); the wire codec (``spoolmq.protocol.publish``) reuses it rather than
+judging a message its own way. It is longer than most modules for that reason.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -32,6 +37,7 @@ from spoolmq.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     SerializationError,
+    SpoolError,
 )
 
 HeaderValue = str | bytes
@@ -72,8 +78,122 @@ class Message:
     partition: int | None = None
 
 
-def _b64(data: bytes) -> str:
+class PublishOptions(TypedDict, total=False):
+    """The keyword options of a message, declared once for every way to publish one
+    (``Store.append``, ``Publisher.publish``, ``Publisher.publish_async``).
+
+    ``key`` orders and partitions (text or raw bytes); ``headers`` are ``{name: str or
+    bytes}`` or ``(name, value)`` pairs; ``tags`` are strings consumers filter on;
+    ``partition`` overrides the key's partition; ``delay`` (seconds) or ``deliver_at``
+    (epoch ms) hold the message back; ``ttl`` (seconds) drops it if not delivered by then.
+    """
+
+    key: str | bytes | None
+    headers: HeadersInput
+    tags: Sequence[str] | None
+    partition: int | None
+    delay: float | None
+    deliver_at: int | None
+    ttl: float | None
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """TypeError for a keyword that is not a publish option, as for a misspelt argument."""
+    unknown = options.keys() - PublishOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+
+
+def to_base64(data: bytes) -> str:
+    """Raw bytes as the standard base64 text of the ``*_b64`` fields."""
     return base64.b64encode(data).decode("ascii")
+
+
+def from_base64(text: Any, what: str, error: type[SpoolError] = CorruptRecordError) -> bytes:
+    """The bytes of a ``*_b64`` field; ``error`` (a bad record by default) if it is not
+    strict base64 text."""
+    if not isinstance(text, str):
+        raise error(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise error(f"{what} is not valid base64") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
+    """The one check of a message's timing options: ``delay`` (seconds, at least 0) or
+    ``deliver_at`` (epoch ms, not both), and ``ttl`` (seconds, more than 0).
+
+    >>> check_timing(1.5, None, 60)
+    >>> check_timing(-1, None, None)
+    Traceback (most recent call last):
+    ...
+    spoolmq.errors.InvalidArgumentError: delay must be at least 0 seconds, not -1
+    """
+    if delay is not None:
+        if deliver_at is not None:
+            raise InvalidArgumentError("give either delay (seconds) or deliver_at (ms), not both")
+        if not _is_number(delay) or delay < 0:
+            raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
+    if deliver_at is not None and (
+        not isinstance(deliver_at, int) or isinstance(deliver_at, bool) or deliver_at < 0
+    ):
+        raise InvalidArgumentError(
+            f"deliver_at must be a non-negative integer (epoch ms), not {deliver_at!r}"
+        )
+    if ttl is not None and (not _is_number(ttl) or ttl <= 0):
+        raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
+
+
+def seconds_to_ms(seconds: float) -> int:
+    """A checked ``delay`` or ``ttl`` in whole milliseconds."""
+    return round(seconds * 1000)
+
+
+def schedule(delay: Any, deliver_at: Any, ttl: Any, now: int) -> tuple[int | None, int | None]:
+    """Absolute ``deliver_at`` and ``expires_at`` (epoch ms) of a message published at
+    ``now`` with the timing options ``check_timing`` checks.
+
+    >>> schedule(2, None, 60, now=1_000)
+    (3000, 63000)
+    >>> schedule(None, None, 0.5, now=1_000)
+    (None, 1500)
+    """
+    check_timing(delay, deliver_at, ttl)
+    if delay is not None:
+        deliver_at = now + seconds_to_ms(delay)
+    expires_at = None if ttl is None else (deliver_at or now) + seconds_to_ms(ttl)
+    return deliver_at, expires_at
+
+
+def message_from_options(
+    value: Any,
+    options: PublishOptions,
+    *,
+    now: int,
+    producer_id: str | None = None,
+    sequence: int | None = None,
+) -> Message:
+    """The Message that ``value`` published with ``options`` at ``now`` stores."""
+    check_options(options)
+    deliver_at, expires_at = schedule(
+        options.get("delay"), options.get("deliver_at"), options.get("ttl"), now
+    )
+    return Message(
+        value=value,
+        key=options.get("key"),
+        headers=options.get("headers"),
+        tags=options.get("tags"),
+        deliver_at=deliver_at,
+        expires_at=expires_at,
+        producer_id=producer_id,
+        sequence=sequence,
+        partition=options.get("partition"),
+    )
 
 
 def has_non_finite(value: Any) -> bool:
@@ -104,12 +224,63 @@ def normalize_headers(headers: HeadersInput) -> list[list[str]]:
         if isinstance(value, str):
             stored.append([name, value])
         elif isinstance(value, bytes | bytearray | memoryview):
-            stored.append([name, _b64(bytes(value)), "b64"])
+            stored.append([name, to_base64(bytes(value)), "b64"])
         else:
             raise SerializationError(
                 f"header {name!r} must have a str or bytes value, not {type(value).__name__}"
             )
     return stored
+
+
+def normalize_tags(tags: Sequence[str] | str) -> list[str]:
+    """Tags as stored: a list of non-empty strings (one string is one tag)."""
+    stored = [tags] if isinstance(tags, str) else list(tags)
+    for tag in stored:
+        if not isinstance(tag, str) or not tag:
+            raise SerializationError(f"a tag must be a non-empty string, not {tag!r}")
+    return stored
+
+
+def key_identity(fields: Mapping[str, Any]) -> str | None:
+    """A stored record's key as one string, for whatever groups records by key (per-key
+    delivery order, compaction): ``"s:"`` + a text key, ``"b:"`` + a raw-bytes key's base64,
+    None without a key. The prefix keeps a text key that looks like base64 and a bytes key
+    apart.
+
+    >>> key_identity({"key": "b:QUJD"}), key_identity({"key_b64": "QUJD"})
+    ('s:b:QUJD', 'b:QUJD')
+    """
+    key = fields.get("key")
+    if key is not None:
+        return f"s:{key}"
+    key_b64 = fields.get("key_b64")
+    return None if key_b64 is None else f"b:{key_b64}"
+
+
+def key_text(identity: str | None) -> str | None:
+    """The key of a ``key_identity`` as reports show it: a text key as it is, a raw-bytes
+    key as its base64."""
+    return None if identity is None else identity[2:]
+
+
+def decode_headers(stored: Any, error: type[SpoolError] = CorruptRecordError) -> Headers:
+    """Headers from their stored form (``[name, text]`` or ``[name, base64, "b64"]``
+    lists); ``error`` (a bad record by default) for anything else."""
+    if stored is None:
+        return []
+    if not isinstance(stored, list):
+        raise error("headers must be a list of [name, value] pairs")
+    headers: Headers = []
+    for entry in stored:
+        if not isinstance(entry, list) or len(entry) not in (2, 3):
+            raise error("each header must be [name, value] or [name, base64, 'b64']")
+        if len(entry) == 3:
+            if entry[2] != "b64":
+                raise error("a 3-item header must end with 'b64'")
+            headers.append((entry[0], from_base64(entry[1], "a header value", error)))
+        else:
+            headers.append((entry[0], entry[1]))
+    return headers
 
 
 def common_fields(
@@ -150,21 +321,17 @@ def message_fields(message: Message) -> dict[str, Any]:
     if key is None or isinstance(key, str):
         fields["key"] = key
     elif isinstance(key, bytes | bytearray | memoryview):
-        fields["key_b64"] = _b64(bytes(key))
+        fields["key_b64"] = to_base64(bytes(key))
     else:
         raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
     value = message.value
     if isinstance(value, bytes | bytearray | memoryview):
-        fields["value_b64"] = _b64(bytes(value))
+        fields["value_b64"] = to_base64(bytes(value))
     else:
         fields["value"] = value
     fields["headers"] = normalize_headers(message.headers)
     if message.tags:
-        tags = list(message.tags) if not isinstance(message.tags, str) else [message.tags]
-        for tag in tags:
-            if not isinstance(tag, str) or not tag:
-                raise SerializationError(f"a tag must be a non-empty string, not {tag!r}")
-        fields["tags"] = tags
+        fields["tags"] = normalize_tags(message.tags)
     for name in ("deliver_at", "expires_at", "sequence"):
         number = getattr(message, name)
         if number is not None:
@@ -325,26 +492,18 @@ def check_line(line: bytes, *, path: str = "", position: int = -1) -> dict[str, 
     return data
 
 
-def _unb64(text: str, what: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise CorruptRecordError(f"record has invalid base64 in {what}") from None
-
-
 def record_from_fields(data: Mapping[str, Any]) -> Record:
     """Build a Record from a parsed line."""
     if "key_b64" in data:
-        key: str | bytes | None = _unb64(data["key_b64"], "key_b64")
+        key: str | bytes | None = from_base64(data["key_b64"], "the record's key_b64")
     else:
         key = data.get("key")
-    value = _unb64(data["value_b64"], "value_b64") if "value_b64" in data else data.get("value")
-    headers: Headers = []
-    for entry in data.get("headers") or ():
-        if len(entry) == 3 and entry[2] == "b64":
-            headers.append((entry[0], _unb64(entry[1], "a header")))
-        else:
-            headers.append((entry[0], entry[1]))
+    value: Any
+    if "value_b64" in data:
+        value = from_base64(data["value_b64"], "the record's value_b64")
+    else:
+        value = data.get("value")
+    headers = decode_headers(data.get("headers"))
     # Positional: a NamedTuple built with keywords costs twice as much, once per record read.
     return Record(
         data["offset"],

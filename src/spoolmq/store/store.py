@@ -17,7 +17,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir
@@ -34,7 +34,13 @@ from spoolmq.store.names import check_topic, logs_dir, topic_dir
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.partitioner import RoundRobin, partition_for_key
 from spoolmq.store.reader import Reader, offset_for_timestamp
-from spoolmq.store.record import EncodedMessage, HeadersInput, Message, encode_message
+from spoolmq.store.record import (
+    EncodedMessage,
+    Message,
+    PublishOptions,
+    encode_message,
+    message_from_options,
+)
 from spoolmq.store.recovery import RecoveryReport
 from spoolmq.store.retention import segments_to_delete
 from spoolmq.store.segment import scan_batches
@@ -84,22 +90,6 @@ def normalize_acks(acks: str | int) -> Acks:
     if text not in ("0", "1", "all"):
         raise InvalidArgumentError(f"acks must be '0', '1' or 'all', not {acks!r}")
     return text  # type: ignore[return-value]
-
-
-def delay_to_deliver_at(
-    delay: float | None, deliver_at: int | None, ttl: float | None, now: int
-) -> tuple[int | None, int | None]:
-    """Absolute ``deliver_at`` and ``expires_at`` (ms) from relative seconds."""
-    if delay is not None and deliver_at is not None:
-        raise InvalidArgumentError("give either delay (seconds) or deliver_at (ms), not both")
-    if delay is not None:
-        if delay < 0:
-            raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
-        deliver_at = now + int(delay * 1000)
-    if ttl is not None and ttl <= 0:
-        raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
-    expires_at = None if ttl is None else (deliver_at or now) + int(ttl * 1000)
-    return deliver_at, expires_at
 
 
 class Store:
@@ -236,29 +226,15 @@ class Store:
         topic: str,
         value: Any,
         *,
-        key: str | bytes | None = None,
-        headers: HeadersInput = None,
-        tags: Sequence[str] | None = None,
-        partition: int | None = None,
-        delay: float | None = None,
-        deliver_at: int | None = None,
-        ttl: float | None = None,
         producer_id: str | None = None,
         sequence: int | None = None,
         acks: str | int = "all",
+        **options: Unpack[PublishOptions],
     ) -> Position:
-        """Append one message. ``delay`` and ``ttl`` are seconds; ``deliver_at`` is epoch ms."""
-        when, expires = delay_to_deliver_at(delay, deliver_at, ttl, self._clock.now_ms())
-        message = Message(
-            value=value,
-            key=key,
-            headers=headers,
-            tags=tags,
-            deliver_at=when,
-            expires_at=expires,
-            producer_id=producer_id,
-            sequence=sequence,
-            partition=partition,
+        """Append one message; ``options`` are the PublishOptions (``key``, ``headers``,
+        ``tags``, ``partition``, ``delay``/``ttl`` in seconds, ``deliver_at`` in epoch ms)."""
+        message = message_from_options(
+            value, options, now=self._clock.now_ms(), producer_id=producer_id, sequence=sequence
         )
         return self.append_batch(topic, [message], acks=acks)[0]
 

@@ -1,4 +1,4 @@
-"""The wire protocol between clients and the broker: JSON frames, validated on arrival.
+"""Frames: how every message between a client and the broker is framed, checked and sent.
 
 Every frame is bytes sent with ``Connection.send_bytes`` and read with
 ``Connection.recv_bytes(MAX_FRAME_BYTES)``; nothing that crosses a socket is unpickled.
@@ -11,23 +11,18 @@ record's checksum). See docs/PROTOCOL.md.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from collections import deque
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from spoolmq.errors import ProtocolError, SpoolError, error_from_code
-from spoolmq.files import write_durably
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-AUTHKEY_FILE = ".authkey"
-SOCKET_FILE = "broker.sock"
 
 # Operations a client may send, by role. Anything else is a protocol error.
 CLIENT_OPS = {
@@ -226,35 +221,18 @@ def encode_delivery(header: Mapping[str, Any], lines: list[bytes]) -> bytes:
     return orjson.dumps(header) + b"\n" + b"".join(lines)
 
 
-def split_delivery(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+def split_frame(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """A frame from the broker as its checked header and the record lines after it.
+
+    Every frame is one line of JSON (``encode`` never writes a raw newline), except a
+    ``deliver`` frame, whose header line is followed by record lines: so the header's
+    ``op`` says what a frame is, whatever order its keys are in, and only a ``deliver``
+    may have lines after it.
+    """
     cut = data.find(b"\n")
     if cut < 0:
         return decode(data), []
     header = decode(data[:cut])
+    if header["op"] != "deliver":
+        raise ProtocolError(f"a {header['op'][:40]!r} frame has lines after its header")
     return header, data[cut + 1 :].splitlines(keepends=True)
-
-
-def read_or_create_authkey(data_dir: Path) -> bytes:
-    """The data directory's authkey (32 random bytes, file mode 0600), created if missing."""
-    path = data_dir / AUTHKEY_FILE
-    try:
-        key = path.read_bytes()
-        if len(key) >= 16:
-            return key
-    except FileNotFoundError:
-        pass
-    key = secrets.token_bytes(32)
-    write_durably([(path, key)])
-    return key
-
-
-def read_authkey(data_dir: Path) -> bytes:
-    try:
-        return (data_dir / AUTHKEY_FILE).read_bytes()
-    except FileNotFoundError:
-        from spoolmq.errors import BrokerUnavailableError
-
-        raise BrokerUnavailableError(
-            f"no broker has run at {data_dir} (no {AUTHKEY_FILE}); start one with "
-            f"`spoolmq broker --data {data_dir}`"
-        ) from None
