@@ -10,26 +10,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from queue import Full
 from typing import Any
 
 import orjson
 
 from spoolmq import protocol
+from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic
 from spoolmq.broker.delivery import Group, GroupSettings, PartitionState, Pending
 from spoolmq.broker.events import EventLog
-from spoolmq.broker.process import (
-    child_setup,
-    flush_before_close,
-    receive_fd,
-    wait_for_clients,
-)
-from spoolmq.clock import now_ms
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import (
     CorruptRecordError,
     GroupActiveError,
@@ -37,9 +30,8 @@ from spoolmq.errors import (
     OffsetOutOfRangeError,
     ProtocolError,
     SpoolError,
-    UnknownTopicError,
 )
-from spoolmq.store import Message, Reader, Store
+from spoolmq.store import Message, Reader
 from spoolmq.store.names import check_topic, dlq_topic
 
 logger = logging.getLogger("spoolmq.consumer")
@@ -51,14 +43,13 @@ _LAG_EVENT_S = 5.0
 
 
 @dataclass(slots=True)
-class _Consumer:
-    conn: Connection
-    client_id: str
-    reader: protocol.FrameReader
-    writer: protocol.FrameWriter
+class _Consumer(ClientConnection):
     group: str | None = None
     consumer_id: str = ""
-    lost: bool = False  # a send failed: the client is gone, only its buffered frames remain
+
+    @property
+    def name(self) -> str:
+        return self.consumer_id or self.client_id
 
 
 @dataclass(slots=True)
@@ -90,51 +81,40 @@ def parse_reset_offsets(offsets: list[Any]) -> dict[tuple[str, int], int]:
     return parsed
 
 
-class ConsumerBroker:
+class ConsumerBroker(BrokerChild[_Consumer]):
+    role = "consumer"
+
     def __init__(
         self,
         data_dir: Path,
-        control: Connection,
-        parent_watch: Connection,
-        notices: Connection,
-        status: Any,
+        channels: ChildChannels,
         *,
         store_settings: dict[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.data_dir = data_dir
-        self.control = control
-        self.parent_watch = parent_watch
-        self.notices = notices
-        self.status = status
-        self.store = Store(data_dir, config=store_settings or None)
+        super().__init__(data_dir, channels, store_settings=store_settings)
+        self.clock = clock  # leases, retries and delays; tests pass a ManualClock
+        if channels.notices is None:
+            raise ValueError("the ConsumerBroker reads the PublisherBroker's notices")
+        self.notices = channels.notices
         self.events = EventLog(data_dir)
-        self.consumers: dict[Connection, _Consumer] = {}
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, _GroupRuntime] = {}
         self.log_ends: dict[tuple[str, int], int] = {}
-        self.stopping = False
         self._counter = 0
-        self._last_checkpoint = 0.0
-        self._last_rescan = 0.0
-        self._last_lag = 0.0
-        self._last_stats = 0.0
+        self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        self._rescan_timer = Periodic(_RESCAN_S)
+        self._lag_timer = Periodic(_LAG_EVENT_S)
         self.counts = {"delivered": 0, "acked": 0, "nacked": 0, "dead_lettered": 0, "expired": 0}
         self.counts["skipped"] = 0  # deleted by retention before their group read them
 
+    def new_client(self, conn: Connection, client_id: str) -> _Consumer:
+        return _Consumer.open(conn, client_id)
+
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> None:
-        self._report(("ready", "consumer", os.getpid()))
-        # Figures from the start, so `spoolmq stats` has its full shape at once.
-        self._report(("stats", "consumer", self.stats()))
-        try:
-            while not self.stopping:
-                self.loop(self._timeout())
-        finally:
-            self.close()
-
-    def _timeout(self) -> float:
-        now = now_ms()
+    def wait_timeout(self) -> float:
+        now = self.clock.now_ms()
         timers = [
             t for t in (rt.group.next_timer() for rt in self.groups.values()) if t is not None
         ]
@@ -145,46 +125,29 @@ class ConsumerBroker:
         return any(rt.dirty for rt in self.groups.values())
 
     def loop(self, timeout: float | None) -> None:
-        ready, gone = wait_for_clients(
-            [self.control, self.parent_watch, self.notices],
-            {conn: consumer.writer for conn, consumer in self.consumers.items()},
-            timeout,
-        )
-        for conn in gone:
-            if conn in self.consumers:
-                self._lost(self.consumers[conn], "connection lost while delivering")
-        if self.parent_watch in ready:
-            logger.error("the manager is gone; stopping")
-            self.stopping = True
-        if self.control in ready:
-            self._handle_control()
+        ready = self._wait_step(timeout, [self.notices])
         if self.notices in ready:
             self._read_notices()
         for conn in ready:
-            consumer = self.consumers.get(conn)
+            consumer = self.clients.get(conn)
             if consumer is not None:
                 self._read_consumer(consumer)
         monotonic = time.monotonic()
-        if monotonic - self._last_rescan >= _RESCAN_S:
+        if self._rescan_timer.due(monotonic):
             # A safety net for notices lost while a process restarted; not the normal path.
-            self._last_rescan = monotonic
             for key in {k for rt in self.groups.values() for k in rt.group.partitions}:
                 self.log_ends[key] = self.store.log_end_offset(*key)
         self._pump()
-        if monotonic - self._last_checkpoint >= _CHECKPOINT_S:
-            self._last_checkpoint = monotonic
+        if self._checkpoint_timer.due(monotonic):
             self._checkpoint()
-        if monotonic - self._last_lag >= _LAG_EVENT_S:
-            self._last_lag = monotonic
+        if self._lag_timer.due(monotonic):
             self._record_lag()
-        if monotonic - self._last_stats >= 1.0:
-            self._last_stats = monotonic
-            self._report(("stats", "consumer", self.stats()))
+        self._report_stats_when_due(monotonic)
         self.events.flush()
 
     def _pump(self) -> None:
         """Timers, reading, dead-lettering and dispatch, until nothing more can move."""
-        now = now_ms()
+        now = self.clock.now_ms()
         for runtime in self.groups.values():
             group = runtime.group
             group.run_timers(now)
@@ -278,7 +241,7 @@ class ConsumerBroker:
                 for pending in reversed(pendings):
                     with contextlib.suppress(SpoolError):
                         group.release(pending.tag, consumer_id, now)
-                self._lost(consumer, "connection lost while delivering")
+                self.connection_lost(consumer, "connection lost while delivering")
         return sent
 
     def _dead_letter(self, runtime: _GroupRuntime, now: int) -> None:
@@ -369,12 +332,12 @@ class ConsumerBroker:
                 logger.exception("failed handling a frame of consumer %s", consumer.client_id)
                 self._drop(consumer, "internal error")
                 return False
-            if consumer.conn not in self.consumers:
+            if consumer.conn not in self.clients:
                 return False
         return True
 
     def _handle_frame(self, consumer: _Consumer, op: str, frame: dict[str, Any]) -> None:
-        now = now_ms()
+        now = self.clock.now_ms()
         if op == "subscribe":
             self._subscribe(consumer, frame, now)
             return
@@ -447,7 +410,7 @@ class ConsumerBroker:
         slot = group.consumers.get(consumer.consumer_id)
         if slot is None:
             return
-        now = now_ms()
+        now = self.clock.now_ms()
         for tag in sorted(slot.in_flight - set(seen), reverse=True):  # each goes to the front
             with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
                 group.release(tag, consumer.consumer_id, now)
@@ -539,45 +502,29 @@ class ConsumerBroker:
                 scheduled.get((topic, partition, offset), 0),
             )
 
-    def _drop(self, consumer: _Consumer, reason: str) -> None:
-        if self.consumers.pop(consumer.conn, None) is None:
-            return
-        self.by_id.pop(consumer.consumer_id, None)
-        if consumer.group is not None:
-            runtime = self.groups[consumer.group]
-            for tag in list(runtime.group.consumers.get(consumer.consumer_id, _EMPTY).in_flight):
+    def forget(self, client: _Consumer) -> None:
+        self.by_id.pop(client.consumer_id, None)
+        if client.group is not None:
+            runtime = self.groups[client.group]
+            for tag in list(runtime.group.consumers.get(client.consumer_id, _EMPTY).in_flight):
                 pending = runtime.group.in_flight.get(tag)
                 if pending is not None:
                     runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
-            runtime.group.remove_consumer(consumer.consumer_id, now_ms())
+            runtime.group.remove_consumer(client.consumer_id, self.clock.now_ms())
             self._drain_events(runtime)
-        logger.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
-        with contextlib.suppress(OSError):
-            consumer.conn.close()
-        consumer.reader.close()
-        consumer.writer.close()
-        self._report(("disconnected", consumer.client_id))
 
-    def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
-        if consumer.lost:
-            return
-        try:
-            consumer.writer.send(protocol.encode(frame))
-        except OSError:
-            self._lost(consumer, "connection lost while answering")
-
-    def _lost(self, consumer: _Consumer, reason: str) -> None:
+    def connection_lost(self, client: _Consumer, reason: str) -> None:
         """A send failed because the client closed its end. What it sent before closing
         (ACKs, then the ``bye`` that lists what it never read) may still wait in the socket:
         handle that first, or settled work comes back and unread prefetches count as
         attempts."""
-        if consumer.lost:
+        if client.lost:
             return
-        consumer.lost = True
+        client.lost = True
         for _ in range(1000):
-            if not self._read_consumer(consumer, limit=1000):
+            if not self._read_consumer(client, limit=1000):
                 break
-        self._drop(consumer, reason)
+        self._drop(client, reason)
 
     # -- notices, control, admin -----------------------------------------------------------------
 
@@ -594,35 +541,6 @@ class ConsumerBroker:
                 if end > self.log_ends.get(key, 0):
                     self.log_ends[key] = end
 
-    def _handle_control(self) -> None:
-        try:
-            frame = protocol.receive(self.control)
-        except (EOFError, OSError):
-            self.stopping = True
-            return
-        op = frame.get("op")
-        if op == "client":
-            fd = receive_fd(self.control)
-            conn = Connection(fd)
-            self.consumers[conn] = _Consumer(
-                conn,
-                str(frame.get("client_id")),
-                protocol.FrameReader(conn),
-                protocol.FrameWriter(conn),
-            )
-        elif op == "stop":
-            self.stopping = True
-        elif op == "admin":
-            try:
-                body = self.admin(frame.get("body") or {})
-            except SpoolError as exc:
-                body = protocol.error_frame(exc)
-            except Exception as exc:
-                # A bug must cost one admin request, not every consumer of the broker.
-                logger.exception("failed an admin request")
-                body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
-            self._report(("admin_result", frame.get("request_id"), body))
-
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
         action = request.get("action")
         if action == "describe_groups":
@@ -630,7 +548,7 @@ class ConsumerBroker:
         if action == "reset_group":
             return {"op": "ok", **self.reset_group(request)}
         if action == "stats":
-            return {"op": "ok", "stats": self.stats()}
+            return {"op": "ok", "stats": self.figures()}
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
 
     def describe_groups(self) -> dict[str, Any]:
@@ -683,10 +601,10 @@ class ConsumerBroker:
         self.store.state.reset_group(name, new)
         return {"reset": len(new)}
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         return {
             **self.counts,
-            "consumers": len(self.consumers),
+            "consumers": len(self.clients),
             "groups": len(self.groups),
             "in_flight": sum(len(rt.group.in_flight) for rt in self.groups.values()),
         }
@@ -707,7 +625,7 @@ class ConsumerBroker:
                 commits.append((name, changed))
         if not commits and not self._has_dirty():
             return
-        timestamp = now_ms()
+        timestamp = self.clock.now_ms()
         try:
             with self.store.state.write() as db:
                 for name, changed in commits:
@@ -780,16 +698,7 @@ class ConsumerBroker:
                     name, key[0], key[1], state.committed(), self.log_ends.get(key, 0)
                 )
 
-    def _report(self, message: tuple[Any, ...]) -> None:
-        with contextlib.suppress(Full, OSError, ValueError):
-            self.status.put_nowait(message)
-
-    def close(self) -> None:
-        for consumer in list(self.consumers.values()):
-            self._send(consumer, {"op": "closing"})
-        flush_before_close({c.conn: c.writer for c in self.consumers.values()}, timeout=2.0)
-        for consumer in list(self.consumers.values()):
-            self._drop(consumer, "broker stopping")
+    def save(self) -> None:
         try:
             self._checkpoint()
         finally:
@@ -798,8 +707,11 @@ class ConsumerBroker:
             for runtime in self.groups.values():
                 for reader in runtime.readers.values():
                     reader.close()
-            self.store.close()
-            self._report(("stats", "consumer", self.stats()))
+
+    def close(self) -> None:
+        for consumer in list(self.clients.values()):
+            self._send(consumer, {"op": "closing"})
+        super().close()
 
 
 class _NoSlot:
@@ -807,22 +719,3 @@ class _NoSlot:
 
 
 _EMPTY = _NoSlot()
-
-
-def consumer_main(
-    data_dir: str,
-    control: Connection,
-    parent_watch: Connection,
-    notices: Connection,
-    status: Any,
-    log_level: str,
-    store_settings: dict[str, Any],
-) -> None:
-    """Entry point of the ConsumerBroker process (spawned by the manager)."""
-    child_setup("consumer", log_level)
-    ConsumerBroker(
-        Path(data_dir), control, parent_watch, notices, status, store_settings=store_settings
-    ).run()
-
-
-__all__ = ["ConsumerBroker", "PartitionState", "UnknownTopicError", "consumer_main"]
