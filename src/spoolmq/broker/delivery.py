@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliveryError
+from spoolmq.types import EventType, TopicPartition
 
 Key = str | bytes | None
 
@@ -159,7 +160,7 @@ class Event:
     """A delivery event for ``events/`` (see docs/FORMAT.md)."""
 
     ts: int
-    type: str
+    type: EventType
     pending: Pending
     consumer: str | None = None
     reason: str | None = None
@@ -206,7 +207,7 @@ class Group:
     def __init__(self, name: str, settings: GroupSettings) -> None:
         self.name = name
         self.settings = settings
-        self.partitions: dict[tuple[str, int], PartitionState] = {}
+        self.partitions: dict[TopicPartition, PartitionState] = {}
         self.consumers: dict[str, ConsumerSlot] = {}
         self.ready: deque[Pending] = deque()
         self.in_flight: dict[int, Pending] = {}
@@ -225,9 +226,10 @@ class Group:
     # -- membership ----------------------------------------------------------------
 
     def add_partition(self, topic: str, partition: int, start: int) -> PartitionState:
-        state = self.partitions.get((topic, partition))
+        key = TopicPartition(topic, partition)
+        state = self.partitions.get(key)
         if state is None:
-            state = self.partitions[(topic, partition)] = PartitionState(topic, partition, start)
+            state = self.partitions[key] = PartitionState(topic, partition, start)
         return state
 
     def add_consumer(self, consumer_id: str, prefetch: int, topics: Iterable[str]) -> None:
@@ -246,7 +248,9 @@ class Group:
         for tag in sorted(slot.in_flight, reverse=True):
             pending = self.in_flight.pop(tag, None)
             if pending is not None:
-                self.events.append(Event(now, "released", pending, consumer_id, "consumer left"))
+                self.events.append(
+                    Event(now, EventType.RELEASED, pending, consumer_id, "consumer left")
+                )
                 self._failed(pending, now, "consumer disconnected", delay_ms=0)
 
     # -- reading ------------------------------------------------------------------------
@@ -319,7 +323,7 @@ class Group:
                 self._remember_expired(pending)
                 self._drop_in_flight(pending)
                 self.events.append(
-                    Event(now, "lease_expired", pending, pending.consumer, "lease expired")
+                    Event(now, EventType.LEASE_EXPIRED, pending, pending.consumer, "lease expired")
                 )
                 self._failed(pending, now, "lease expired", delay_ms=0)
         while self._timers and self._timers[0][0] <= now:
@@ -372,16 +376,18 @@ class Group:
                 skipped.append(pending)
                 continue
             if pending.expires_at is not None and now >= pending.expires_at:
-                self.events.append(Event(now, "expired", pending, None, "ttl passed"))
+                self.events.append(Event(now, EventType.EXPIRED, pending, None, "ttl passed"))
                 self._finish(pending, now)
                 continue
             pending.attempt += 1
             pending.consumer = slot.consumer_id
             pending.delivered_at = now
-            self.events.append(Event(now, "delivered", pending, slot.consumer_id))
+            self.events.append(Event(now, EventType.DELIVERED, pending, slot.consumer_id))
             if self.settings.auto_ack:
                 slot.credit -= 1
-                self.events.append(Event(now, "acked", pending, slot.consumer_id, "auto_ack", 0.0))
+                self.events.append(
+                    Event(now, EventType.ACKED, pending, slot.consumer_id, "auto_ack", 0.0)
+                )
                 self._finish(pending, now)
             else:
                 pending.tag = next(self._tags)
@@ -421,7 +427,9 @@ class Group:
         if now > pending.lease_expires_at:
             # The timer has not fired yet, but the lease is over: refuse, then expire it.
             self._drop_in_flight(pending)
-            self.events.append(Event(now, "lease_expired", pending, consumer_id, "lease expired"))
+            self.events.append(
+                Event(now, EventType.LEASE_EXPIRED, pending, consumer_id, "lease expired")
+            )
             self._failed(pending, now, "lease expired", delay_ms=0)
             raise LeaseExpiredError(
                 f"delivery {tag} ({pending.topic}/{pending.partition}@{pending.offset}) came "
@@ -433,7 +441,9 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         self.events.append(
-            Event(now, "acked", pending, consumer_id, None, float(now - pending.delivered_at))
+            Event(
+                now, EventType.ACKED, pending, consumer_id, None, float(now - pending.delivered_at)
+            )
         )
         self._finish(pending, now)
 
@@ -443,7 +453,14 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         self.events.append(
-            Event(now, "nacked", pending, consumer_id, reason, float(now - pending.delivered_at))
+            Event(
+                now,
+                EventType.NACKED,
+                pending,
+                consumer_id,
+                reason,
+                float(now - pending.delivered_at),
+            )
         )
         self._failed(pending, now, reason or "nacked", delay_ms=delay_ms)
 
@@ -453,7 +470,7 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         pending.attempt -= 1
-        self.events.append(Event(now, "released", pending, consumer_id, "returned unread"))
+        self.events.append(Event(now, EventType.RELEASED, pending, consumer_id, "returned unread"))
         self.ready.appendleft(pending)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
@@ -495,13 +512,13 @@ class Group:
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
         self.events.append(
-            Event(now, "dead_lettered", pending, pending.consumer, pending.last_reason)
+            Event(now, EventType.DEAD_LETTERED, pending, pending.consumer, pending.last_reason)
         )
         self._finish(pending, now)
 
     def _finish(self, pending: Pending, now: int) -> None:
         pending.finished = True
-        state = self.partitions[(pending.topic, pending.partition)]
+        state = self.partitions[TopicPartition(pending.topic, pending.partition)]
         state.finished.add(pending.offset)
         if pending.key is None:
             return
@@ -519,9 +536,18 @@ class Group:
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def in_flight_by_partition(self) -> dict[tuple[str, int], int]:
-        counts: dict[tuple[str, int], int] = {}
+    def in_flight_by_partition(self) -> dict[TopicPartition, int]:
+        counts: dict[TopicPartition, int] = {}
         for pending in self.in_flight.values():
-            key = (pending.topic, pending.partition)
+            key = TopicPartition(pending.topic, pending.partition)
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+    def consumers_by_partition(self) -> dict[TopicPartition, set[str]]:
+        """The consumers holding deliveries of each partition."""
+        owners: dict[TopicPartition, set[str]] = {}
+        for pending in self.in_flight.values():
+            if pending.consumer:
+                key = TopicPartition(pending.topic, pending.partition)
+                owners.setdefault(key, set()).add(pending.consumer)
+        return owners

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,6 +24,7 @@ from spoolmq.clock import now_ms
 from spoolmq.config import TopicConfig
 from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
 from spoolmq.files import FILE_MODE
+from spoolmq.types import TopicPartition
 
 SCHEMA_VERSION = 1
 
@@ -119,6 +120,47 @@ class SequenceRow(NamedTuple):
 
     producer_id: str
     sequence: int
+    topic: str
+    partition: int
+    offset: int
+
+
+class OpenDelivery(NamedTuple):
+    """A delivery a group had not finished at its broker's last checkpoint."""
+
+    attempt: int  # deliveries made so far
+    due_at: int  # when its scheduled retry is due (ms); 0: none scheduled
+
+
+class DeliveryRow(NamedTuple):
+    """A row of ``deliveries`` (an open delivery), in the table's column order."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+    consumer_id: str
+    attempt: int
+    delivered_at: int
+    lease_expires_at: int
+
+
+class ScheduledRow(NamedTuple):
+    """A row of ``scheduled`` (a retry and when it is due), in the table's column order."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+    due_at: int
+    attempt: int
+    reason: str | None
+
+
+class DeliveryKey(NamedTuple):
+    """Which message of which group a delivery row is about."""
+
+    group_name: str
     topic: str
     partition: int
     offset: int
@@ -428,3 +470,50 @@ class StateDB:
         return [
             row[0] for row in self.query("SELECT DISTINCT group_name FROM group_offsets ORDER BY 1")
         ]
+
+    # -- deliveries (the ConsumerBroker's checkpoint) -------------------------------------
+
+    def checkpoint(
+        self,
+        *,
+        committed: Mapping[str, Mapping[TopicPartition, int]],
+        deliveries: Sequence[DeliveryRow],
+        scheduled: Sequence[ScheduledRow],
+        finished: Sequence[DeliveryKey],
+    ) -> None:
+        """Save a ConsumerBroker's progress in one transaction: the ``committed`` offsets
+        that moved (per group), the open ``deliveries`` and ``scheduled`` retries (written
+        over their old rows), and the rows of deliveries ``finished`` since (deleted)."""
+        timestamp = now_ms()
+        with self.write() as db:
+            db.executemany(
+                _UPSERT_COMMITTED,
+                [
+                    (group, t, p, o, timestamp)
+                    for group, offsets in committed.items()
+                    for (t, p), o in offsets.items()
+                ],
+            )
+            for table in ("deliveries", "scheduled"):
+                db.executemany(
+                    f"DELETE FROM {table} WHERE group_name = ? AND topic = ? "
+                    "AND partition = ? AND offset = ?",
+                    finished,
+                )
+            db.executemany(
+                "INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", deliveries
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?, ?)", scheduled
+            )
+
+    def open_deliveries(self, group: str) -> dict[tuple[str, int, int], OpenDelivery]:
+        """What ``group`` had in flight or waiting for a retry at its last checkpoint, by
+        (topic, partition, offset): so its attempts keep counting across a restart."""
+        rows = self.query(
+            "SELECT d.topic, d.partition, d.offset, d.attempt, COALESCE(s.due_at, 0) "
+            "FROM deliveries d LEFT JOIN scheduled s "
+            "USING (group_name, topic, partition, offset) WHERE d.group_name = ?",
+            (group,),
+        )
+        return {(t, p, o): OpenDelivery(attempt, due) for t, p, o, attempt, due in rows}
