@@ -45,7 +45,8 @@ logger = logging.getLogger("spoolmq.publisher")
 # How many frames one connection may contribute to one group commit, so one busy
 # publisher cannot starve the others.
 _FRAMES_PER_CONNECTION = 16
-# How often closed segments are checked against each topic's retention (time and size).
+# How often closed segments are checked against each topic's retention (time and size),
+# and compacted topics are compacted.
 _CLEANUP_S = 5.0
 # How often producer sequences no client can ask about any more are forgotten.
 _PRUNE_S = 30.0
@@ -209,6 +210,9 @@ class PublisherBroker(BrokerChild[_Client]):
         self.notices: Connection | None = None
         self.stats = PublisherStats()
         self._cleanup_timer = Periodic(_CLEANUP_S)
+        # Per compacted topic, its partitions' segments and log ends when it was last
+        # compacted: a topic that has not changed since is not read again.
+        self._compacted: dict[str, list[tuple[list[int], int]]] = {}
         self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
 
     def new_client(self, conn: Connection, client_id: str) -> _Client:
@@ -246,8 +250,8 @@ class PublisherBroker(BrokerChild[_Client]):
         self._report_stats_when_due(now)
 
     def _clean_up(self) -> None:
-        """Delete closed segments past their topic's retention: without this a running
-        broker's disk use would only grow."""
+        """Delete closed segments past their topic's retention (without this a running
+        broker's disk use would only grow), and compact the topics that ask for it."""
         try:
             result = self.store.enforce_retention()
         except (SpoolError, OSError):
@@ -259,6 +263,36 @@ class PublisherBroker(BrokerChild[_Client]):
                     result.deleted_segments,
                     result.deleted_bytes,
                 )
+        try:
+            topics = self.store.topics()
+        except SpoolError:
+            logger.exception("reading the topics to compact failed; will retry")
+            return
+        for topic, config in topics.items():
+            if config.cleanup_policy == "compact":
+                self._compact(topic, config.partitions)
+
+    def _compact(self, topic: str, partitions: int) -> None:
+        """Keep only the newest record per key in the closed segments of ``topic``."""
+        try:
+            shape = [
+                (plog.segment_bases(), plog.log_end_offset())
+                for plog in (self.store.partition_log(topic, p) for p in range(partitions))
+            ]
+            if self._compacted.get(topic) == shape:
+                return
+            result = self.store.compact(topic)
+        except (SpoolError, OSError):
+            logger.exception("compacting %s failed; will retry", topic)
+            return
+        self._compacted[topic] = shape
+        if result.rewritten_segments:
+            logger.info(
+                "compacted %s: %d segment(s) rewritten, %d record(s) removed",
+                topic,
+                result.rewritten_segments,
+                result.removed_records,
+            )
 
     def drain(self) -> None:
         """On stop: store and answer every publish already received."""
