@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -48,18 +49,27 @@ class Manager:
         return Connection(ours.detach())
 
 
-@pytest.fixture
-def pipes() -> Iterator[tuple[Manager, ChildChannels]]:
+@contextmanager
+def pipes_for_test() -> Iterator[tuple[Manager, ChildChannels]]:
+    """A manager's ends and a child's ends of the pipes between them."""
     control, child_control = multiprocessing.Pipe(duplex=True)
     watch_read, watch_write = multiprocessing.Pipe(duplex=False)
     status_read, status_write = multiprocessing.Pipe(duplex=False)
     notice_read, notice_write = multiprocessing.Pipe(duplex=False)
     manager = Manager(control, watch_write, status_read, notice_write)
-    yield manager, ChildChannels(child_control, watch_read, status_write, notice_read)
-    for conn in (control, child_control, watch_read, watch_write, status_read, status_write):
-        conn.close()
-    notice_read.close()
-    notice_write.close()
+    child = ChildChannels(child_control, watch_read, status_write, notice_read)
+    try:
+        yield manager, child
+    finally:
+        for conn in (control, watch_write, status_read, notice_write, *child):
+            if conn is not None:
+                conn.close()
+
+
+@pytest.fixture
+def pipes() -> Iterator[tuple[Manager, ChildChannels]]:
+    with pipes_for_test() as both:
+        yield both
 
 
 def step_until(
@@ -148,6 +158,43 @@ def test_a_consumer_broker_step_by_step_with_a_manual_clock(
     consumer_broker.close()
     with Store(data_dir) as store:
         assert store.state.committed_offsets("g") == {("jobs", 0): 1}
+
+
+def subscribe(consumer_broker: ConsumerBroker, client: Connection, **settings: Any) -> None:
+    protocol.send(
+        client,
+        {"op": "subscribe", "id": 1, "group": "g", "topics": ["jobs"], "settings": settings},
+    )
+    assert answer(consumer_broker, client)["op"] == "subscribed"
+
+
+def test_a_retry_restored_after_a_restart_waits_until_it_is_due(data_dir: Path) -> None:
+    """A NACK with a delay, then the ConsumerBroker stops: the next one neither forgets the
+    attempt nor delivers the message before its retry time."""
+    with Store(data_dir) as store:
+        store.append("jobs", "retry me")
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    for incarnation in ("first", "second"):
+        with pipes_for_test() as (manager, channels):
+            consumer_broker = ConsumerBroker(data_dir, channels, clock=clock)
+            client = manager.hand_over(f"c-{incarnation}")
+            subscribe(consumer_broker, client)
+            if incarnation == "first":
+                header, _ = protocol.split_delivery(next_frame(consumer_broker, client))
+                assert header["m"][0][3] == 1
+                tag = header["m"][0][2]
+                protocol.send(client, {"op": "nack", "id": 2, "tags": [tag], "delay_ms": 60_000})
+                assert answer(consumer_broker, client)["refused"] == []
+            else:
+                clock.advance(59_000)
+                for _ in range(5):
+                    consumer_broker.loop(0.01)
+                assert not client.poll(0), "delivered before its retry was due"
+                clock.advance(1_000)
+                header, _ = protocol.split_delivery(next_frame(consumer_broker, client))
+                assert header["m"][0][3] == 2  # the attempt before the restart counted
+            consumer_broker.close()
+            client.close()
 
 
 def test_run_reports_ready_and_stops_on_the_managers_stop_frame(

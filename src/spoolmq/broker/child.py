@@ -217,7 +217,6 @@ class BrokerChild(Generic[ClientT]):
         *,
         store_settings: dict[str, Any] | None = None,
     ) -> None:
-        self.data_dir = data_dir
         self.control = channels.control
         self.parent_watch = channels.parent_watch
         self.status = channels.status

@@ -213,7 +213,8 @@ class Group:
         self.in_flight: dict[int, Pending] = {}
         self.events: list[Event] = []
         self.dead: list[Pending] = []
-        self._timers: list[tuple[int, int, str, Pending, int]] = []
+        # When delayed messages and retries are due: (due at, tie-breaker, message).
+        self._timers: list[tuple[int, int, Pending]] = []
         # Lease ends, one entry per dispatched batch holding delivery tags only: a message
         # ACKed long before its lease would end must not stay in memory until then (at
         # 50k msg/s and a 30 s lease, that held 1.5M delivered records).
@@ -263,8 +264,14 @@ class Group:
         now: int,
         *,
         attempts_so_far: int = 0,
+        due_at: int = 0,
     ) -> None:
-        """Take in a record the broker read from the partition at ``state.next_fetch``."""
+        """Take in a record the broker read from the partition at ``state.next_fetch``.
+
+        A record that was in delivery when an earlier broker stopped comes with the
+        ``attempts_so_far`` it had, and the time ``due_at`` its scheduled retry is due
+        (ms; 0: at once): it is not delivered again before then.
+        """
         offset: int = fields["offset"]
         state.next_fetch = offset + 1
         if not matches(self.settings.filter, fields.get("tags") or (), fields.get("headers") or ()):
@@ -283,6 +290,7 @@ class Group:
             deliver_at=fields.get("deliver_at"),
             expires_at=fields.get("expires_at"),
             attempt=attempts_so_far,
+            due_at=due_at,
             persisted=attempts_so_far > 0,
         )
         heapq.heappush(state.unfinished, offset)
@@ -297,13 +305,15 @@ class Group:
             queue.append(pending)  # waits behind the key's earlier messages
 
     def _make_due(self, pending: Pending, now: int) -> None:
-        if pending.deliver_at is not None and pending.deliver_at > now:
-            self._schedule(pending.deliver_at, "due", pending)
+        """Ready now, or once its ``deliver_at`` or a retry time it was restored with."""
+        when = max(pending.deliver_at or 0, pending.due_at)
+        if when > now:
+            self._schedule(when, pending)
         else:
             self.ready.append(pending)
 
-    def _schedule(self, when: int, kind: str, pending: Pending, tag: int = 0) -> None:
-        heapq.heappush(self._timers, (when, next(self._sequence), kind, pending, tag))
+    def _schedule(self, when: int, pending: Pending) -> None:
+        heapq.heappush(self._timers, (when, next(self._sequence), pending))
 
     def next_timer(self) -> int | None:
         heads = [heap[0][0] for heap in (self._timers, self._leases) if heap]
@@ -327,10 +337,8 @@ class Group:
                 )
                 self._failed(pending, now, "lease expired", delay_ms=0)
         while self._timers and self._timers[0][0] <= now:
-            _, _, kind, pending, tag = heapq.heappop(self._timers)
-            if pending.finished:
-                continue
-            if kind == "due":
+            _, _, pending = heapq.heappop(self._timers)
+            if not pending.finished:
                 self.ready.append(pending)
 
     def _schedule_lease(self, when: int, tags: tuple[int, ...]) -> None:
@@ -506,7 +514,7 @@ class Group:
             )
         if delay_ms > 0:
             pending.due_at = now + delay_ms
-            self._schedule(pending.due_at, "due", pending)
+            self._schedule(pending.due_at, pending)
         else:
             self.ready.appendleft(pending)  # it is the oldest work: first again
 

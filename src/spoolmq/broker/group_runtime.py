@@ -23,6 +23,7 @@ logger = logging.getLogger("spoolmq.consumer")
 
 READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
 _READ_BATCH = 1000
+_NOT_OPEN = OpenDelivery(attempt=0, due_at=0)
 
 
 class Skip(NamedTuple):
@@ -100,14 +101,10 @@ class GroupRuntime:
                 del self.readers[key]
                 continue
             for fields, line in entries:
-                restored = self.restored.pop((key.topic, key.partition, fields["offset"]), None)
-                if restored is not None:
-                    attempts, due_at = restored
-                    group.add_record(state, fields, line, now, attempts_so_far=attempts)
-                    if due_at > now:
-                        pass  # retried on the next due check; counted attempts are kept
-                else:
-                    group.add_record(state, fields, line, now)
+                attempts, due_at = self.restored.pop(
+                    (key.topic, key.partition, fields["offset"]), _NOT_OPEN
+                )
+                group.add_record(state, fields, line, now, attempts_so_far=attempts, due_at=due_at)
         return skips
 
     def close(self) -> None:
