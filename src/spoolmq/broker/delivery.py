@@ -3,7 +3,8 @@
 The ConsumerBroker feeds it records it read from the log and the frames consumers sent;
 it answers which messages go to which consumer, what to retry when, what to dead-letter,
 and how far the group's committed offset may move. Time is passed in (``now`` in ms), so
-tests drive it with a fake clock.
+tests drive it with a fake clock. One cohesive thing (the rules below share one state), so
+it stays one module past 500 lines.
 
 Rules it keeps:
 

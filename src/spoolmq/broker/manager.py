@@ -13,6 +13,9 @@ a watch Pipe per child (the child sees EOF when the manager dies), a one-way sta
 per child incarnation (child -> manager: the messages of :mod:`spoolmq.broker.status`),
 and one notice Pipe from the PublisherBroker to the ConsumerBroker ("these partitions
 grew").
+
+One cohesive thing (the parent process: its lock, listeners, children and admin answers),
+so it stays one module past 500 lines.
 """
 
 from __future__ import annotations
