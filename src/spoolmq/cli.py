@@ -267,29 +267,20 @@ def _group_rows(data: Path, group: str | None) -> dict[str, list[dict[str, Any]]
         result = {name: info["partitions"] for name, info in live.items()}
     else:
         result = {}
+    from spoolmq.broker.group_view import partition_rows
     from spoolmq.store import Store
+    from spoolmq.types import TopicPartition
 
     with Store(data) as store:
         for name in store.state.groups():
             if name in result:
                 continue
-            rows = []
-            for (topic, partition), committed in sorted(
-                store.state.committed_offsets(name).items()
-            ):
-                end = store.log_end_offset(topic, partition)
-                rows.append(
-                    {
-                        "topic": topic,
-                        "partition": partition,
-                        "committed": committed,
-                        "log_end_offset": end,
-                        "lag": max(0, end - committed),
-                        "in_flight": 0,
-                        "consumers": [],
-                    }
-                )
-            result[name] = rows
+            committed = {
+                TopicPartition(*key): offset
+                for key, offset in store.state.committed_offsets(name).items()
+            }
+            ends = {key: store.log_end_offset(*key) for key in committed}
+            result[name] = partition_rows(committed, ends)
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")
@@ -418,6 +409,7 @@ def _parse_datetime(text: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
     from spoolmq.store import Store
     from spoolmq.store.names import dlq_topic
 
@@ -435,12 +427,12 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                         {
                             "dlq_partition": partition,
                             "dlq_offset": record.offset,
-                            "topic": headers.get("x-dlq-topic"),
-                            "partition": headers.get("x-dlq-partition"),
-                            "offset": headers.get("x-dlq-offset"),
-                            "group": headers.get("x-dlq-group"),
-                            "attempts": headers.get("x-dlq-attempts"),
-                            "reason": headers.get("x-dlq-reason"),
+                            "topic": headers.get(DeadLetterHeader.TOPIC),
+                            "partition": headers.get(DeadLetterHeader.PARTITION),
+                            "offset": headers.get(DeadLetterHeader.OFFSET),
+                            "group": headers.get(DeadLetterHeader.GROUP),
+                            "attempts": headers.get(DeadLetterHeader.ATTEMPTS),
+                            "reason": headers.get(DeadLetterHeader.REASON),
                             "key": record.key
                             if not isinstance(record.key, bytes)
                             else record.key.hex(),
@@ -476,7 +468,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
         for row in rows:
             record = row["record"]
-            kept = [(h, v) for h, v in record.headers if not h.startswith("x-dlq-")]
+            kept = [(h, v) for h, v in record.headers if not is_dead_letter_header(h)]
             position = store.append_batch(
                 args.topic,
                 [

@@ -256,3 +256,33 @@ def test_event_lines_show_a_text_key_as_it_is_and_a_bytes_key_as_base64(tmp_path
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
     delivered = [(line["offset"], line["key"]) for line in lines if line["type"] == "delivered"]
     assert delivered == [(0, "b64:QUJD"), (1, "QUJD"), (2, None)]
+
+
+def test_a_restored_retry_waits_until_it_is_due_and_keeps_counting_attempts() -> None:
+    group, state = make_group(max_deliveries=5)
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    # Offset 0 was NACKed twice under an earlier broker, its retry due at 5000; offset 1
+    # was in flight (no retry scheduled); offset 2 is new.
+    group.add_record(state, record(0), b"line", 1000, attempts_so_far=2, due_at=5000)
+    group.add_record(state, record(1), b"line", 1000, attempts_so_far=1)
+    group.add_record(state, record(2), b"line", 1000)
+    first = group.dispatch(now=1000)["a"]
+    assert [(p.offset, p.attempt) for p in first] == [(1, 2), (2, 1)]
+    group.run_timers(4999)
+    assert group.dispatch(now=4999) == {}
+    assert group.next_timer() == 5000
+    group.run_timers(5000)
+    assert [(p.offset, p.attempt) for p in group.dispatch(now=5000)["a"]] == [(0, 3)]
+
+
+def test_a_restored_retry_behind_its_key_waits_for_both() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    group.add_record(state, record(0, "k"), b"line", 0)
+    group.add_record(state, record(1, "k"), b"line", 0, attempts_so_far=1, due_at=3000)
+    head = group.dispatch(now=0)["a"]
+    assert [p.offset for p in head] == [0]
+    group.ack(head[0].tag, "a", now=10)  # the key's head is done; offset 1 is not due yet
+    assert group.dispatch(now=10) == {}
+    group.run_timers(3000)
+    assert [(p.offset, p.attempt) for p in group.dispatch(now=3000)["a"]] == [(1, 2)]

@@ -35,9 +35,12 @@ def event_lines(data_dir: Path) -> list[dict[str, Any]]:
 
 
 def stored_values(data_dir: Path, topic: str) -> dict[tuple[int, int], Any]:
-    """Every record of a topic, read from the files with the store's own reader."""
+    """Every record of a topic, read from the files with the store's own reader (none
+    while the topic does not exist yet)."""
     found = {}
     with Store(data_dir) as store:
+        if topic not in store.topics():
+            return found
         for partition in range(store.topic_config(topic).partitions):
             for record in store.reader(topic, partition):
                 found[(partition, record.offset)] = record.value

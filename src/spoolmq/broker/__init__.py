@@ -1,5 +1,6 @@
 """The running queue: a BrokerManager process that spawns and supervises a PublisherBroker
-and a ConsumerBroker, which talk through multiprocessing Queues and Pipes."""
+and a ConsumerBroker (both :class:`~spoolmq.broker.child.BrokerChild`), which talk through
+multiprocessing Pipes."""
 
 from spoolmq.broker.manager import BrokerManager, BrokerSettings
 

@@ -2,140 +2,123 @@
 registered idle consumers, and takes their ACKs, NACKs and lease extensions.
 
 The delivery rules live in :mod:`spoolmq.broker.delivery` (pure state); this module is the
-shell around them: sockets, log readers, timers, the DLQ, events and ``state.db``.
+shell around them: the loop and its timers, dispatch to sockets, consumer and admin frames.
+Around it: :mod:`~spoolmq.broker.group_runtime` (a group's log readers),
+:mod:`~spoolmq.broker.consumer_frames` (checking frames), :mod:`~spoolmq.broker.dead_letter`,
+:mod:`~spoolmq.broker.group_view` (``describe_groups``) and
+:mod:`~spoolmq.broker.checkpoint` (what is saved to ``state.db``, through ``StateDB``).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from queue import Full
 from typing import Any
 
-import orjson
-
 from spoolmq import protocol
-from spoolmq.broker.delivery import Group, GroupSettings, PartitionState, Pending
-from spoolmq.broker.events import EventLog
-from spoolmq.broker.process import (
-    child_setup,
-    flush_before_close,
-    receive_fd,
-    wait_for_clients,
+from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
+from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic
+from spoolmq.broker.consumer_frames import (
+    parse_credit,
+    parse_extend,
+    parse_nack,
+    parse_reset_offsets,
+    parse_seen,
+    parse_subscribe,
+    parse_tags,
 )
-from spoolmq.clock import now_ms
+from spoolmq.broker.dead_letter import dead_letter_message
+from spoolmq.broker.delivery import Group
+from spoolmq.broker.events import EventLog
+from spoolmq.broker.group_runtime import GroupRuntime, Skip
+from spoolmq.broker.group_view import partition_rows
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import (
-    CorruptRecordError,
     GroupActiveError,
     InvalidArgumentError,
-    OffsetOutOfRangeError,
     ProtocolError,
     SpoolError,
-    UnknownTopicError,
 )
-from spoolmq.store import Message, Reader, Store
-from spoolmq.store.names import check_topic, dlq_topic
-from spoolmq.types import TopicPartition
+from spoolmq.store.names import dlq_topic
+from spoolmq.types import EventType, TopicPartition
 
 logger = logging.getLogger("spoolmq.consumer")
 
-_READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
 _CHECKPOINT_S = 0.2
 _RESCAN_S = 1.0
 _LAG_EVENT_S = 5.0
+# What the broker's figures count, in this order: deliveries as batches go out, skips as
+# ranges, the others one event each.
+_COUNTED = (
+    EventType.DELIVERED,
+    EventType.ACKED,
+    EventType.NACKED,
+    EventType.DEAD_LETTERED,
+    EventType.EXPIRED,
+    EventType.SKIPPED,
+)
+_COUNTED_AS_EVENTS = frozenset(_COUNTED) - {EventType.DELIVERED, EventType.SKIPPED}
+# Events after which a delivery's row in state.db is out of date.
+_CHANGES_SAVED_STATE = frozenset(
+    {
+        EventType.ACKED,
+        EventType.NACKED,
+        EventType.LEASE_EXPIRED,
+        EventType.RELEASED,
+        EventType.EXPIRED,
+    }
+)
 
 
 @dataclass(slots=True)
-class _Consumer:
-    conn: Connection
-    client_id: str
-    reader: protocol.FrameReader
-    writer: protocol.FrameWriter
+class _Consumer(ClientConnection):
     group: str | None = None
     consumer_id: str = ""
-    lost: bool = False  # a send failed: the client is gone, only its buffered frames remain
+
+    @property
+    def name(self) -> str:
+        return self.consumer_id or self.client_id
 
 
-@dataclass(slots=True)
-class _GroupRuntime:
-    group: Group
-    readers: dict[tuple[str, int], Reader] = field(default_factory=dict)
-    restored: dict[tuple[str, int, int], tuple[int, int]] = field(default_factory=dict)
-    dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
+class ConsumerBroker(BrokerChild[_Consumer]):
+    role = "consumer"
 
-
-def parse_reset_offsets(offsets: list[Any]) -> dict[tuple[str, int], int]:
-    """``[[topic, partition, offset], ...]`` from an admin frame, checked before any of it
-    is applied.
-
-    >>> parse_reset_offsets([["orders", 0, 120]])
-    {('orders', 0): 120}
-    """
-    parsed: dict[tuple[str, int], int] = {}
-    for entry in offsets:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 3
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[1:])
-        ):
-            raise InvalidArgumentError(
-                "each offset is [topic, partition, offset] with whole numbers >= 0"
-            )
-        parsed[(check_topic(entry[0]), entry[1])] = entry[2]
-    return parsed
-
-
-class ConsumerBroker:
     def __init__(
         self,
         data_dir: Path,
-        control: Connection,
-        parent_watch: Connection,
-        notices: Connection,
-        status: Any,
+        channels: ChildChannels,
         *,
         store_settings: dict[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.data_dir = data_dir
-        self.control = control
-        self.parent_watch = parent_watch
-        self.notices = notices
-        self.status = status
-        self.store = Store(data_dir, config=store_settings or None)
+        super().__init__(data_dir, channels, store_settings=store_settings)
+        self.clock = clock  # leases, retries and delays; tests pass a ManualClock
+        if channels.notices is None:
+            raise ValueError("the ConsumerBroker reads the PublisherBroker's notices")
+        self.notices = channels.notices
         self.events = EventLog(data_dir)
-        self.consumers: dict[Connection, _Consumer] = {}
         self.by_id: dict[str, _Consumer] = {}
-        self.groups: dict[str, _GroupRuntime] = {}
-        self.log_ends: dict[tuple[str, int], int] = {}
-        self.stopping = False
+        self.groups: dict[str, GroupRuntime] = {}
+        self.log_ends: dict[TopicPartition, int] = {}
         self._counter = 0
-        self._last_checkpoint = 0.0
-        self._last_rescan = 0.0
-        self._last_lag = 0.0
-        self._last_stats = 0.0
-        self.counts = {"delivered": 0, "acked": 0, "nacked": 0, "dead_lettered": 0, "expired": 0}
-        self.counts["skipped"] = 0  # deleted by retention before their group read them
+        self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        self._rescan_timer = Periodic(_RESCAN_S)
+        self._lag_timer = Periodic(_LAG_EVENT_S)
+        # Messages by what happened to them ("skipped": deleted by retention before their
+        # group read them), keyed by the event type's text: they go out as JSON.
+        self.counts: dict[str, int] = {str(kind): 0 for kind in _COUNTED}
+
+    def new_client(self, conn: Connection, client_id: str) -> _Consumer:
+        return _Consumer.open(conn, client_id)
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> None:
-        self._report(("ready", "consumer", os.getpid()))
-        # Figures from the start, so `spoolmq stats` has its full shape at once.
-        self._report(("stats", "consumer", self.stats()))
-        try:
-            while not self.stopping:
-                self.loop(self._timeout())
-        finally:
-            self.close()
-
-    def _timeout(self) -> float:
-        now = now_ms()
+    def wait_timeout(self) -> float:
+        now = self.clock.now_ms()
         timers = [
             t for t in (rt.group.next_timer() for rt in self.groups.values()) if t is not None
         ]
@@ -146,46 +129,29 @@ class ConsumerBroker:
         return any(rt.dirty for rt in self.groups.values())
 
     def loop(self, timeout: float | None) -> None:
-        ready, gone = wait_for_clients(
-            [self.control, self.parent_watch, self.notices],
-            {conn: consumer.writer for conn, consumer in self.consumers.items()},
-            timeout,
-        )
-        for conn in gone:
-            if conn in self.consumers:
-                self._lost(self.consumers[conn], "connection lost while delivering")
-        if self.parent_watch in ready:
-            logger.error("the manager is gone; stopping")
-            self.stopping = True
-        if self.control in ready:
-            self._handle_control()
+        ready = self._wait_step(timeout, [self.notices])
         if self.notices in ready:
             self._read_notices()
         for conn in ready:
-            consumer = self.consumers.get(conn)
+            consumer = self.clients.get(conn)
             if consumer is not None:
                 self._read_consumer(consumer)
         monotonic = time.monotonic()
-        if monotonic - self._last_rescan >= _RESCAN_S:
+        if self._rescan_timer.due(monotonic):
             # A safety net for notices lost while a process restarted; not the normal path.
-            self._last_rescan = monotonic
             for key in {k for rt in self.groups.values() for k in rt.group.partitions}:
                 self.log_ends[key] = self.store.log_end_offset(*key)
         self._pump()
-        if monotonic - self._last_checkpoint >= _CHECKPOINT_S:
-            self._last_checkpoint = monotonic
+        if self._checkpoint_timer.due(monotonic):
             self._checkpoint()
-        if monotonic - self._last_lag >= _LAG_EVENT_S:
-            self._last_lag = monotonic
+        if self._lag_timer.due(monotonic):
             self._record_lag()
-        if monotonic - self._last_stats >= 1.0:
-            self._last_stats = monotonic
-            self._report(("stats", "consumer", self.stats()))
+        self._report_stats_when_due(monotonic)
         self.events.flush()
 
     def _pump(self) -> None:
         """Timers, reading, dead-lettering and dispatch, until nothing more can move."""
-        now = now_ms()
+        now = self.clock.now_ms()
         for runtime in self.groups.values():
             group = runtime.group
             group.run_timers(now)
@@ -199,65 +165,27 @@ class ConsumerBroker:
                     break
             self._drain_events(runtime)
 
-    def _fetch(self, runtime: _GroupRuntime, now: int) -> None:
-        group = runtime.group
-        if not group.consumers:
-            return
-        for key, state in group.partitions.items():
-            end = self.log_ends.get(key, 0)
-            if state.next_fetch >= end or state.open_count >= _READ_AHEAD:
-                continue
-            reader = runtime.readers.get(key)
-            if reader is None:
-                continue
-            room = _READ_AHEAD - state.open_count
-            try:
-                entries = reader.read_entries(min(room, 1000))
-            except OffsetOutOfRangeError:
-                # Retention deleted records this group had not read yet (it lagged more
-                # than the topic keeps): go on from the log start, and say so.
-                begin = self.store.partition_log(*key).log_start_offset()
-                self._skipped(runtime, state, begin, now)
-                with contextlib.suppress(OffsetOutOfRangeError):  # moved again: next time
-                    reader.seek(begin)
-                continue
-            except CorruptRecordError as exc:
-                # Never skipped in silence: this partition stops for the group until the
-                # damage is dealt with (`spoolmq check`); the others go on.
-                logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
-                del runtime.readers[key]
-                continue
-            for fields, line in entries:
-                restored = runtime.restored.pop((key[0], key[1], fields["offset"]), None)
-                if restored is not None:
-                    attempts, due_at = restored
-                    group.add_record(state, fields, line, now, attempts_so_far=attempts)
-                    if due_at > now:
-                        pass  # retried on the next due check; counted attempts are kept
-                else:
-                    group.add_record(state, fields, line, now)
+    def _fetch(self, runtime: GroupRuntime, now: int) -> None:
+        for skip in runtime.fetch(self.store, self.log_ends, now):
+            self._skipped(runtime.group.name, skip)
 
-    def _skipped(self, runtime: _GroupRuntime, state: PartitionState, begin: int, now: int) -> None:
-        """The group's next record is below the log start ``begin``: retention deleted
-        ``[state.next_fetch, begin)`` before the group read it. Record that and go on."""
-        first = state.next_fetch
-        if begin <= first:
-            return
-        state.next_fetch = begin
-        self.counts["skipped"] += begin - first
-        self.events.add_skipped(runtime.group.name, state.topic, state.partition, first, begin)
+    def _skipped(self, group_name: str, skip: Skip) -> None:
+        """Record that retention deleted ``skip`` before the group read it."""
+        topic, partition, first, begin = skip
+        self.counts[EventType.SKIPPED] += begin - first
+        self.events.add_skipped(group_name, topic, partition, first, begin)
         logger.warning(
             "group %s: offsets %d..%d of %s/%d were deleted by retention before the group "
             "read them; it goes on from %d",
-            runtime.group.name,
+            group_name,
             first,
             begin - 1,
-            state.topic,
-            state.partition,
+            topic,
+            partition,
             begin,
         )
 
-    def _dispatch(self, runtime: _GroupRuntime, now: int) -> int:
+    def _dispatch(self, runtime: GroupRuntime, now: int) -> int:
         group = runtime.group
         sent = 0
         for consumer_id, pendings in group.dispatch(now).items():
@@ -269,26 +197,26 @@ class ConsumerBroker:
                 "m": [[p.topic, p.partition, p.tag, p.attempt] for p in pendings],
             }
             for pending in pendings:
-                runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
+                runtime.mark_dirty(pending)
             try:
                 consumer.writer.send(protocol.encode_delivery(header, [p.line for p in pendings]))
                 sent += len(pendings)
-                self.counts["delivered"] += len(pendings)
+                self.counts[EventType.DELIVERED] += len(pendings)
             except OSError:
                 # Never handed over, so not an attempt, whatever happens to the consumer.
                 for pending in reversed(pendings):
                     with contextlib.suppress(SpoolError):
                         group.release(pending.tag, consumer_id, now)
-                self._lost(consumer, "connection lost while delivering")
+                self.connection_lost(consumer, "connection lost while delivering")
         return sent
 
-    def _dead_letter(self, runtime: _GroupRuntime, now: int) -> None:
+    def _dead_letter(self, runtime: GroupRuntime, now: int) -> None:
         group = runtime.group
         while group.dead:
             pending = group.dead.pop(0)
             try:
                 self.store.append_batch(
-                    dlq_topic(pending.topic), [self._dlq_message(group, pending)]
+                    dlq_topic(pending.topic), [dead_letter_message(group.name, pending)]
                 )
             except SpoolError:
                 logger.exception(
@@ -299,47 +227,17 @@ class ConsumerBroker:
                 )
                 continue
             group.dead_lettered(pending, now)
-            runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
+            runtime.mark_dirty(pending)
 
-    @staticmethod
-    def _dlq_message(group: Group, pending: Pending) -> Message:
-        fields = orjson.loads(pending.line)
-        value: Any = (
-            base64.b64decode(fields["value_b64"]) if "value_b64" in fields else fields.get("value")
-        )
-        key: Any = base64.b64decode(fields["key_b64"]) if "key_b64" in fields else fields.get("key")
-        headers: list[tuple[str, str | bytes]] = []
-        for entry in fields.get("headers") or ():
-            if len(entry) == 3:
-                headers.append((entry[0], base64.b64decode(entry[1])))
-            else:
-                headers.append((entry[0], entry[1]))
-        headers += [
-            ("x-dlq-reason", pending.last_reason or "unknown"),
-            ("x-dlq-attempts", str(pending.attempt)),
-            ("x-dlq-group", group.name),
-            ("x-dlq-topic", pending.topic),
-            ("x-dlq-partition", str(pending.partition)),
-            ("x-dlq-offset", str(pending.offset)),
-        ]
-        return Message(
-            value=value,
-            key=key,
-            headers=headers,
-            tags=fields.get("tags"),
-            producer_id=f"dlq:{group.name}:{pending.topic}:{pending.partition}",
-            sequence=pending.offset,
-        )
-
-    def _drain_events(self, runtime: _GroupRuntime) -> None:
+    def _drain_events(self, runtime: GroupRuntime) -> None:
         group = runtime.group
         for event in group.events:
             self.events.add(event, group.name)
-            if event.type in self.counts and event.type != "delivered":
+            if event.type in _COUNTED_AS_EVENTS:
                 self.counts[event.type] += 1
-            if event.type in ("acked", "nacked", "lease_expired", "released", "expired"):
+            if event.type in _CHANGES_SAVED_STATE:
                 pending = event.pending
-                runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
+                runtime.mark_dirty(pending)
         group.events.clear()
 
     # -- consumers ---------------------------------------------------------------------------
@@ -370,12 +268,12 @@ class ConsumerBroker:
                 logger.exception("failed handling a frame of consumer %s", consumer.client_id)
                 self._drop(consumer, "internal error")
                 return False
-            if consumer.conn not in self.consumers:
+            if consumer.conn not in self.clients:
                 return False
         return True
 
     def _handle_frame(self, consumer: _Consumer, op: str, frame: dict[str, Any]) -> None:
-        now = now_ms()
+        now = self.clock.now_ms()
         if op == "subscribe":
             self._subscribe(consumer, frame, now)
             return
@@ -388,41 +286,22 @@ class ConsumerBroker:
         runtime = self.groups[consumer.group]
         group = runtime.group
         if op == "credit":
-            count = frame.get("n")
-            if not isinstance(count, int):
-                raise ProtocolError("'credit' needs an integer 'n'")
-            group.add_credit(consumer.consumer_id, count)
+            group.add_credit(consumer.consumer_id, parse_credit(frame))
             return
-        tags = frame.get("tags")
-        if not isinstance(tags, list) or not all(isinstance(t, int) for t in tags):
-            raise ProtocolError(f"{op!r} needs 'tags', a list of delivery tags")
+        if op not in ("ack", "nack", "extend"):
+            raise ProtocolError(f"a consumer connection cannot send {op!r}")
         refused: list[dict[str, Any]] = []
         leases: dict[str, int] = {}
-        for tag in tags:
+        for tag in parse_tags(op, frame):
             try:
                 if op == "ack":
                     group.ack(tag, consumer.consumer_id, now)
                 elif op == "nack":
-                    delay = frame.get("delay_ms")
-                    if delay is not None and (not isinstance(delay, int) or delay < 0):
-                        raise InvalidArgumentError("delay_ms must be a non-negative integer")
-                    reason = frame.get("reason")
-                    group.nack(
-                        tag,
-                        consumer.consumer_id,
-                        now,
-                        delay_ms=delay,
-                        reason=str(reason)[:1000] if reason is not None else None,
-                    )
-                elif op == "extend":
-                    seconds = frame.get("seconds")
-                    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-                        raise InvalidArgumentError("'extend' needs a number of seconds")
-                    leases[str(tag)] = group.extend(tag, consumer.consumer_id, now, seconds)
+                    delay_ms, reason = parse_nack(frame)
+                    group.nack(tag, consumer.consumer_id, now, delay_ms=delay_ms, reason=reason)
                 else:
-                    raise ProtocolError(f"a consumer connection cannot send {op!r}")
-            except ProtocolError:
-                raise
+                    seconds = parse_extend(frame)
+                    leases[str(tag)] = group.extend(tag, consumer.consumer_id, now, seconds)
             except SpoolError as exc:
                 refused.append({"tag": tag, "code": exc.code, "message": str(exc)})
         if frame.get("id") is not None or refused:
@@ -439,16 +318,16 @@ class ConsumerBroker:
         """A closing consumer lists in ``seen`` the deliveries its application got and did
         not settle; the rest it never read (prefetched, buffered or still in the socket),
         so they go back without counting an attempt."""
-        seen = frame.get("seen")
-        if consumer.group is None or seen is None:
-            return  # no list: every delivery may have been processed, all count
-        if not isinstance(seen, list) or not all(isinstance(t, int) for t in seen):
-            raise ProtocolError("'seen' must be a list of delivery tags")
+        if consumer.group is None:
+            return
+        seen = parse_seen(frame)
+        if seen is None:
+            return  # every delivery may have been processed: all count
         group = self.groups[consumer.group].group
         slot = group.consumers.get(consumer.consumer_id)
         if slot is None:
             return
-        now = now_ms()
+        now = self.clock.now_ms()
         for tag in sorted(slot.in_flight - set(seen), reverse=True):  # each goes to the front
             with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
                 group.release(tag, consumer.consumer_id, now)
@@ -456,31 +335,15 @@ class ConsumerBroker:
     def _subscribe(self, consumer: _Consumer, frame: dict[str, Any], now: int) -> None:
         if consumer.group is not None:
             raise InvalidArgumentError("this connection already subscribed")
-        group_name = frame.get("group")
-        topics = frame.get("topics")
-        if not isinstance(group_name, str) or not group_name or len(group_name) > 200:
-            raise InvalidArgumentError("'group' must be a non-empty string of at most 200 chars")
-        if not isinstance(topics, list) or not topics:
-            raise InvalidArgumentError("'topics' must be a non-empty list of topic names")
-        for topic in topics:
-            check_topic(topic)
-        start = frame.get("start", "earliest")
-        if start not in ("earliest", "latest"):
-            raise InvalidArgumentError("'start' must be 'earliest' or 'latest'")
-        raw_settings = frame.get("settings") or {}
-        if not isinstance(raw_settings, dict):
-            raise InvalidArgumentError("'settings' must be an object")
-        try:
-            settings = GroupSettings(**raw_settings)
-        except TypeError as exc:
-            raise InvalidArgumentError(f"unknown group setting: {exc}") from None
-        prefetch = frame.get("prefetch", 1)
-        if not isinstance(prefetch, int) or not 1 <= prefetch <= 100_000:
-            raise InvalidArgumentError("'prefetch' must be a whole number from 1 to 100000")
+        group_name, topics, start, settings, prefetch = parse_subscribe(frame)
         runtime = self.groups.get(group_name)
         if runtime is None:
-            runtime = self.groups[group_name] = _GroupRuntime(Group(group_name, settings))
-            self._restore(runtime)
+            runtime = self.groups[group_name] = GroupRuntime(
+                Group(group_name, settings),
+                # Attempts of what was in flight when a broker stopped, so max_deliveries
+                # keeps counting across restarts.
+                restored=self.store.state.open_deliveries(group_name),
+            )
         elif runtime.group.consumers and runtime.group.settings != settings:
             raise InvalidArgumentError(
                 f"group {group_name!r} already runs with other settings "
@@ -496,17 +359,10 @@ class ConsumerBroker:
                 key = TopicPartition(topic, partition)
                 if key in group.partitions:
                     continue
-                plog = self.store.partition_log(topic, partition)
-                end = plog.log_end_offset()
+                end, skip = runtime.open_partition(self.store, key, start, committed.get(key))
                 self.log_ends[key] = end
-                begin = plog.log_start_offset()
-                position = committed.get(key)
-                if position is None:
-                    position = end if start == "latest" else begin
-                state = group.add_partition(topic, partition, min(position, end))
-                state.committed_persisted = committed.get(key, -1)
-                self._skipped(runtime, state, begin, now)  # committed below the log start
-                runtime.readers[key] = Reader(plog, state.next_fetch)
+                if skip is not None:  # it had committed below the log start
+                    self._skipped(group_name, skip)
         self._counter += 1
         consumer.consumer_id = f"{consumer.client_id}#{self._counter}"
         consumer.group = group_name
@@ -520,65 +376,29 @@ class ConsumerBroker:
         )
         logger.info("consumer %s joined group %s on %s", consumer.consumer_id, group_name, topics)
 
-    def _restore(self, runtime: _GroupRuntime) -> None:
-        """Attempt counts of messages that were in flight when a broker stopped, so
-        max_deliveries keeps counting across restarts."""
-        rows = self.store.state.query(
-            "SELECT topic, partition, offset, attempt FROM deliveries WHERE group_name = ?",
-            (runtime.group.name,),
-        )
-        scheduled = {
-            (t, p, o): due
-            for t, p, o, due in self.store.state.query(
-                "SELECT topic, partition, offset, due_at FROM scheduled WHERE group_name = ?",
-                (runtime.group.name,),
-            )
-        }
-        for topic, partition, offset, attempt in rows:
-            runtime.restored[(topic, partition, offset)] = (
-                attempt,
-                scheduled.get((topic, partition, offset), 0),
-            )
-
-    def _drop(self, consumer: _Consumer, reason: str) -> None:
-        if self.consumers.pop(consumer.conn, None) is None:
-            return
-        self.by_id.pop(consumer.consumer_id, None)
-        if consumer.group is not None:
-            runtime = self.groups[consumer.group]
-            for tag in list(runtime.group.consumers.get(consumer.consumer_id, _EMPTY).in_flight):
+    def forget(self, client: _Consumer) -> None:
+        self.by_id.pop(client.consumer_id, None)
+        if client.group is not None:
+            runtime = self.groups[client.group]
+            for tag in list(runtime.group.consumers.get(client.consumer_id, _EMPTY).in_flight):
                 pending = runtime.group.in_flight.get(tag)
                 if pending is not None:
-                    runtime.dirty[(pending.topic, pending.partition, pending.offset)] = pending
-            runtime.group.remove_consumer(consumer.consumer_id, now_ms())
+                    runtime.mark_dirty(pending)
+            runtime.group.remove_consumer(client.consumer_id, self.clock.now_ms())
             self._drain_events(runtime)
-        logger.info("consumer %s left: %s", consumer.consumer_id or consumer.client_id, reason)
-        with contextlib.suppress(OSError):
-            consumer.conn.close()
-        consumer.reader.close()
-        consumer.writer.close()
-        self._report(("disconnected", consumer.client_id))
 
-    def _send(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
-        if consumer.lost:
-            return
-        try:
-            consumer.writer.send(protocol.encode(frame))
-        except OSError:
-            self._lost(consumer, "connection lost while answering")
-
-    def _lost(self, consumer: _Consumer, reason: str) -> None:
+    def connection_lost(self, client: _Consumer, reason: str) -> None:
         """A send failed because the client closed its end. What it sent before closing
         (ACKs, then the ``bye`` that lists what it never read) may still wait in the socket:
         handle that first, or settled work comes back and unread prefetches count as
         attempts."""
-        if consumer.lost:
+        if client.lost:
             return
-        consumer.lost = True
+        client.lost = True
         for _ in range(1000):
-            if not self._read_consumer(consumer, limit=1000):
+            if not self._read_consumer(client, limit=1000):
                 break
-        self._drop(consumer, reason)
+        self._drop(client, reason)
 
     # -- notices, control, admin -----------------------------------------------------------------
 
@@ -591,38 +411,9 @@ class ConsumerBroker:
             except (EOFError, OSError, SpoolError):
                 return
             for topic, partition, end in frame.get("a", ()):
-                key = (topic, partition)
+                key = TopicPartition(topic, partition)
                 if end > self.log_ends.get(key, 0):
                     self.log_ends[key] = end
-
-    def _handle_control(self) -> None:
-        try:
-            frame = protocol.receive(self.control)
-        except (EOFError, OSError):
-            self.stopping = True
-            return
-        op = frame.get("op")
-        if op == "client":
-            fd = receive_fd(self.control)
-            conn = Connection(fd)
-            self.consumers[conn] = _Consumer(
-                conn,
-                str(frame.get("client_id")),
-                protocol.FrameReader(conn),
-                protocol.FrameWriter(conn),
-            )
-        elif op == "stop":
-            self.stopping = True
-        elif op == "admin":
-            try:
-                body = self.admin(frame.get("body") or {})
-            except SpoolError as exc:
-                body = protocol.error_frame(exc)
-            except Exception as exc:
-                # A bug must cost one admin request, not every consumer of the broker.
-                logger.exception("failed an admin request")
-                body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
-            self._report(("admin_result", frame.get("request_id"), body))
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
         action = request.get("action")
@@ -631,7 +422,7 @@ class ConsumerBroker:
         if action == "reset_group":
             return {"op": "ok", **self.reset_group(request)}
         if action == "stats":
-            return {"op": "ok", "stats": self.stats()}
+            return {"op": "ok", "stats": self.figures()}
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
 
     def describe_groups(self) -> dict[str, Any]:
@@ -639,28 +430,12 @@ class ConsumerBroker:
         described: dict[str, Any] = {}
         for name, runtime in self.groups.items():
             group = runtime.group
-            in_flight = group.in_flight_by_partition()
-            owners: dict[tuple[str, int], set[str]] = {}
-            for pending in group.in_flight.values():
-                if pending.consumer:
-                    owners.setdefault((pending.topic, pending.partition), set()).add(
-                        pending.consumer
-                    )
-            rows = []
-            for key, state in sorted(group.partitions.items()):
-                end = self.log_ends.get(key, 0)
-                committed = state.committed()
-                rows.append(
-                    {
-                        "topic": key[0],
-                        "partition": key[1],
-                        "committed": committed,
-                        "log_end_offset": end,
-                        "lag": max(0, end - committed),
-                        "in_flight": in_flight.get(key, 0),
-                        "consumers": sorted(owners.get(key, set())),
-                    }
-                )
+            rows = partition_rows(
+                {key: state.committed() for key, state in group.partitions.items()},
+                self.log_ends,
+                group.in_flight_by_partition(),
+                group.consumers_by_partition(),
+            )
             described[name] = {"consumers": sorted(group.consumers), "partitions": rows}
         return described
 
@@ -679,15 +454,14 @@ class ConsumerBroker:
         if runtime is not None:
             self._checkpoint()
             del self.groups[name]
-            for reader in runtime.readers.values():
-                reader.close()  # the group starts afresh with new readers
-        self.store.state.reset_group(name, new)
+            runtime.close()  # the group starts afresh with new readers
+        self.store.state.reset_group(name, dict(new.items()))
         return {"reset": len(new)}
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         return {
             **self.counts,
-            "consumers": len(self.consumers),
+            "consumers": len(self.clients),
             "groups": len(self.groups),
             "in_flight": sum(len(rt.group.in_flight) for rt in self.groups.values()),
         }
@@ -695,112 +469,44 @@ class ConsumerBroker:
     # -- persistence ------------------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
-        """Committed offsets and in-flight attempts to state.db, one transaction."""
-        commits: list[tuple[str, dict[tuple[str, int], int]]] = []
-        for name, runtime in self.groups.items():
-            changed: dict[tuple[str, int], int] = {}
-            for key, state in runtime.group.partitions.items():
-                committed = state.committed()
-                if committed != state.committed_persisted:
-                    changed[key] = committed
-                    state.committed_persisted = committed
-            if changed:
-                commits.append((name, changed))
-        if not commits and not self._has_dirty():
-            return
-        timestamp = now_ms()
-        try:
-            with self.store.state.write() as db:
-                for name, changed in commits:
-                    db.executemany(
-                        "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
-                        "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
-                        "committed_offset = excluded.committed_offset, "
-                        "updated_at = excluded.updated_at",
-                        [(name, t, p, o, timestamp) for (t, p), o in changed.items()],
-                    )
-                for name, runtime in self.groups.items():
-                    upserts, deletes, schedules = [], [], []
-                    for (topic, partition, offset), pending in runtime.dirty.items():
-                        if pending.finished or pending.attempt == 0:
-                            # Acked within one checkpoint interval: never written, so
-                            # nothing to delete (the common case costs no SQL at all).
-                            # Returned unread (attempt 0): nothing to remember either.
-                            if pending.persisted:
-                                deletes.append((name, topic, partition, offset))
-                                pending.persisted = False
-                            continue
-                        pending.persisted = True
-                        upserts.append(
-                            (
-                                name,
-                                topic,
-                                partition,
-                                offset,
-                                pending.consumer or "",
-                                pending.attempt,
-                                pending.delivered_at,
-                                pending.lease_expires_at,
-                            )
-                        )
-                        if pending.due_at > timestamp:
-                            schedules.append(
-                                (
-                                    name,
-                                    topic,
-                                    partition,
-                                    offset,
-                                    pending.due_at,
-                                    pending.attempt,
-                                    pending.last_reason,
-                                )
-                            )
-                    runtime.dirty.clear()
-                    for table in ("deliveries", "scheduled"):
-                        db.executemany(
-                            f"DELETE FROM {table} WHERE group_name = ? AND topic = ? "
-                            "AND partition = ? AND offset = ?",
-                            deletes,
-                        )
-                    db.executemany(
-                        "INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", upserts
-                    )
-                    db.executemany(
-                        "INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?, ?)", schedules
-                    )
-        except SpoolError:
-            logger.exception("checkpoint to state.db failed; will retry")
-            for _, runtime in self.groups.items():
-                for state in runtime.group.partitions.values():
-                    state.committed_persisted = -1
+        """Committed offsets and open deliveries to state.db, one transaction."""
+        checkpoint = collect_checkpoint(
+            ((rt.group, rt.dirty.values()) for rt in self.groups.values()), self.clock.now_ms()
+        )
+        if not checkpoint.is_empty():
+            try:
+                self.store.state.checkpoint(**checkpoint._asdict())
+            except SpoolError:
+                # Nothing is marked saved: the next checkpoint writes it all again.
+                logger.exception("checkpoint to state.db failed; will retry")
+                return
+            groups = {name: rt.group for name, rt in self.groups.items()}
+            mark_saved(
+                checkpoint, groups, (p for rt in self.groups.values() for p in rt.dirty.values())
+            )
+        for runtime in self.groups.values():
+            runtime.dirty.clear()
 
     def _record_lag(self) -> None:
         for name, runtime in self.groups.items():
             for key, state in runtime.group.partitions.items():
                 self.events.add_lag(
-                    name, key[0], key[1], state.committed(), self.log_ends.get(key, 0)
+                    name, key.topic, key.partition, state.committed(), self.log_ends.get(key, 0)
                 )
 
-    def _report(self, message: tuple[Any, ...]) -> None:
-        with contextlib.suppress(Full, OSError, ValueError):
-            self.status.put_nowait(message)
-
-    def close(self) -> None:
-        for consumer in list(self.consumers.values()):
-            self._send(consumer, {"op": "closing"})
-        flush_before_close({c.conn: c.writer for c in self.consumers.values()}, timeout=2.0)
-        for consumer in list(self.consumers.values()):
-            self._drop(consumer, "broker stopping")
+    def save(self) -> None:
         try:
             self._checkpoint()
         finally:
             self.events.flush(sync=True)
             self.events.close()
             for runtime in self.groups.values():
-                for reader in runtime.readers.values():
-                    reader.close()
-            self.store.close()
-            self._report(("stats", "consumer", self.stats()))
+                runtime.close()
+
+    def close(self) -> None:
+        for consumer in list(self.clients.values()):
+            self._send(consumer, {"op": "closing"})
+        super().close()
 
 
 class _NoSlot:
@@ -808,22 +514,3 @@ class _NoSlot:
 
 
 _EMPTY = _NoSlot()
-
-
-def consumer_main(
-    data_dir: str,
-    control: Connection,
-    parent_watch: Connection,
-    notices: Connection,
-    status: Any,
-    log_level: str,
-    store_settings: dict[str, Any],
-) -> None:
-    """Entry point of the ConsumerBroker process (spawned by the manager)."""
-    child_setup("consumer", log_level)
-    ConsumerBroker(
-        Path(data_dir), control, parent_watch, notices, status, store_settings=store_settings
-    ).run()
-
-
-__all__ = ["ConsumerBroker", "PartitionState", "UnknownTopicError", "consumer_main"]

@@ -3,7 +3,8 @@
 The ConsumerBroker feeds it records it read from the log and the frames consumers sent;
 it answers which messages go to which consumer, what to retry when, what to dead-letter,
 and how far the group's committed offset may move. Time is passed in (``now`` in ms), so
-tests drive it with a fake clock.
+tests drive it with a fake clock. One cohesive thing (the rules below share one state), so
+it stays one module past 500 lines.
 
 Rules it keeps:
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliveryError
 from spoolmq.store.record import key_identity
+from spoolmq.types import EventType, TopicPartition
 
 # A record's key_identity (spoolmq.store.record): text and raw-bytes keys never collide.
 Key = str | None
@@ -161,7 +163,7 @@ class Event:
     """A delivery event for ``events/`` (see docs/FORMAT.md)."""
 
     ts: int
-    type: str
+    type: EventType
     pending: Pending
     consumer: str | None = None
     reason: str | None = None
@@ -208,13 +210,14 @@ class Group:
     def __init__(self, name: str, settings: GroupSettings) -> None:
         self.name = name
         self.settings = settings
-        self.partitions: dict[tuple[str, int], PartitionState] = {}
+        self.partitions: dict[TopicPartition, PartitionState] = {}
         self.consumers: dict[str, ConsumerSlot] = {}
         self.ready: deque[Pending] = deque()
         self.in_flight: dict[int, Pending] = {}
         self.events: list[Event] = []
         self.dead: list[Pending] = []
-        self._timers: list[tuple[int, int, str, Pending, int]] = []
+        # When delayed messages and retries are due: (due at, tie-breaker, message).
+        self._timers: list[tuple[int, int, Pending]] = []
         # Lease ends, one entry per dispatched batch holding delivery tags only: a message
         # ACKed long before its lease would end must not stay in memory until then (at
         # 50k msg/s and a 30 s lease, that held 1.5M delivered records).
@@ -227,9 +230,10 @@ class Group:
     # -- membership ----------------------------------------------------------------
 
     def add_partition(self, topic: str, partition: int, start: int) -> PartitionState:
-        state = self.partitions.get((topic, partition))
+        key = TopicPartition(topic, partition)
+        state = self.partitions.get(key)
         if state is None:
-            state = self.partitions[(topic, partition)] = PartitionState(topic, partition, start)
+            state = self.partitions[key] = PartitionState(topic, partition, start)
         return state
 
     def add_consumer(self, consumer_id: str, prefetch: int, topics: Iterable[str]) -> None:
@@ -248,7 +252,9 @@ class Group:
         for tag in sorted(slot.in_flight, reverse=True):
             pending = self.in_flight.pop(tag, None)
             if pending is not None:
-                self.events.append(Event(now, "released", pending, consumer_id, "consumer left"))
+                self.events.append(
+                    Event(now, EventType.RELEASED, pending, consumer_id, "consumer left")
+                )
                 self._failed(pending, now, "consumer disconnected", delay_ms=0)
 
     # -- reading ------------------------------------------------------------------------
@@ -261,8 +267,14 @@ class Group:
         now: int,
         *,
         attempts_so_far: int = 0,
+        due_at: int = 0,
     ) -> None:
-        """Take in a record the broker read from the partition at ``state.next_fetch``."""
+        """Take in a record the broker read from the partition at ``state.next_fetch``.
+
+        A record that was in delivery when an earlier broker stopped comes with the
+        ``attempts_so_far`` it had, and the time ``due_at`` its scheduled retry is due
+        (ms; 0: at once): it is not delivered again before then.
+        """
         offset: int = fields["offset"]
         state.next_fetch = offset + 1
         if not matches(self.settings.filter, fields.get("tags") or (), fields.get("headers") or ()):
@@ -279,6 +291,7 @@ class Group:
             deliver_at=fields.get("deliver_at"),
             expires_at=fields.get("expires_at"),
             attempt=attempts_so_far,
+            due_at=due_at,
             persisted=attempts_so_far > 0,
         )
         heapq.heappush(state.unfinished, offset)
@@ -293,13 +306,15 @@ class Group:
             queue.append(pending)  # waits behind the key's earlier messages
 
     def _make_due(self, pending: Pending, now: int) -> None:
-        if pending.deliver_at is not None and pending.deliver_at > now:
-            self._schedule(pending.deliver_at, "due", pending)
+        """Ready now, or once its ``deliver_at`` or a retry time it was restored with."""
+        when = max(pending.deliver_at or 0, pending.due_at)
+        if when > now:
+            self._schedule(when, pending)
         else:
             self.ready.append(pending)
 
-    def _schedule(self, when: int, kind: str, pending: Pending, tag: int = 0) -> None:
-        heapq.heappush(self._timers, (when, next(self._sequence), kind, pending, tag))
+    def _schedule(self, when: int, pending: Pending) -> None:
+        heapq.heappush(self._timers, (when, next(self._sequence), pending))
 
     def next_timer(self) -> int | None:
         heads = [heap[0][0] for heap in (self._timers, self._leases) if heap]
@@ -319,14 +334,12 @@ class Group:
                 self._remember_expired(pending)
                 self._drop_in_flight(pending)
                 self.events.append(
-                    Event(now, "lease_expired", pending, pending.consumer, "lease expired")
+                    Event(now, EventType.LEASE_EXPIRED, pending, pending.consumer, "lease expired")
                 )
                 self._failed(pending, now, "lease expired", delay_ms=0)
         while self._timers and self._timers[0][0] <= now:
-            _, _, kind, pending, tag = heapq.heappop(self._timers)
-            if pending.finished:
-                continue
-            if kind == "due":
+            _, _, pending = heapq.heappop(self._timers)
+            if not pending.finished:
                 self.ready.append(pending)
 
     def _schedule_lease(self, when: int, tags: tuple[int, ...]) -> None:
@@ -372,16 +385,18 @@ class Group:
                 skipped.append(pending)
                 continue
             if pending.expires_at is not None and now >= pending.expires_at:
-                self.events.append(Event(now, "expired", pending, None, "ttl passed"))
+                self.events.append(Event(now, EventType.EXPIRED, pending, None, "ttl passed"))
                 self._finish(pending, now)
                 continue
             pending.attempt += 1
             pending.consumer = slot.consumer_id
             pending.delivered_at = now
-            self.events.append(Event(now, "delivered", pending, slot.consumer_id))
+            self.events.append(Event(now, EventType.DELIVERED, pending, slot.consumer_id))
             if self.settings.auto_ack:
                 slot.credit -= 1
-                self.events.append(Event(now, "acked", pending, slot.consumer_id, "auto_ack", 0.0))
+                self.events.append(
+                    Event(now, EventType.ACKED, pending, slot.consumer_id, "auto_ack", 0.0)
+                )
                 self._finish(pending, now)
             else:
                 pending.tag = next(self._tags)
@@ -421,7 +436,9 @@ class Group:
         if now > pending.lease_expires_at:
             # The timer has not fired yet, but the lease is over: refuse, then expire it.
             self._drop_in_flight(pending)
-            self.events.append(Event(now, "lease_expired", pending, consumer_id, "lease expired"))
+            self.events.append(
+                Event(now, EventType.LEASE_EXPIRED, pending, consumer_id, "lease expired")
+            )
             self._failed(pending, now, "lease expired", delay_ms=0)
             raise LeaseExpiredError(
                 f"delivery {tag} ({pending.topic}/{pending.partition}@{pending.offset}) came "
@@ -433,7 +450,9 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         self.events.append(
-            Event(now, "acked", pending, consumer_id, None, float(now - pending.delivered_at))
+            Event(
+                now, EventType.ACKED, pending, consumer_id, None, float(now - pending.delivered_at)
+            )
         )
         self._finish(pending, now)
 
@@ -443,7 +462,14 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         self.events.append(
-            Event(now, "nacked", pending, consumer_id, reason, float(now - pending.delivered_at))
+            Event(
+                now,
+                EventType.NACKED,
+                pending,
+                consumer_id,
+                reason,
+                float(now - pending.delivered_at),
+            )
         )
         self._failed(pending, now, reason or "nacked", delay_ms=delay_ms)
 
@@ -453,7 +479,7 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         pending.attempt -= 1
-        self.events.append(Event(now, "released", pending, consumer_id, "returned unread"))
+        self.events.append(Event(now, EventType.RELEASED, pending, consumer_id, "returned unread"))
         self.ready.appendleft(pending)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
@@ -489,19 +515,19 @@ class Group:
             )
         if delay_ms > 0:
             pending.due_at = now + delay_ms
-            self._schedule(pending.due_at, "due", pending)
+            self._schedule(pending.due_at, pending)
         else:
             self.ready.appendleft(pending)  # it is the oldest work: first again
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
         self.events.append(
-            Event(now, "dead_lettered", pending, pending.consumer, pending.last_reason)
+            Event(now, EventType.DEAD_LETTERED, pending, pending.consumer, pending.last_reason)
         )
         self._finish(pending, now)
 
     def _finish(self, pending: Pending, now: int) -> None:
         pending.finished = True
-        state = self.partitions[(pending.topic, pending.partition)]
+        state = self.partitions[TopicPartition(pending.topic, pending.partition)]
         state.finished.add(pending.offset)
         if pending.key is None:
             return
@@ -519,9 +545,18 @@ class Group:
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def in_flight_by_partition(self) -> dict[tuple[str, int], int]:
-        counts: dict[tuple[str, int], int] = {}
+    def in_flight_by_partition(self) -> dict[TopicPartition, int]:
+        counts: dict[TopicPartition, int] = {}
         for pending in self.in_flight.values():
-            key = (pending.topic, pending.partition)
+            key = TopicPartition(pending.topic, pending.partition)
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+    def consumers_by_partition(self) -> dict[TopicPartition, set[str]]:
+        """The consumers holding deliveries of each partition."""
+        owners: dict[TopicPartition, set[str]] = {}
+        for pending in self.in_flight.values():
+            if pending.consumer:
+                key = TopicPartition(pending.topic, pending.partition)
+                owners.setdefault(key, set()).add(pending.consumer)
+        return owners

@@ -12,8 +12,10 @@ from typing import Any
 import orjson
 
 from spoolmq.broker.delivery import Event
+from spoolmq.broker.group_view import lag
 from spoolmq.files import FILE_MODE, make_private_dirs, write_all
 from spoolmq.store.record import key_text
+from spoolmq.types import EventType
 
 _ROLL_BYTES = 64 * 1024 * 1024
 _MAX_UNWRITTEN_BYTES = 16 * 1024 * 1024
@@ -54,19 +56,19 @@ class EventLog:
 
     def add_lag(self, group: str, topic: str, partition: int, committed: int, end: int) -> None:
         self._add_partition_event(
-            "lag",
+            EventType.LAG,
             group,
             topic,
             partition,
             committed=committed,
             log_end_offset=end,
-            lag=max(0, end - committed),
+            lag=lag(committed, end),
         )
 
     def add_skipped(self, group: str, topic: str, partition: int, first: int, begin: int) -> None:
         """Offsets ``[first, begin)`` were deleted by retention before ``group`` read them."""
         self._add_partition_event(
-            "skipped",
+            EventType.SKIPPED,
             group,
             topic,
             partition,
@@ -76,7 +78,7 @@ class EventLog:
         )
 
     def _add_partition_event(
-        self, kind: str, group: str, topic: str, partition: int, **fields: Any
+        self, kind: EventType, group: str, topic: str, partition: int, **fields: Any
     ) -> None:
         """An event about a group's position in a partition rather than about one message."""
         record = {

@@ -9,9 +9,13 @@ registry of connected clients, answers admin requests, and shuts everything down
 on SIGINT/SIGTERM.
 
 Channels: a duplex control Pipe per child (manager -> child frames and file descriptors),
-a watch Pipe per child (the child sees EOF when the manager dies), a status Queue per child
-incarnation (child -> manager: ready, stats, disconnects, admin results), and one notice
-Pipe from the PublisherBroker to the ConsumerBroker ("these partitions grew").
+a watch Pipe per child (the child sees EOF when the manager dies), a one-way status Pipe
+per child incarnation (child -> manager: the messages of :mod:`spoolmq.broker.status`),
+and one notice Pipe from the PublisherBroker to the ConsumerBroker ("these partitions
+grew").
+
+One cohesive thing (the parent process: its lock, listeners, children and admin answers),
+so it stays one module past 500 lines.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import (
     Connection,
@@ -36,15 +39,22 @@ from multiprocessing.connection import (
     wait,
 )
 from pathlib import Path
-from queue import Empty
 from typing import Any
 
 from filelock import FileLock, Timeout
 
 from spoolmq import protocol
-from spoolmq.broker.consumer_broker import consumer_main
-from spoolmq.broker.process import send_control, tune_allocator
-from spoolmq.broker.publisher_broker import publisher_main
+from spoolmq.broker.child import BrokerChild, ChildChannels, run_child, send_control, tune_allocator
+from spoolmq.broker.consumer_broker import ConsumerBroker
+from spoolmq.broker.publisher_broker import PublisherBroker
+from spoolmq.broker.status import (
+    AdminResult,
+    Disconnected,
+    Ready,
+    Stats,
+    StatusMessage,
+    decode_status,
+)
 from spoolmq.errors import (
     AuthenticationError,
     BrokerLockedError,
@@ -103,11 +113,11 @@ class BrokerSettings:
 @dataclass(slots=True)
 class _Child:
     name: str
-    target: Callable[..., None]
+    child_class: type[BrokerChild[Any]]
     process: Any = None
     control: Connection | None = None
     watch: Connection | None = None
-    status: Any = None
+    status: Connection | None = None  # the read end of this incarnation's status pipe
     started: float = 0.0
     restarts: int = 0
     backoff: float = _BACKOFF_MIN_S
@@ -149,8 +159,8 @@ class BrokerManager:
         self._context = multiprocessing.get_context("spawn")
         self._lock = FileLock(str(self.data_dir / LOCK_FILE), timeout=0, mode=0o600)
         self._children = {
-            "publisher": _Child("publisher", publisher_main),
-            "consumer": _Child("consumer", consumer_main),
+            "publisher": _Child("publisher", PublisherBroker),
+            "consumer": _Child("consumer", ConsumerBroker),
         }
         self._control_lock = threading.Lock()
         self._listeners: list[Listener] = []
@@ -228,28 +238,36 @@ class BrokerManager:
         ctx = self._context
         manager_end, child_end = ctx.Pipe(duplex=True)
         watch_read, watch_write = ctx.Pipe(duplex=False)
-        status = ctx.Queue()
-        args: list[Any] = [str(self.data_dir), child_end, watch_read]
+        status_read, status_write = ctx.Pipe(duplex=False)
         notice_read = None
         if child.name == "consumer":
             notice_read, notice_write = ctx.Pipe(duplex=False)
             if self._notice_writer is not None:
                 self._notice_writer.close()
             self._notice_writer = notice_write
-            args.append(notice_read)
-        args += [status, self.settings.log_level, self.settings.store]
-        process = ctx.Process(target=child.target, args=args, name=f"spoolmq-{child.name}")
+        channels = ChildChannels(child_end, watch_read, status_write, notice_read)
+        process = ctx.Process(
+            target=run_child,
+            args=(
+                child.child_class,
+                str(self.data_dir),
+                channels,
+                self.settings.log_level,
+                self.settings.store,
+            ),
+            name=f"spoolmq-{child.name}",
+        )
         process.daemon = True
         process.start()
-        child_end.close()
-        watch_read.close()
-        if notice_read is not None:
-            notice_read.close()
+        # Only the child holds these ends now: its death reads as EOF on ours.
+        for end in channels:
+            if end is not None:
+                end.close()
         child.process, child.control, child.watch, child.status = (
             process,
             manager_end,
             watch_write,
-            status,
+            status_read,
         )
         child.started = time.monotonic()
         child.restart_at = None
@@ -289,7 +307,8 @@ class BrokerManager:
         for child in self._children.values():
             if child.process is not None and child.restart_at is None:
                 waitables.append(child.process.sentinel)
-                waitables.append(child.status._reader)
+            if child.status is not None:
+                waitables.append(child.status)
             if child.restart_at is not None:
                 deadlines.append(max(0.0, child.restart_at - now))
         ready = wait(waitables, min(deadlines))
@@ -327,35 +346,60 @@ class BrokerManager:
                 logger.warning("restarted the %s broker (restart #%d)", child.name, child.restarts)
 
     def _close_child_channels(self, child: _Child) -> None:
-        for conn in (child.control, child.watch):
+        """Close the manager's ends of a dead (or stopped) child's pipes, once its status
+        has been read."""
+        for conn in (child.control, child.watch, child.status):
             if conn is not None:
                 with contextlib.suppress(OSError):
                     conn.close()
         child.control = None
         child.watch = None
+        child.status = None
 
     def _drain_status(self, child: _Child) -> None:
-        if child.status is None:
-            return
-        while True:
+        """Handle every status message the child has written so far."""
+        status = child.status
+        while status is not None:
             try:
-                message = child.status.get_nowait()
-            except (Empty, OSError, EOFError, ValueError):
+                if not status.poll(0):
+                    return
+                data = status.recv_bytes()
+            except (EOFError, OSError):
+                # The child has gone and everything it wrote has been read.
+                status.close()
+                child.status = None
                 return
-            kind = message[0]
-            if kind == "ready":
+            try:
+                self._on_status(child, decode_status(data))
+            except ProtocolError as exc:
+                logger.error("the %s broker sent a bad status message: %s", child.name, exc)
+
+    def _on_status(self, child: _Child, message: StatusMessage) -> None:
+        match message:
+            case Ready():
                 child.ready.set()
                 child.ready_at = time.monotonic()
-            elif kind == "stats":
-                child.stats = message[2]
-            elif kind == "disconnected":
+            case Stats(figures):
+                child.stats = figures
+            case Disconnected(client_id):
                 with self._registry_lock:
-                    self.registry.pop(message[1], None)
-            elif kind == "admin_result":
-                waiter = self._admin_results.get(message[1])
+                    self.registry.pop(client_id, None)
+            case AdminResult(request_id, body):
+                waiter = self._admin_results.get(request_id)
                 if waiter is not None:
-                    waiter[1].append(message[2])
+                    waiter[1].append(body)
                     waiter[0].set()
+
+    def _join(self, child: _Child, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a stopping child to exit, reading its status
+        meanwhile: a child blocked writing a full status pipe would never exit."""
+        deadline = time.monotonic() + timeout
+        while child.process.is_alive() and (left := deadline - time.monotonic()) > 0:
+            waitables = [child.process.sentinel]
+            if child.status is not None:
+                waitables.append(child.status)
+            wait(waitables, left)
+            self._drain_status(child)
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -376,7 +420,7 @@ class BrokerManager:
             if child.control is not None:
                 with self._control_lock, contextlib.suppress(OSError):
                     protocol.send(child.control, {"op": "stop"})
-            child.process.join(15)
+            self._join(child, 15)
             if child.process.is_alive():
                 logger.error("the %s broker did not stop in 15 s; killing it", name)
                 child.process.kill()

@@ -8,28 +8,19 @@ all of them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from queue import Full
 from typing import Any
 
 from spoolmq import protocol
-from spoolmq.broker.process import (
-    child_setup,
-    flush_before_close,
-    receive_fd,
-    wait_for_clients,
-)
+from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
 from spoolmq.clock import now_ms
 from spoolmq.errors import ProtocolError, SpoolError, StorageError
 from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
-from spoolmq.store import Store
 from spoolmq.store.record import EncodedMessage
 
 logger = logging.getLogger("spoolmq.publisher")
@@ -37,16 +28,15 @@ logger = logging.getLogger("spoolmq.publisher")
 # How many frames one connection may contribute to one group commit, so one busy
 # publisher cannot starve the others.
 _FRAMES_PER_CONNECTION = 16
-# How often closed segments are checked against each topic's retention (time and size).
-_RETENTION_S = 5.0
+# How often closed segments are checked against each topic's retention (time and size),
+# and compacted topics are compacted.
+_CLEANUP_S = 5.0
+# How often producer sequences no client can ask about any more are forgotten.
+_PRUNE_S = 30.0
 
 
 @dataclass(slots=True)
-class _Client:
-    conn: Connection
-    client_id: str
-    reader: protocol.FrameReader
-    writer: protocol.FrameWriter
+class _Client(ClientConnection):
     frames: int = 0
     messages: int = 0
 
@@ -76,34 +66,33 @@ class PublisherStats:
     by_topic: dict[str, int] = field(default_factory=dict)
 
 
-class PublisherBroker:
+class PublisherBroker(BrokerChild[_Client]):
     """One ``loop()`` step: wait for frames, read every ready one, store, answer."""
+
+    role = "publisher"
 
     def __init__(
         self,
         data_dir: Path,
-        control: Connection,
-        parent_watch: Connection,
-        status: Any,
+        channels: ChildChannels,
         *,
         store_settings: dict[str, Any] | None = None,
     ) -> None:
-        self.data_dir = data_dir
-        self.control = control
-        self.parent_watch = parent_watch
-        self.status = status
-        self.store = Store(data_dir, config=store_settings or None)
-        self.clients: dict[Connection, _Client] = {}
+        super().__init__(data_dir, channels, store_settings=store_settings)
         self.notices: Connection | None = None
         self.stats = PublisherStats()
-        self.stopping = False
-        self._last_stats = 0.0
-        self._last_prune = time.monotonic()
-        self._last_retention = 0.0
+        self._cleanup_timer = Periodic(_CLEANUP_S)
+        # Per compacted topic, its partitions' segments and log ends when it was last
+        # compacted: a topic that has not changed since is not read again.
+        self._compacted: dict[str, list[tuple[list[int], int]]] = {}
+        self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
+
+    def new_client(self, conn: Connection, client_id: str) -> _Client:
+        return _Client.open(conn, client_id)
 
     # -- the loop -----------------------------------------------------------------------
 
-    def run(self) -> None:
+    def start(self) -> None:
         # A retry may go to another partition than its first copy (round-robin), so every
         # partition's producer sequences must be known before the first publish is taken.
         for topic, config in self.store.topics().items():
@@ -112,30 +101,9 @@ class PublisherBroker:
                     self.store.partition_log(topic, partition).recover()
                 except SpoolError as exc:  # damage: appends there fail with it, others go on
                     logger.error("cannot recover %s/%d: %s", topic, partition, exc)
-        self._report(("ready", "publisher", os.getpid()))
-        # Figures from the start, so `spoolmq stats` has its full shape at once.
-        self._report(("stats", "publisher", self._stats_dict()))
-        try:
-            while not self.stopping:
-                self.loop(timeout=1.0)
-            self._drain()
-        finally:
-            self.close()
 
     def loop(self, timeout: float | None) -> None:
-        ready, gone = wait_for_clients(
-            [self.control, self.parent_watch],
-            {conn: client.writer for conn, client in self.clients.items()},
-            timeout,
-        )
-        for conn in gone:
-            if conn in self.clients:
-                self._drop(self.clients[conn], "connection lost while answering")
-        if self.parent_watch in ready:
-            logger.error("the manager is gone; stopping")
-            self.stopping = True
-        if self.control in ready:
-            self._handle_control()
+        ready = self._wait_step(timeout)
         frames: list[tuple[_Client, dict[str, Any]]] = []
         for conn in ready:
             client = self.clients.get(conn)
@@ -143,35 +111,62 @@ class PublisherBroker:
                 self._read_frames(client, frames)
         if frames:
             self._commit(frames)
-        if time.monotonic() - self._last_retention >= _RETENTION_S:
-            self._last_retention = time.monotonic()
-            self._enforce_retention()
-        if time.monotonic() - self._last_prune >= 30.0:
-            self._last_prune = time.monotonic()
+        now = time.monotonic()
+        if self._cleanup_timer.due(now):
+            self._clean_up()
+        if self._prune_timer.due(now):
             try:
                 self.store.state.prune_sequences()
             except SpoolError:
                 logger.exception("pruning old producer sequences failed; will retry")
-        if time.monotonic() - self._last_stats >= 1.0:
-            self._last_stats = time.monotonic()
-            self._report(("stats", "publisher", self._stats_dict()))
+        self._report_stats_when_due(now)
 
-    def _enforce_retention(self) -> None:
-        """Delete closed segments past their topic's retention: without this a running
-        broker's disk use would only grow."""
+    def _clean_up(self) -> None:
+        """Delete closed segments past their topic's retention (without this a running
+        broker's disk use would only grow), and compact the topics that ask for it."""
         try:
             result = self.store.enforce_retention()
         except (SpoolError, OSError):
             logger.exception("enforcing retention failed; will retry")
+        else:
+            if result.deleted_segments:
+                logger.info(
+                    "retention deleted %d segment(s), %d bytes",
+                    result.deleted_segments,
+                    result.deleted_bytes,
+                )
+        try:
+            topics = self.store.topics()
+        except SpoolError:
+            logger.exception("reading the topics to compact failed; will retry")
             return
-        if result.deleted_segments:
+        for topic, config in topics.items():
+            if config.cleanup_policy == "compact":
+                self._compact(topic, config.partitions)
+
+    def _compact(self, topic: str, partitions: int) -> None:
+        """Keep only the newest record per key in the closed segments of ``topic``."""
+        try:
+            shape = [
+                (plog.segment_bases(), plog.log_end_offset())
+                for plog in (self.store.partition_log(topic, p) for p in range(partitions))
+            ]
+            if self._compacted.get(topic) == shape:
+                return
+            result = self.store.compact(topic)
+        except (SpoolError, OSError):
+            logger.exception("compacting %s failed; will retry", topic)
+            return
+        self._compacted[topic] = shape
+        if result.rewritten_segments:
             logger.info(
-                "retention deleted %d segment(s), %d bytes",
-                result.deleted_segments,
-                result.deleted_bytes,
+                "compacted %s: %d segment(s) rewritten, %d record(s) removed",
+                topic,
+                result.rewritten_segments,
+                result.removed_records,
             )
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """On stop: store and answer every publish already received."""
         frames: list[tuple[_Client, dict[str, Any]]] = []
         for client in list(self.clients.values()):
@@ -297,53 +292,16 @@ class PublisherBroker:
                 self.notices = None  # the ConsumerBroker is restarting; it rescans on start
                 return
 
-    # -- control and clients -------------------------------------------------------------------
+    # -- the manager ---------------------------------------------------------------------
 
-    def _handle_control(self) -> None:
-        try:
-            frame = protocol.receive(self.control)
-        except (EOFError, OSError):
-            self.stopping = True
-            return
-        op = frame.get("op")
-        if op == "client":
-            fd = receive_fd(self.control)
-            conn = Connection(fd)
-            self.clients[conn] = _Client(
-                conn,
-                str(frame.get("client_id")),
-                protocol.FrameReader(conn),
-                protocol.FrameWriter(conn),
-            )
-        elif op == "notices":
+    def on_control(self, op: str, frame: dict[str, Any]) -> None:
+        if op == "notices":
             fd = receive_fd(self.control)
             if self.notices is not None:
                 self.notices.close()
             self.notices = Connection(fd, readable=False)
-        elif op == "stop":
-            self.stopping = True
 
-    def _send(self, client: _Client, frame: dict[str, Any]) -> None:
-        try:
-            client.writer.send(protocol.encode(frame))
-        except OSError:
-            self._drop(client, "connection lost while answering")
-
-    def _drop(self, client: _Client, reason: str) -> None:
-        if self.clients.pop(client.conn, None) is None:
-            return
-        logger.info("publisher %s left: %s", client.client_id, reason)
-        with contextlib.suppress(OSError):
-            client.conn.close()
-        client.reader.close()
-        client.writer.close()
-        self._report(("disconnected", client.client_id))
-
-    def _report(self, message: tuple[Any, ...]) -> None:
-        with contextlib.suppress(Full, OSError, ValueError):
-            self.status.put_nowait(message)
-
-    def _stats_dict(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         return {
             "frames": self.stats.frames,
             "messages": self.stats.messages,
@@ -352,25 +310,3 @@ class PublisherBroker:
             "by_topic": dict(self.stats.by_topic),
             "publishers": len(self.clients),
         }
-
-    def close(self) -> None:
-        flush_before_close({c.conn: c.writer for c in self.clients.values()}, timeout=2.0)
-        for client in list(self.clients.values()):
-            self._drop(client, "broker stopping")
-        self.store.close()
-        self._report(("stats", "publisher", self._stats_dict()))
-
-
-def publisher_main(
-    data_dir: str,
-    control: Connection,
-    parent_watch: Connection,
-    status: Any,
-    log_level: str,
-    store_settings: dict[str, Any],
-) -> None:
-    """Entry point of the PublisherBroker process (spawned by the manager)."""
-    child_setup("publisher", log_level)
-    PublisherBroker(
-        Path(data_dir), control, parent_watch, status, store_settings=store_settings
-    ).run()

@@ -128,6 +128,48 @@ class SequenceRow(NamedTuple):
 # Offsets by partition, keyed by TopicPartition or a plain (topic, partition) tuple.
 PartitionOffsets = Mapping[TopicPartition, int] | Mapping[tuple[str, int], int]
 
+
+class OpenDelivery(NamedTuple):
+    """A delivery a group had not finished at its broker's last checkpoint."""
+
+    attempt: int  # deliveries made so far
+    due_at: int  # when its scheduled retry is due (ms); 0: none scheduled
+
+
+class DeliveryRow(NamedTuple):
+    """A row of ``deliveries`` (an open delivery), in the table's column order."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+    consumer_id: str
+    attempt: int
+    delivered_at: int
+    lease_expires_at: int
+
+
+class ScheduledRow(NamedTuple):
+    """A row of ``scheduled`` (a retry and when it is due), in the table's column order."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+    due_at: int
+    attempt: int
+    reason: str | None
+
+
+class DeliveryKey(NamedTuple):
+    """Which message of which group a delivery row is about."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+
+
 _UPSERT_COMMITTED = (
     "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
@@ -427,3 +469,50 @@ class StateDB:
         return [
             row[0] for row in self.query("SELECT DISTINCT group_name FROM group_offsets ORDER BY 1")
         ]
+
+    # -- deliveries (the ConsumerBroker's checkpoint) -------------------------------------
+
+    def checkpoint(
+        self,
+        *,
+        committed: Mapping[str, Mapping[TopicPartition, int]],
+        deliveries: Sequence[DeliveryRow],
+        scheduled: Sequence[ScheduledRow],
+        finished: Sequence[DeliveryKey],
+    ) -> None:
+        """Save a ConsumerBroker's progress in one transaction: the ``committed`` offsets
+        that moved (per group), the open ``deliveries`` and ``scheduled`` retries (written
+        over their old rows), and the rows of deliveries ``finished`` since (deleted)."""
+        timestamp = self._clock.now_ms()
+        with self.write() as db:
+            db.executemany(
+                _UPSERT_COMMITTED,
+                [
+                    (group, t, p, o, timestamp)
+                    for group, offsets in committed.items()
+                    for (t, p), o in offsets.items()
+                ],
+            )
+            for table in ("deliveries", "scheduled"):
+                db.executemany(
+                    f"DELETE FROM {table} WHERE group_name = ? AND topic = ? "
+                    "AND partition = ? AND offset = ?",
+                    finished,
+                )
+            db.executemany(
+                "INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", deliveries
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?, ?)", scheduled
+            )
+
+    def open_deliveries(self, group: str) -> dict[tuple[str, int, int], OpenDelivery]:
+        """What ``group`` had in flight or waiting for a retry at its last checkpoint, by
+        (topic, partition, offset): so its attempts keep counting across a restart."""
+        rows = self.query(
+            "SELECT d.topic, d.partition, d.offset, d.attempt, COALESCE(s.due_at, 0) "
+            "FROM deliveries d LEFT JOIN scheduled s "
+            "USING (group_name, topic, partition, offset) WHERE d.group_name = ?",
+            (group,),
+        )
+        return {(t, p, o): OpenDelivery(attempt, due) for t, p, o, attempt, due in rows}

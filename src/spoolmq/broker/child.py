@@ -1,0 +1,380 @@
+"""A broker child process: what it does first, the control channel from the manager, and
+:class:`BrokerChild`, the plumbing the PublisherBroker and the ConsumerBroker share.
+
+One cohesive thing (a child process's shell), so it is kept in one module: process setup,
+the waits of a loop step, handing sockets over, and the base class that owns the client
+table, the control frames, status reports and a clean stop. Each child's ``loop()`` does one
+step; :meth:`BrokerChild.run` repeats it, and tests call it directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recvfds, sendfds
+from pathlib import Path
+from typing import Any, ClassVar, Generic, NamedTuple, Self, TypeVar
+
+from spoolmq import protocol
+from spoolmq.broker.status import (
+    AdminResult,
+    Disconnected,
+    Ready,
+    Stats,
+    StatusMessage,
+    encode_status,
+)
+from spoolmq.errors import ProtocolError, SpoolError
+from spoolmq.store import Store
+
+# What ``multiprocessing.connection.wait`` uses: cheap to build for one call.
+_Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
+
+_PR_SET_PDEATHSIG = 1
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:  # pragma: no cover - every Linux has a libc
+        return None
+    try:
+        return ctypes.CDLL(name, use_errno=True)
+    except OSError:  # pragma: no cover
+        return None
+
+
+def tune_allocator() -> None:
+    """Keep glibc from handing freed heap back to the OS after every batch.
+
+    With the default trim threshold, the broker spent most of its CPU in the kernel
+    faulting pages back in (DESIGN.md, "What measurements say"); 64 MiB keeps them.
+    """
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
+        libc.mallopt(_M_MMAP_THRESHOLD, 4 * 1024 * 1024)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process if the manager dies (Linux only)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def child_setup(name: str, log_level: str) -> None:
+    """Signals: Ctrl-C in a terminal reaches the whole process group; only the manager
+    acts on it and tells the children to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    tune_allocator()
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def send_control(conn: Connection, frame: dict[str, Any], fd: int | None = None) -> None:
+    """A control frame, optionally followed by a file descriptor (SCM_RIGHTS)."""
+    protocol.send(conn, frame)
+    if fd is not None:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sendfds(sock, [fd])
+
+
+def receive_fd(conn: Connection) -> int:
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        return recvfds(sock, 1)[0]
+
+
+def wait_io(
+    readers: Iterable[Any], writers: Iterable[Any], timeout: float | None
+) -> tuple[list[Any], list[Any]]:
+    """``multiprocessing.connection.wait`` that also waits for sockets to become writable:
+    the objects of ``readers`` that can be read and of ``writers`` that can be written."""
+    wanted: dict[Any, int] = {obj: selectors.EVENT_READ for obj in readers}
+    for obj in writers:
+        wanted[obj] = wanted.get(obj, 0) | selectors.EVENT_WRITE
+    with _Selector() as selector:
+        for obj, events in wanted.items():
+            selector.register(obj, events)
+        ready = selector.select(timeout)
+    readable = [key.fileobj for key, events in ready if events & selectors.EVENT_READ]
+    writable = [key.fileobj for key, events in ready if events & selectors.EVENT_WRITE]
+    return readable, writable
+
+
+def flush_before_close(writers: dict[Any, protocol.FrameWriter], timeout: float) -> None:
+    """On stop: give frames still queued for slow readers (replies, ``closing``) up to
+    ``timeout`` seconds to go out. ``writers`` maps each connection to its writer."""
+    deadline = time.monotonic() + timeout
+    waiting = {conn: writer for conn, writer in writers.items() if writer.waiting}
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        _, writable = wait_io((), waiting, left)
+        for conn in writable:
+            try:
+                waiting[conn].flush()
+            except OSError:
+                waiting[conn].close()  # gone: nothing more to give it
+            if not waiting[conn].waiting:
+                del waiting[conn]
+
+
+def wait_for_clients(
+    others: list[Any], writers: Mapping[Any, protocol.FrameWriter], timeout: float | None
+) -> tuple[list[Any], list[Any]]:
+    """One wait of a broker loop: until one of ``others`` or a client connection (the keys
+    of ``writers``) can be read, or a client with frames queued can take more, which are
+    written. Returns what can be read, and the clients found gone while writing to them."""
+    blocked = [conn for conn, writer in writers.items() if writer.waiting]
+    ready, writable = wait_io([*others, *writers], blocked, timeout)
+    gone = []
+    for conn in writable:
+        try:
+            writers[conn].flush()
+        except OSError:
+            gone.append(conn)
+    return ready, gone
+
+
+class Periodic:
+    """A task a loop runs every ``seconds`` (monotonic time), at its first step unless
+    ``first_at`` says later."""
+
+    __slots__ = ("_last", "seconds")
+
+    def __init__(self, seconds: float, *, first_at: float | None = None) -> None:
+        self.seconds = seconds
+        self._last = -seconds if first_at is None else first_at - seconds
+
+    def due(self, now: float) -> bool:
+        """True (and the next run ``seconds`` from now) when the task should run now."""
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+@dataclass(slots=True)
+class ClientConnection:
+    """A client socket the manager handed to a child, with its non-blocking framing."""
+
+    conn: Connection
+    client_id: str
+    reader: protocol.FrameReader
+    writer: protocol.FrameWriter
+    lost: bool = False  # a write failed: the client is gone, only its sent frames remain
+
+    @classmethod
+    def open(cls, conn: Connection, client_id: str) -> Self:
+        return cls(conn, client_id, protocol.FrameReader(conn), protocol.FrameWriter(conn))
+
+    @property
+    def name(self) -> str:
+        """How the log names it."""
+        return self.client_id
+
+
+ClientT = TypeVar("ClientT", bound=ClientConnection)
+
+
+class ChildChannels(NamedTuple):
+    """The pipes between the manager and one child incarnation."""
+
+    control: Connection  # duplex: frames (and file descriptors) from the manager
+    parent_watch: Connection  # reads EOF when the manager dies
+    status: Connection  # write end: StatusMessages to the manager
+    notices: Connection | None = None  # the ConsumerBroker's: "these partitions grew"
+
+
+class BrokerChild(Generic[ClientT]):
+    """The shell of a broker child: its clients, control frames, status and stop.
+
+    A subclass names its ``role``, makes its client records (:meth:`new_client`), does one
+    step in :meth:`loop` (starting it with :meth:`_wait_step`), and fills in the hooks it
+    needs: :meth:`start`, :meth:`drain`, :meth:`save`, :meth:`forget`, :meth:`admin`,
+    :meth:`on_control`, :meth:`connection_lost`, :meth:`figures`.
+    """
+
+    role: ClassVar[str]
+
+    def __init__(
+        self,
+        data_dir: Path,
+        channels: ChildChannels,
+        *,
+        store_settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.control = channels.control
+        self.parent_watch = channels.parent_watch
+        self.status = channels.status
+        self.store = Store(data_dir, config=store_settings or None)
+        self.clients: dict[Connection, ClientT] = {}
+        self.stopping = False
+        self.logger = logging.getLogger(f"spoolmq.{self.role}")
+        self._stats_timer = Periodic(1.0)
+
+    # -- what a subclass provides ------------------------------------------------------
+
+    def new_client(self, conn: Connection, client_id: str) -> ClientT:
+        raise NotImplementedError
+
+    def loop(self, timeout: float | None) -> None:
+        """One step: wait up to ``timeout`` seconds for something to do, then do it."""
+        raise NotImplementedError
+
+    def wait_timeout(self) -> float | None:
+        """How long the next step may wait when nothing arrives."""
+        return 1.0
+
+    def figures(self) -> dict[str, Any]:
+        """The figures reported to the manager (``spoolmq stats``)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Before the first step (after which the child reports ready)."""
+
+    def drain(self) -> None:
+        """On stop, before :meth:`close`: finish the work already received."""
+
+    def save(self) -> None:
+        """On close, once every client is dropped: persist what the child holds."""
+
+    def forget(self, client: ClientT) -> None:
+        """A client is being dropped: release what it held."""
+
+    def on_control(self, op: str, frame: dict[str, Any]) -> None:
+        """A control frame other than ``client``, ``stop`` and ``admin``."""
+
+    def admin(self, request: dict[str, Any]) -> dict[str, Any]:
+        raise ProtocolError(f"unknown admin action {str(request.get('action'))[:40]!r}")
+
+    def connection_lost(self, client: ClientT, reason: str) -> None:
+        """Writing to ``client`` failed: it is gone."""
+        client.lost = True
+        self._drop(client, reason)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.start()
+        self._report(Ready(os.getpid()))
+        # Figures from the start, so `spoolmq stats` has its full shape at once.
+        self._report(Stats(self.figures()))
+        try:
+            while not self.stopping:
+                self.loop(self.wait_timeout())
+            self.drain()
+        finally:
+            self.close()
+
+    def _wait_step(self, timeout: float | None, others: Sequence[Any] = ()) -> list[Any]:
+        """The start of a step: wait until the manager, a client or one of ``others`` has
+        something to read (writing out what clients can take meanwhile), handle the
+        manager's frames, and return what else can be read."""
+        ready, gone = wait_for_clients(
+            [self.control, self.parent_watch, *others],
+            {conn: client.writer for conn, client in self.clients.items()},
+            timeout,
+        )
+        for conn in gone:
+            client = self.clients.get(conn)
+            if client is not None:
+                self.connection_lost(client, "connection lost while writing to it")
+        if self.parent_watch in ready:
+            self.logger.error("the manager is gone; stopping")
+            self.stopping = True
+        if self.control in ready:
+            self._handle_control()
+        return ready
+
+    def _report_stats_when_due(self, now: float) -> None:
+        if self._stats_timer.due(now):
+            self._report(Stats(self.figures()))
+
+    # -- the manager ---------------------------------------------------------------------
+
+    def _handle_control(self) -> None:
+        try:
+            frame = protocol.receive(self.control)
+        except (EOFError, OSError):
+            self.stopping = True
+            return
+        op = str(frame.get("op"))
+        if op == "client":
+            conn = Connection(receive_fd(self.control))
+            self.clients[conn] = self.new_client(conn, str(frame.get("client_id")))
+        elif op == "stop":
+            self.stopping = True
+        elif op == "admin":
+            try:
+                body = self.admin(frame.get("body") or {})
+            except SpoolError as exc:
+                body = protocol.error_frame(exc)
+            except Exception as exc:
+                # A bug must cost one admin request, not every client of the broker.
+                self.logger.exception("failed an admin request")
+                body = protocol.error_frame(SpoolError(f"internal error: {exc!r}"[:300]))
+            self._report(AdminResult(frame.get("request_id", 0), body))
+        else:
+            self.on_control(op, frame)
+
+    def _report(self, message: StatusMessage) -> None:
+        # The manager reads its end at every step; it is gone (EPIPE) only when stopping.
+        with contextlib.suppress(OSError):
+            self.status.send_bytes(encode_status(message))
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def _send(self, client: ClientT, frame: dict[str, Any]) -> None:
+        if client.lost:
+            return
+        try:
+            client.writer.send(protocol.encode(frame))
+        except OSError:
+            self.connection_lost(client, "connection lost while answering")
+
+    def _drop(self, client: ClientT, reason: str) -> None:
+        if self.clients.pop(client.conn, None) is None:
+            return
+        self.forget(client)
+        self.logger.info("%s %s left: %s", self.role, client.name, reason)
+        with contextlib.suppress(OSError):
+            client.conn.close()
+        client.reader.close()
+        client.writer.close()
+        self._report(Disconnected(client.client_id))
+
+    def close(self) -> None:
+        flush_before_close({c.conn: c.writer for c in self.clients.values()}, timeout=2.0)
+        for client in list(self.clients.values()):
+            self._drop(client, "broker stopping")
+        try:
+            self.save()
+        finally:
+            self.store.close()
+            self._report(Stats(self.figures()))
+
+
+def run_child(
+    child_class: type[BrokerChild[Any]],
+    data_dir: str,
+    channels: ChildChannels,
+    log_level: str,
+    store_settings: dict[str, Any],
+) -> None:
+    """Entry point of a broker child process (spawned by the manager)."""
+    child_setup(child_class.role, log_level)
+    child_class(Path(data_dir), channels, store_settings=store_settings).run()

@@ -1,0 +1,122 @@
+"""Checking what a consumer (or an admin) asks of the ConsumerBroker: pure functions from a
+decoded frame to the values the broker acts on, raising the error the client is sent.
+
+>>> parse_subscribe({"op": "subscribe", "group": "billing", "topics": ["orders"]}).prefetch
+1
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, TypeGuard
+
+from spoolmq.broker.delivery import GroupSettings
+from spoolmq.errors import InvalidArgumentError, ProtocolError
+from spoolmq.store.names import check_topic
+from spoolmq.types import TopicPartition
+
+_MAX_GROUP_NAME = 200
+_MAX_PREFETCH = 100_000
+_MAX_REASON = 1000
+
+
+class Subscription(NamedTuple):
+    """A checked ``subscribe`` frame."""
+
+    group: str
+    topics: list[str]
+    start: Literal["earliest", "latest"]  # where a group new to a partition begins
+    settings: GroupSettings
+    prefetch: int
+
+
+def parse_subscribe(frame: dict[str, Any]) -> Subscription:
+    group = frame.get("group")
+    topics = frame.get("topics")
+    if not isinstance(group, str) or not group or len(group) > _MAX_GROUP_NAME:
+        raise InvalidArgumentError(
+            f"'group' must be a non-empty string of at most {_MAX_GROUP_NAME} chars"
+        )
+    if not isinstance(topics, list) or not topics:
+        raise InvalidArgumentError("'topics' must be a non-empty list of topic names")
+    for topic in topics:
+        check_topic(topic)
+    start = frame.get("start", "earliest")
+    if start not in ("earliest", "latest"):
+        raise InvalidArgumentError("'start' must be 'earliest' or 'latest'")
+    raw_settings = frame.get("settings") or {}
+    if not isinstance(raw_settings, dict):
+        raise InvalidArgumentError("'settings' must be an object")
+    try:
+        settings = GroupSettings(**raw_settings)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"unknown group setting: {exc}") from None
+    prefetch = frame.get("prefetch", 1)
+    if not isinstance(prefetch, int) or not 1 <= prefetch <= _MAX_PREFETCH:
+        raise InvalidArgumentError(f"'prefetch' must be a whole number from 1 to {_MAX_PREFETCH}")
+    return Subscription(group, topics, start, settings, prefetch)
+
+
+def parse_credit(frame: dict[str, Any]) -> int:
+    count = frame.get("n")
+    if not isinstance(count, int):
+        raise ProtocolError("'credit' needs an integer 'n'")
+    return count
+
+
+def _is_tag_list(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(isinstance(t, int) for t in value)
+
+
+def parse_tags(op: str, frame: dict[str, Any]) -> list[int]:
+    """The delivery tags an ``ack``, ``nack`` or ``extend`` is about."""
+    tags = frame.get("tags")
+    if not _is_tag_list(tags):
+        raise ProtocolError(f"{op!r} needs 'tags', a list of delivery tags")
+    return tags
+
+
+def parse_seen(frame: dict[str, Any]) -> list[int] | None:
+    """The deliveries a closing consumer's application got (``bye``); None: not said, so
+    every delivery may have been processed."""
+    seen = frame.get("seen")
+    if seen is not None and not _is_tag_list(seen):
+        raise ProtocolError("'seen' must be a list of delivery tags")
+    return seen
+
+
+def parse_nack(frame: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(delay_ms, reason) of a ``nack``; None for each one left to the group's rules."""
+    delay = frame.get("delay_ms")
+    if delay is not None and (not isinstance(delay, int) or delay < 0):
+        raise InvalidArgumentError("delay_ms must be a non-negative integer")
+    reason = frame.get("reason")
+    return delay, str(reason)[:_MAX_REASON] if reason is not None else None
+
+
+def parse_extend(frame: dict[str, Any]) -> float:
+    """The seconds an ``extend`` asks for (checked to be positive by the group)."""
+    seconds = frame.get("seconds")
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        raise InvalidArgumentError("'extend' needs a number of seconds")
+    return seconds
+
+
+def parse_reset_offsets(offsets: list[Any]) -> dict[TopicPartition, int]:
+    """``[[topic, partition, offset], ...]`` from an admin frame, checked before any of it
+    is applied.
+
+    >>> parse_reset_offsets([["orders", 0, 120]])
+    {TopicPartition(topic='orders', partition=0): 120}
+    """
+    parsed: dict[TopicPartition, int] = {}
+    for entry in offsets:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[1:])
+        ):
+            raise InvalidArgumentError(
+                "each offset is [topic, partition, offset] with whole numbers >= 0"
+            )
+        parsed[TopicPartition(check_topic(entry[0]), entry[1])] = entry[2]
+    return parsed

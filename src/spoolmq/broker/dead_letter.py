@@ -1,0 +1,61 @@
+"""Dead letters: the message a group gave up on, as written to ``<topic>.dlq``.
+
+A dead letter is the original record (value, key, headers, tags) plus ``x-dlq-*`` headers
+that say where it came from and why it failed. The header names are defined here once; the
+CLI's ``spoolmq dlq`` reads and strips them with these names.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import orjson
+
+from spoolmq.broker.delivery import Pending
+from spoolmq.store.record import Headers, Message, record_from_fields
+
+DEAD_LETTER_HEADER_PREFIX = "x-dlq-"
+
+
+class DeadLetterHeader(StrEnum):
+    """The headers a dead letter carries besides the original message's own."""
+
+    REASON = "x-dlq-reason"  # why the last attempt failed
+    ATTEMPTS = "x-dlq-attempts"  # deliveries made
+    GROUP = "x-dlq-group"  # the consumer group that gave up
+    TOPIC = "x-dlq-topic"  # where the original is: topic, partition, offset
+    PARTITION = "x-dlq-partition"
+    OFFSET = "x-dlq-offset"
+
+
+def is_dead_letter_header(name: str) -> bool:
+    """Was this header added by dead-lettering (and so is dropped when the message is
+    replayed)?
+
+    >>> is_dead_letter_header(DeadLetterHeader.REASON), is_dead_letter_header("trace")
+    (True, False)
+    """
+    return name.startswith(DEAD_LETTER_HEADER_PREFIX)
+
+
+def dead_letter_message(group: str, pending: Pending) -> Message:
+    """The message to append to ``<topic>.dlq`` for ``pending``, which ``group`` gave up
+    on. Its producer id and sequence (the original offset) make a repeated write after a
+    crash a duplicate, not a second dead letter."""
+    record = record_from_fields(orjson.loads(pending.line))
+    origin: Headers = [
+        (DeadLetterHeader.REASON, pending.last_reason or "unknown"),
+        (DeadLetterHeader.ATTEMPTS, str(pending.attempt)),
+        (DeadLetterHeader.GROUP, group),
+        (DeadLetterHeader.TOPIC, pending.topic),
+        (DeadLetterHeader.PARTITION, str(pending.partition)),
+        (DeadLetterHeader.OFFSET, str(pending.offset)),
+    ]
+    return Message(
+        value=record.value,
+        key=record.key,
+        headers=[*record.headers, *origin],
+        tags=record.tags,
+        producer_id=f"dlq:{group}:{pending.topic}:{pending.partition}",
+        sequence=pending.offset,
+    )

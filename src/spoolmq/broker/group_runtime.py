@@ -1,0 +1,121 @@
+"""A consumer group as the ConsumerBroker runs it: its delivery state (:class:`Group`), a
+log reader per partition it reads, and the deliveries to save at the next checkpoint.
+
+Reading is bounded (at most ``READ_AHEAD`` unfinished messages per partition in memory) and
+never skips in silence: records retention deleted before the group read them come back as
+:class:`Skip` ranges for the broker to report, and a damaged partition stops for the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from spoolmq.broker.delivery import Group, PartitionState, Pending
+from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
+from spoolmq.store import Reader, Store
+from spoolmq.store.state import OpenDelivery
+from spoolmq.types import TopicPartition
+
+logger = logging.getLogger("spoolmq.consumer")
+
+READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
+_READ_BATCH = 1000
+_NOT_OPEN = OpenDelivery(attempt=0, due_at=0)
+
+
+class Skip(NamedTuple):
+    """Offsets ``[first, begin)`` of a partition were deleted by retention before the
+    group read them; it goes on from ``begin``."""
+
+    topic: str
+    partition: int
+    first: int
+    begin: int
+
+
+@dataclass(slots=True)
+class GroupRuntime:
+    group: Group
+    readers: dict[TopicPartition, Reader] = field(default_factory=dict)
+    # Deliveries open at the last checkpoint of an earlier broker, by (topic, partition,
+    # offset): taken up as their records are read again.
+    restored: dict[tuple[str, int, int], OpenDelivery] = field(default_factory=dict)
+    # Deliveries changed since the last checkpoint, by (topic, partition, offset).
+    dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
+
+    def mark_dirty(self, pending: Pending) -> None:
+        self.dirty[(pending.topic, pending.partition, pending.offset)] = pending
+
+    def open_partition(
+        self,
+        store: Store,
+        key: TopicPartition,
+        start: Literal["earliest", "latest"],
+        committed: int | None,
+    ) -> tuple[int, Skip | None]:
+        """Start reading a partition the group did not read yet: from ``committed``, else
+        from its ``start``. Returns the partition's log end, and the range retention deleted
+        if the group had committed below the log start."""
+        plog = store.partition_log(*key)
+        end = plog.log_end_offset()
+        begin = plog.log_start_offset()
+        position = committed
+        if position is None:
+            position = end if start == "latest" else begin
+        state = self.group.add_partition(key.topic, key.partition, min(position, end))
+        state.committed_persisted = -1 if committed is None else committed
+        skip = _skip_to(state, begin)
+        self.readers[key] = Reader(plog, state.next_fetch)
+        return end, skip
+
+    def fetch(self, store: Store, log_ends: dict[TopicPartition, int], now: int) -> list[Skip]:
+        """Read what the group has room for from every partition below its log end."""
+        group = self.group
+        skips: list[Skip] = []
+        if not group.consumers:
+            return skips
+        for key, state in group.partitions.items():
+            if state.next_fetch >= log_ends.get(key, 0) or state.open_count >= READ_AHEAD:
+                continue
+            reader = self.readers.get(key)
+            if reader is None:
+                continue
+            try:
+                entries = reader.read_entries(min(READ_AHEAD - state.open_count, _READ_BATCH))
+            except OffsetOutOfRangeError:
+                # Retention deleted records this group had not read yet (it lagged more
+                # than the topic keeps): go on from the log start, and say so.
+                begin = store.partition_log(*key).log_start_offset()
+                if (skip := _skip_to(state, begin)) is not None:
+                    skips.append(skip)
+                with contextlib.suppress(OffsetOutOfRangeError):  # moved again: next time
+                    reader.seek(begin)
+                continue
+            except CorruptRecordError as exc:
+                # Never skipped in silence: this partition stops for the group until the
+                # damage is dealt with (`spoolmq check`); the others go on.
+                logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
+                del self.readers[key]
+                continue
+            for fields, line in entries:
+                attempts, due_at = self.restored.pop(
+                    (key.topic, key.partition, fields["offset"]), _NOT_OPEN
+                )
+                group.add_record(state, fields, line, now, attempts_so_far=attempts, due_at=due_at)
+        return skips
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+
+def _skip_to(state: PartitionState, begin: int) -> Skip | None:
+    """Move a group's reading position up to the log start ``begin`` if it was below."""
+    first = state.next_fetch
+    if begin <= first:
+        return None
+    state.next_fetch = begin
+    return Skip(state.topic, state.partition, first, begin)

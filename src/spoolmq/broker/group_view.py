@@ -1,0 +1,52 @@
+"""The per-partition view of a consumer group: committed offset, log end, lag, messages in
+flight and the consumers holding them. One pure function builds it for both the broker's
+live ``describe_groups`` and the CLI's offline view (from ``state.db``, no broker running).
+
+It lives in ``broker/`` because a consumer group is the broker's notion (the store only
+keeps committed offsets); the CLI sits above the broker and imports it from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from spoolmq.types import TopicPartition
+
+
+def lag(committed: int, log_end: int) -> int:
+    """Messages of a partition the group has not finished: never below zero (a group can
+    have committed past the end of a partition that was deleted and created again)."""
+    return max(0, log_end - committed)
+
+
+def partition_rows(
+    committed: Mapping[TopicPartition, int],
+    log_ends: Mapping[TopicPartition, int],
+    in_flight: Mapping[TopicPartition, int] | None = None,
+    consumers: Mapping[TopicPartition, Iterable[str]] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per partition of ``committed``, in topic and partition order; a partition
+    missing from ``log_ends`` is empty, from ``in_flight``/``consumers`` idle.
+
+    >>> partition_rows({TopicPartition("orders", 0): 7}, {TopicPartition("orders", 0): 10})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [{'topic': 'orders', 'partition': 0, 'committed': 7, 'log_end_offset': 10, 'lag': 3,
+      'in_flight': 0, 'consumers': []}]
+    """
+    rows = []
+    for key in sorted(committed):
+        topic, partition = key
+        position, end = committed[key], log_ends.get(key, 0)
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "committed": position,
+                "log_end_offset": end,
+                "lag": lag(position, end),
+                "in_flight": (in_flight or {}).get(key, 0),
+                "consumers": sorted((consumers or {}).get(key, ())),
+            }
+        )
+    return rows

@@ -1,0 +1,212 @@
+"""The broker children driven in-process: the test plays the manager (control, status and
+notice pipes) and a client (a socket handed over as the manager does), and calls
+``loop()`` itself, one step at a time. No process is spawned."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spoolmq import Store, protocol
+from spoolmq.broker.child import BrokerChild, ChildChannels, send_control
+from spoolmq.broker.consumer_broker import ConsumerBroker
+from spoolmq.broker.publisher_broker import PublisherBroker
+from spoolmq.broker.status import Disconnected, Ready, Stats, StatusMessage, decode_status
+from spoolmq.clock import ManualClock
+
+
+@dataclass
+class Manager:
+    """The manager's ends of one child's pipes."""
+
+    control: Connection
+    watch: Connection
+    status: Connection
+    notices: Connection
+
+    def statuses(self) -> list[StatusMessage]:
+        found = []
+        while self.status.poll(0):
+            found.append(decode_status(self.status.recv_bytes()))
+        return found
+
+    def hand_over(self, client_id: str) -> Connection:
+        """Hand the child one end of a new socket pair, as the manager does after a
+        handshake; return the client's end."""
+        ours, theirs = socket.socketpair()
+        with theirs:
+            send_control(self.control, {"op": "client", "client_id": client_id}, theirs.fileno())
+        return Connection(ours.detach())
+
+
+@contextmanager
+def pipes_for_test() -> Iterator[tuple[Manager, ChildChannels]]:
+    """A manager's ends and a child's ends of the pipes between them."""
+    control, child_control = multiprocessing.Pipe(duplex=True)
+    watch_read, watch_write = multiprocessing.Pipe(duplex=False)
+    status_read, status_write = multiprocessing.Pipe(duplex=False)
+    notice_read, notice_write = multiprocessing.Pipe(duplex=False)
+    manager = Manager(control, watch_write, status_read, notice_write)
+    child = ChildChannels(child_control, watch_read, status_write, notice_read)
+    try:
+        yield manager, child
+    finally:
+        for conn in (control, watch_write, status_read, notice_write, *child):
+            if conn is not None:
+                conn.close()
+
+
+@pytest.fixture
+def pipes() -> Iterator[tuple[Manager, ChildChannels]]:
+    with pipes_for_test() as both:
+        yield both
+
+
+def step_until(
+    child: BrokerChild[Any], done: Callable[[], bool], what: str, timeout: float = 30.0
+) -> None:
+    """Call ``child.loop()`` until ``done()``; each step waits at most 50 ms."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        child.loop(0.05)
+
+
+def next_frame(child: BrokerChild[Any], client: Connection) -> bytes:
+    """The next frame the child sends the client, stepping the child until it comes."""
+    step_until(child, lambda: client.poll(0), "frame for the client")
+    return client.recv_bytes()
+
+
+def answer(child: BrokerChild[Any], client: Connection) -> dict[str, Any]:
+    return protocol.decode(next_frame(child, client))
+
+
+def test_a_publisher_broker_step_by_step(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    manager, channels = pipes
+    publisher = PublisherBroker(data_dir, channels)
+    client = manager.hand_over("p1-7")
+    publisher.loop(0.5)  # the control frame: the client is registered
+    assert [c.client_id for c in publisher.clients.values()] == ["p1-7"]
+    protocol.send(
+        client,
+        {"op": "publish", "id": 3, "messages": [{"topic": "t", "value": "a"}, {"topic": "t"}]},
+    )
+    reply = answer(publisher, client)
+    assert reply["op"] == "published" and reply["id"] == 3
+    assert [(r["partition"], r["offset"]) for r in reply["results"]] == [(0, 0), (0, 1)]
+    protocol.send(client, {"op": "bye"})
+    step_until(publisher, lambda: not publisher.clients, "drop after bye")
+    assert Disconnected("p1-7") in manager.statuses()
+    publisher.close()
+    with Store(data_dir) as store:
+        assert [r.value for r in store.reader("t", 0)] == ["a", None]
+
+
+def test_a_consumer_broker_step_by_step_with_a_manual_clock(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    """Delivery, lease expiry on the test's clock, redelivery and ACK, one step at a time."""
+    with Store(data_dir) as store:
+        store.append("jobs", "only")
+    manager, channels = pipes
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    consumer_broker = ConsumerBroker(data_dir, channels, clock=clock)
+    client = manager.hand_over("c1-9")
+    consumer_broker.loop(0.5)
+    protocol.send(
+        client,
+        {
+            "op": "subscribe",
+            "id": 1,
+            "group": "g",
+            "topics": ["jobs"],
+            "settings": {"lease_ms": 5000},
+        },
+    )
+    assert answer(consumer_broker, client)["op"] == "subscribed"
+    header, lines = protocol.split_frame(next_frame(consumer_broker, client))
+    assert header["op"] == "deliver" and header["m"][0][3] == 1  # attempt 1
+    assert b'"value":"only"' in lines[0]
+    # Nothing happens while the lease runs, however many steps pass...
+    for _ in range(5):
+        consumer_broker.loop(0.01)
+    assert not client.poll(0)
+    # ... and the message comes again once the test's clock passes it.
+    clock.advance(5001)
+    header, _ = protocol.split_frame(next_frame(consumer_broker, client))
+    assert header["m"][0][3] == 2
+    tag = header["m"][0][2]
+    protocol.send(client, {"op": "ack", "id": 2, "tags": [tag]})
+    assert answer(consumer_broker, client) == {
+        "op": "ack_result",
+        "id": 2,
+        "refused": [],
+    }
+    consumer_broker.close()
+    with Store(data_dir) as store:
+        assert store.state.committed_offsets("g") == {("jobs", 0): 1}
+
+
+def subscribe(consumer_broker: ConsumerBroker, client: Connection, **settings: Any) -> None:
+    protocol.send(
+        client,
+        {"op": "subscribe", "id": 1, "group": "g", "topics": ["jobs"], "settings": settings},
+    )
+    assert answer(consumer_broker, client)["op"] == "subscribed"
+
+
+def test_a_retry_restored_after_a_restart_waits_until_it_is_due(data_dir: Path) -> None:
+    """A NACK with a delay, then the ConsumerBroker stops: the next one neither forgets the
+    attempt nor delivers the message before its retry time."""
+    with Store(data_dir) as store:
+        store.append("jobs", "retry me")
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    for incarnation in ("first", "second"):
+        with pipes_for_test() as (manager, channels):
+            consumer_broker = ConsumerBroker(data_dir, channels, clock=clock)
+            client = manager.hand_over(f"c-{incarnation}")
+            subscribe(consumer_broker, client)
+            if incarnation == "first":
+                header, _ = protocol.split_frame(next_frame(consumer_broker, client))
+                assert header["m"][0][3] == 1
+                tag = header["m"][0][2]
+                protocol.send(client, {"op": "nack", "id": 2, "tags": [tag], "delay_ms": 60_000})
+                assert answer(consumer_broker, client)["refused"] == []
+            else:
+                clock.advance(59_000)
+                for _ in range(5):
+                    consumer_broker.loop(0.01)
+                assert not client.poll(0), "delivered before its retry was due"
+                clock.advance(1_000)
+                header, _ = protocol.split_frame(next_frame(consumer_broker, client))
+                assert header["m"][0][3] == 2  # the attempt before the restart counted
+            consumer_broker.close()
+            client.close()
+
+
+def test_run_reports_ready_and_stops_on_the_managers_stop_frame(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    manager, channels = pipes
+    protocol.send(manager.control, {"op": "stop"})
+    PublisherBroker(data_dir, channels).run()  # returns: the stop frame ended the loop
+    statuses = manager.statuses()
+    assert statuses[0] == Ready(os.getpid())
+    assert {type(s) for s in statuses[1:]} == {Stats}
+    # The last word is its final figures, after it stopped.
+    assert statuses[-1] == Stats(
+        {"frames": 0, "messages": 0, "batches": 0, "errors": 0, "by_topic": {}, "publishers": 0}
+    )

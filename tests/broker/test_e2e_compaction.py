@@ -1,0 +1,51 @@
+"""A topic created with ``cleanup_policy="compact"`` is compacted by the running broker, on
+the timer that enforces retention: nobody has to run ``Store.compact`` by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e_workers import wait_until
+
+from spoolmq import Publisher, Store
+from spoolmq.store.record import decode_line
+from spoolmq.testing import BrokerProcess
+
+
+def closed_segment_offsets(data_dir: Path, topic: str) -> tuple[list[int], int]:
+    """The offsets of the records in the closed segments of partition 0, read from the
+    files; and the base offset of the active segment."""
+    with Store(data_dir) as store:
+        partition_log = store.partition_log(topic, 0)
+        *closed, active = partition_log.segment_bases()
+        offsets = [
+            decode_line(line).offset
+            for base in closed
+            for line in partition_log.segment_path(base).read_bytes().splitlines(keepends=True)
+        ]
+    return offsets, active
+
+
+def test_a_running_broker_compacts_a_compacted_topic(broker: BrokerProcess, data_dir: Path) -> None:
+    with Store(data_dir) as store:
+        store.create_topic("prices", cleanup_policy="compact", segment_bytes=1024)
+    newest: dict[str, int] = {}
+    with Publisher(data=data_dir) as publisher:
+        # A key written once, early: its only record must survive in a closed segment.
+        newest["once"] = publisher.publish("prices", {"v": 0}, key="once").offset
+        for n in range(120):
+            key = f"item-{n % 4}"
+            newest[key] = publisher.publish("prices", {"n": n, "pad": "x" * 60}, key=key).offset
+    offsets, active = closed_segment_offsets(data_dir, "prices")
+    assert active > 60 and len(offsets) == active, "the records were not spread over segments"
+    expected = sorted(offset for offset in newest.values() if offset < active)
+    wait_until(
+        lambda: closed_segment_offsets(data_dir, "prices") == (expected, active),
+        60,
+        "closed segments holding only the newest record per key",
+    )
+    # What a reader sees: the newest value of every key, nothing stale before it.
+    with Store(data_dir) as store:
+        seen = {record.key: record.offset for record in store.reader("prices", 0)}
+        assert seen == newest
+        assert len(list(store.reader("prices", 0))) == len(expected) + (121 - active)
