@@ -18,7 +18,6 @@ import orjson
 
 from spoolmq.config import TopicConfig, parse_duration_ms, resolve_data_dir
 from spoolmq.errors import ConfigError, GroupActiveError, InvalidArgumentError, SpoolError
-from spoolmq.types import TopicPartition
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -147,11 +146,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         "topic": message.topic,
                         "partition": message.partition,
                         "offset": message.offset,
-                        "key": key.hex() if isinstance(key, bytes) else key,
-                        "value": value.hex() if isinstance(value, bytes) else value,
-                        "headers": [
-                            [n, v.hex() if isinstance(v, bytes) else v] for n, v in message.headers
-                        ],
+                        "key": _hex_bytes(key),
+                        "value": _hex_bytes(value),
+                        "headers": [[n, _hex_bytes(v)] for n, v in message.headers],
                         "timestamp": message.timestamp,
                         "attempt": message.attempt,
                     }
@@ -234,19 +231,9 @@ def _duration(ms: int) -> str:
 
 
 def _broker_running(data: Path) -> bool:
-    from filelock import FileLock, Timeout
+    from spoolmq.broker.manager import broker_running
 
-    from spoolmq.broker.manager import LOCK_FILE
-
-    if not (data / LOCK_FILE).exists():
-        return False
-    lock = FileLock(str(data / LOCK_FILE), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        return True
-    lock.release()
-    return False
+    return broker_running(data)
 
 
 def _refuse_if_broker_running(data: Path, what: str) -> None:
@@ -257,42 +244,13 @@ def _refuse_if_broker_running(data: Path, what: str) -> None:
 # -- groups ------------------------------------------------------------------------------------
 
 
-def _group_rows(data: Path, group: str | None) -> dict[str, list[dict[str, Any]]]:
-    """Per group, one row per partition; live from the broker when one runs."""
-    if _broker_running(data):
-        from spoolmq.client import Admin
-
-        with Admin(data) as admin:
-            live = admin.describe_groups()
-        result = {name: info["partitions"] for name, info in live.items()}
-    else:
-        result = {}
-    from spoolmq.broker.group_view import partition_rows
-    from spoolmq.store import Store
-    from spoolmq.types import TopicPartition
-
-    with Store(data) as store:
-        for name in store.state.groups():
-            if name in result:
-                continue
-            committed = {
-                TopicPartition(*key): offset
-                for key, offset in store.state.committed_offsets(name).items()
-            }
-            ends = {key: store.log_end_offset(*key) for key in committed}
-            result[name] = partition_rows(committed, ends)
-    if group is not None:
-        if group not in result:
-            raise InvalidArgumentError(f"no consumer group {group!r}")
-        return {group: result[group]}
-    return result
-
-
 def cmd_groups(args: argparse.Namespace) -> int:
     data = _data(args, must_exist=True)
     if args.action == "reset":
         return _reset_group(args, data)
-    groups = _group_rows(data, args.group if args.action == "describe" else None)
+    from spoolmq.operations import group_rows
+
+    groups = group_rows(data, args.group if args.action == "describe" else None)
     if args.action == "list":
         summary = [
             {
@@ -344,52 +302,33 @@ def cmd_groups(args: argparse.Namespace) -> int:
 
 
 def _reset_group(args: argparse.Namespace, data: Path) -> int:
+    from spoolmq.operations import ResetTo, apply_reset, plan_reset
     from spoolmq.store import Store
 
+    if args.to_earliest:
+        to = ResetTo("earliest")
+    elif args.to_latest:
+        to = ResetTo("latest")
+    elif args.to_offset is not None:
+        to = ResetTo("offset", args.to_offset)
+    else:
+        to = ResetTo("time", _parse_datetime(args.to_datetime))
     with Store(data) as store:
-        config = store.topic_config(args.topic)
-        current = store.state.committed_offsets(args.group, args.topic)
-        targets: dict[tuple[str, int], int] = {}
-        for partition in range(config.partitions):
-            start = store.log_start_offset(args.topic, partition)
-            end = store.log_end_offset(args.topic, partition)
-            if args.to_earliest:
-                target = start
-            elif args.to_latest:
-                target = end
-            elif args.to_offset is not None:
-                target = min(max(args.to_offset, start), end)
-            else:
-                moment = _parse_datetime(args.to_datetime)
-                target = store.offset_for_timestamp(args.topic, partition, moment)
-            targets[(args.topic, partition)] = target
-        changes = [
-            {
-                "topic": t,
-                "partition": p,
-                "from": current.get(TopicPartition(t, p)),
-                "to": o,
-            }
-            for (t, p), o in sorted(targets.items())
-        ]
-        if args.json:
-            _print_json({"group": args.group, "executed": args.execute, "changes": changes})
-        else:
-            _table(
-                f"reset of group {args.group}"
-                + ("" if args.execute else " (dry run: add --execute)"),
-                ["topic", "partition", "from", "to"],
-                [list(c.values()) for c in changes],
-            )
-        if not args.execute:
-            return 0
-        if _broker_running(data):
-            from spoolmq.client import Admin
-
-            with Admin(data) as admin:
-                admin.reset_group(args.group, targets)
-        else:
-            store.state.reset_group(args.group, targets)
+        changes = plan_reset(store, args.group, args.topic, to)
+    rows = [
+        {"topic": c.topic, "partition": c.partition, "from": c.current, "to": c.target}
+        for c in changes
+    ]
+    if args.json:
+        _print_json({"group": args.group, "executed": args.execute, "changes": rows})
+    else:
+        _table(
+            f"reset of group {args.group}" + ("" if args.execute else " (dry run: add --execute)"),
+            ["topic", "partition", "from", "to"],
+            [list(r.values()) for r in rows],
+        )
+    if args.execute:
+        apply_reset(data, args.group, changes)
     return 0
 
 
@@ -409,89 +348,65 @@ def _parse_datetime(text: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
+    from spoolmq.operations import dead_letters, replay_dead_letters
     from spoolmq.store import Store
-    from spoolmq.store.names import dlq_topic
+    from spoolmq.store.names import check_topic
 
-    name = dlq_topic(args.topic)
+    check_topic(args.topic)  # a bad name is the mistake to report, wherever the data is
     with Store(_data(args, must_exist=True)) as store:
-        if name not in store.topics():
-            rows: list[dict[str, Any]] = []
-        else:
-            config = store.topic_config(name)
-            rows = []
-            for partition in range(config.partitions):
-                for record in store.reader(name, partition):
-                    headers = {h: v for h, v in record.headers if isinstance(v, str)}
-                    rows.append(
-                        {
-                            "dlq_partition": partition,
-                            "dlq_offset": record.offset,
-                            "topic": headers.get(DeadLetterHeader.TOPIC),
-                            "partition": headers.get(DeadLetterHeader.PARTITION),
-                            "offset": headers.get(DeadLetterHeader.OFFSET),
-                            "group": headers.get(DeadLetterHeader.GROUP),
-                            "attempts": headers.get(DeadLetterHeader.ATTEMPTS),
-                            "reason": headers.get(DeadLetterHeader.REASON),
-                            "key": record.key
-                            if not isinstance(record.key, bytes)
-                            else record.key.hex(),
-                            "value": record.value
-                            if not isinstance(record.value, bytes)
-                            else record.value.hex(),
-                            "record": record,
-                        }
-                    )
-        if args.action == "list":
+        if args.action == "replay":
+            result = replay_dead_letters(store, args.topic)
             if args.json:
-                _print_json([{k: v for k, v in r.items() if k != "record"} for r in rows])
+                _print_json(
+                    {"replayed": result.replayed, "already_replayed": result.already_replayed}
+                )
             else:
-                _table(
-                    f"dead letters of {args.topic}",
-                    ["offset", "from", "group", "attempts", "reason", "key"],
-                    [
-                        [
-                            r["dlq_offset"],
-                            f"{r['topic']}/{r['partition']}@{r['offset']}",
-                            r["group"],
-                            r["attempts"],
-                            r["reason"],
-                            r["key"],
-                        ]
-                        for r in rows
-                    ],
+                print(
+                    f"replayed {result.replayed} dead letter(s) to {args.topic}; "
+                    f"{result.already_replayed} had been replayed before"
                 )
             return 0
-        # replay: republish each dead letter to its topic once (idempotent per DLQ offset)
-        replayed = 0
-        from spoolmq.store import Message
-
-        for row in rows:
-            record = row["record"]
-            kept = [(h, v) for h, v in record.headers if not is_dead_letter_header(h)]
-            position = store.append_batch(
-                args.topic,
+        letters = dead_letters(store, args.topic)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "dlq_partition": d.dlq_partition,
+                    "dlq_offset": d.dlq_offset,
+                    "topic": d.topic,
+                    "partition": d.partition,
+                    "offset": d.offset,
+                    "group": d.group,
+                    "attempts": d.attempts,
+                    "reason": d.reason,
+                    "key": _hex_bytes(d.record.key),
+                    "value": _hex_bytes(d.record.value),
+                }
+                for d in letters
+            ]
+        )
+    else:
+        _table(
+            f"dead letters of {args.topic}",
+            ["offset", "from", "group", "attempts", "reason", "key"],
+            [
                 [
-                    Message(
-                        value=record.value,
-                        key=record.key,
-                        headers=kept,
-                        tags=record.tags,
-                        producer_id=f"dlq-replay:{name}:{row['dlq_partition']}",
-                        sequence=record.offset,
-                    )
-                ],
-            )[0]
-            if not position.duplicate:
-                replayed += 1
-        if args.json:
-            _print_json({"replayed": replayed, "already_replayed": len(rows) - replayed})
-        else:
-            print(
-                f"replayed {replayed} dead letter(s) to {args.topic}; "
-                f"{len(rows) - replayed} had been replayed before"
-            )
+                    d.dlq_offset,
+                    f"{d.topic}/{d.partition}@{d.offset}",
+                    d.group,
+                    d.attempts,
+                    d.reason,
+                    _hex_bytes(d.record.key),
+                ]
+                for d in letters
+            ],
+        )
     return 0
+
+
+def _hex_bytes(value: Any) -> Any:
+    """Raw bytes as hex for display; anything else as it is."""
+    return value.hex() if isinstance(value, bytes) else value
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

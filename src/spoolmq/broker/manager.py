@@ -62,7 +62,7 @@ from spoolmq.errors import (
     SpoolError,
     UnsafePermissionsError,
 )
-from spoolmq.files import make_private_dirs
+from spoolmq.files import FILE_MODE, make_private_dirs, write_new_file
 
 logger = logging.getLogger("spoolmq.broker")
 
@@ -145,7 +145,27 @@ def _cut_off(conn: Connection) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+def broker_lock(data_dir: Path) -> FileLock:
+    """The lock a BrokerManager holds for as long as it runs: one broker per directory."""
+    return FileLock(str(data_dir / LOCK_FILE), timeout=0, mode=FILE_MODE)
+
+
+def broker_running(data_dir: Path) -> bool:
+    """Does a broker hold ``data_dir`` now? The same lock :meth:`BrokerManager.start`
+    takes, tried without waiting (a ``broker.pid`` left by a killed broker does not count)."""
+    if not (data_dir / LOCK_FILE).exists():
+        return False
+    lock = broker_lock(data_dir)
+    try:
+        lock.acquire()
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
 def lock_holder(data_dir: Path) -> int | None:
+    """The pid in ``broker.pid``: who holds (or last held) the lock, for messages."""
     try:
         return int((data_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):
@@ -157,7 +177,7 @@ class BrokerManager:
         self.settings = settings
         self.data_dir = settings.data_dir
         self._context = multiprocessing.get_context("spawn")
-        self._lock = FileLock(str(self.data_dir / LOCK_FILE), timeout=0, mode=0o600)
+        self._lock = broker_lock(self.data_dir)
         self._children = {
             "publisher": _Child("publisher", PublisherBroker),
             "consumer": _Child("consumer", ConsumerBroker),
@@ -192,9 +212,7 @@ class BrokerManager:
             ) from None
         tune_allocator()
         pid_path = self.data_dir / PID_FILE
-        fd = os.open(pid_path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()}\n")
+        write_new_file(pid_path, f"{os.getpid()}\n".encode())
         self._authkey = protocol.read_or_create_authkey(self.data_dir)
         self._open_listeners()
         self._start_child(self._children["consumer"])
@@ -216,7 +234,7 @@ class BrokerManager:
             self._listeners.append(Listener(str(self.socket_path), family="AF_UNIX"))
         finally:
             os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
+        os.chmod(self.socket_path, FILE_MODE)
         if self.settings.listen is not None:
             self._listeners.append(Listener(self.settings.listen, family="AF_INET"))
             logger.info("also listening on tcp %s:%d", *self._listeners[-1].address)

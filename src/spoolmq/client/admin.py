@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.types import TopicPartition
 
 
 class Admin:
@@ -36,7 +38,8 @@ class Admin:
         groups: dict[str, Any] = self.request("describe_groups")["groups"]
         return groups
 
-    def reset_group(self, group: str, offsets: dict[tuple[str, int], int]) -> int:
+    def reset_group(self, group: str, offsets: Mapping[TopicPartition, int]) -> int:
+        """Move ``group`` to ``offsets``; refused while it has live consumers."""
         reply = self.request(
             "reset_group", group=group, offsets=[[t, p, o] for (t, p), o in offsets.items()]
         )

@@ -125,8 +125,8 @@ class SequenceRow(NamedTuple):
     offset: int
 
 
-# Offsets by partition, keyed by TopicPartition or a plain (topic, partition) tuple.
-PartitionOffsets = Mapping[TopicPartition, int] | Mapping[tuple[str, int], int]
+# Offsets by partition.
+PartitionOffsets = Mapping[TopicPartition, int]
 
 
 class OpenDelivery(NamedTuple):
