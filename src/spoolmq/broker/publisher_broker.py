@@ -36,18 +36,11 @@ _PRUNE_S = 30.0
 
 
 @dataclass(slots=True)
-class _Client(ClientConnection):
-    frames: int = 0
-    messages: int = 0
-
-
-@dataclass(slots=True)
 class _Frame:
-    client: _Client
+    client: ClientConnection
     frame_id: Any
     acks: str
     results: list[dict[str, Any] | None]
-    pending: int = 0
 
 
 @dataclass(slots=True)
@@ -66,7 +59,7 @@ class PublisherStats:
     by_topic: dict[str, int] = field(default_factory=dict)
 
 
-class PublisherBroker(BrokerChild[_Client]):
+class PublisherBroker(BrokerChild[ClientConnection]):
     """One ``loop()`` step: wait for frames, read every ready one, store, answer."""
 
     role = "publisher"
@@ -87,8 +80,8 @@ class PublisherBroker(BrokerChild[_Client]):
         self._compacted: dict[str, list[tuple[list[int], int]]] = {}
         self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
 
-    def new_client(self, conn: Connection, client_id: str) -> _Client:
-        return _Client.open(conn, client_id)
+    def new_client(self, conn: Connection, client_id: str) -> ClientConnection:
+        return ClientConnection.open(conn, client_id)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -104,7 +97,7 @@ class PublisherBroker(BrokerChild[_Client]):
 
     def loop(self, timeout: float | None) -> None:
         ready = self._wait_step(timeout)
-        frames: list[tuple[_Client, dict[str, Any]]] = []
+        frames: list[tuple[ClientConnection, dict[str, Any]]] = []
         for conn in ready:
             client = self.clients.get(conn)
             if client is not None:
@@ -168,7 +161,7 @@ class PublisherBroker(BrokerChild[_Client]):
 
     def drain(self) -> None:
         """On stop: store and answer every publish already received."""
-        frames: list[tuple[_Client, dict[str, Any]]] = []
+        frames: list[tuple[ClientConnection, dict[str, Any]]] = []
         for client in list(self.clients.values()):
             self._read_frames(client, frames, limit=1_000_000)
         if frames:
@@ -176,8 +169,8 @@ class PublisherBroker(BrokerChild[_Client]):
 
     def _read_frames(
         self,
-        client: _Client,
-        frames: list[tuple[_Client, dict[str, Any]]],
+        client: ClientConnection,
+        frames: list[tuple[ClientConnection, dict[str, Any]]],
         limit: int = _FRAMES_PER_CONNECTION,
     ) -> None:
         for _ in range(limit):
@@ -203,9 +196,11 @@ class PublisherBroker(BrokerChild[_Client]):
                 self._drop(client, f"bad frame: {exc}")
                 return
 
-    def _commit(self, frames: list[tuple[_Client, dict[str, Any]]]) -> None:
+    def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
         """Validate every message, append per partition (one write + fsync), answer."""
         now = now_ms()
+        # Keyed by plain (topic, partition) tuples: this runs per message, and building a
+        # TopicPartition costs several times what a tuple does.
         batches: dict[tuple[str, int], list[_Item]] = defaultdict(list)
         levels: dict[tuple[str, int], str] = {}
         answered: list[_Frame] = []
@@ -217,7 +212,6 @@ class PublisherBroker(BrokerChild[_Client]):
                 continue
             frame = _Frame(client, raw.get("id"), acks, [None] * len(messages))
             answered.append(frame)
-            client.frames += 1
             self.stats.frames += 1
             max_bytes = self.store.config.max_message_bytes
             for index, item in enumerate(messages):
@@ -232,7 +226,6 @@ class PublisherBroker(BrokerChild[_Client]):
                     self.stats.errors += 1
                     continue
                 batches[(topic, partition)].append(_Item(frame, index, encoded))
-                frame.pending += 1
                 if acks == "all" or levels.get((topic, partition)) != "all":
                     levels[(topic, partition)] = acks
         appended: list[list[Any]] = []
@@ -266,7 +259,6 @@ class PublisherBroker(BrokerChild[_Client]):
                 if position.duplicate:
                     result["duplicate"] = True
                 item.frame.results[item.index] = result
-                item.frame.client.messages += 1
             written = [p.offset for p in positions if not p.duplicate]
             if written:
                 appended.append([topic, partition, max(written) + 1])
