@@ -143,3 +143,14 @@ def test_a_child_that_served_before_it_was_killed_comes_back_at_once(
     )
     assert waits == ["0.1"] * 4
     assert broker.stats()["restarts"]["consumer"] == 4
+
+
+def test_the_clients_of_a_killed_child_leave_the_registry(broker: BrokerProcess) -> None:
+    """A killed child's connections die with it; its clients reconnect to the new one and
+    are counted once, not once per incarnation."""
+    with Publisher(data=broker.data) as pub:
+        pub.publish("reg", {"n": 0})
+        assert broker.stats()["clients"]["publisher"] == 1
+        broker.wait_child_replaced("publisher", broker.kill_child("publisher"))
+        pub.publish("reg", {"n": 1})  # answered by the new child: the client reconnected
+        assert broker.stats()["clients"]["publisher"] == 1

@@ -358,10 +358,18 @@ class BrokerManager:
                 )
                 child.restart_at = time.monotonic() + wait_s
                 self._close_child_channels(child)
+                self._forget_clients_of(child.name)
             if child.restart_at is not None and time.monotonic() >= child.restart_at:
                 child.restarts += 1
                 self._start_child(child)
                 logger.warning("restarted the %s broker (restart #%d)", child.name, child.restarts)
+
+    def _forget_clients_of(self, role: str) -> None:
+        """The connections a dead child served died with it (their clients reconnect and
+        register again), so they leave the registry that ``stats`` counts."""
+        with self._registry_lock:
+            for client_id in [k for k, c in self.registry.items() if c["role"] == role]:
+                del self.registry[client_id]
 
     def _close_child_channels(self, child: _Child) -> None:
         """Close the manager's ends of a dead (or stopped) child's pipes, once its status
