@@ -25,7 +25,8 @@ from spoolmq.broker.delivery import Group, GroupSettings, Pending
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, ProtocolError
 from spoolmq.store import Store
-from spoolmq.store.record import Message, decode_line, encode_message, frame_record
+from spoolmq.store.message import Message
+from spoolmq.store.record import decode_line, encode_message, frame_record
 from spoolmq.store.state import DeliveryKey, DeliveryRow, OpenDelivery, ScheduledRow
 from spoolmq.types import TopicPartition
 

@@ -16,7 +16,8 @@ from spoolmq.protocol.publish import (
     encode_publish_frame,
     encode_publish_message,
 )
-from spoolmq.store.record import PublishOptions, decode_line, frame_record
+from spoolmq.store.message import PublishOptions
+from spoolmq.store.record import decode_line, frame_record
 
 NOW = 1_700_000_000_000
 

@@ -12,7 +12,8 @@ from enum import StrEnum
 import orjson
 
 from spoolmq.broker.delivery import Pending
-from spoolmq.store.record import Headers, Message, record_from_fields
+from spoolmq.store.message import Headers, Message
+from spoolmq.store.record import record_from_fields
 
 DEAD_LETTER_HEADER_PREFIX = "x-dlq-"
 

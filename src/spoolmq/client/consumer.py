@@ -28,7 +28,8 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.store.record import Headers, decode_line
+from spoolmq.store.message import Headers
+from spoolmq.store.record import decode_line
 
 logger = logging.getLogger("spoolmq.client")
 

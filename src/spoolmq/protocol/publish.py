@@ -16,14 +16,18 @@ from typing import Any
 import orjson
 
 from spoolmq.errors import ProtocolError, SerializationError, SpoolError
-from spoolmq.store.names import check_topic
-from spoolmq.store.record import (
-    RECORD_OVERHEAD,
-    EncodedMessage,
+from spoolmq.store.message import (
     Message,
     PublishOptions,
     check_options,
     check_timing,
+    schedule,
+    seconds_to_ms,
+)
+from spoolmq.store.names import check_topic
+from spoolmq.store.record import (
+    RECORD_OVERHEAD,
+    EncodedMessage,
     common_fields,
     decode_headers,
     encode_message,
@@ -31,8 +35,6 @@ from spoolmq.store.record import (
     has_non_finite,
     normalize_headers,
     normalize_tags,
-    schedule,
-    seconds_to_ms,
     to_base64,
 )
 from spoolmq.store.store import normalize_acks

@@ -30,17 +30,12 @@ from spoolmq.errors import (
 from spoolmq.files import make_private_dirs
 from spoolmq.store.cleanup import keyed_entries
 from spoolmq.store.compaction import keep_record, latest_offsets
+from spoolmq.store.message import Message, PublishOptions, message_from_options
 from spoolmq.store.names import check_topic, logs_dir, topic_dir
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.partitioner import RoundRobin, partition_for_key
 from spoolmq.store.reader import Reader, offset_for_timestamp
-from spoolmq.store.record import (
-    EncodedMessage,
-    Message,
-    PublishOptions,
-    encode_message,
-    message_from_options,
-)
+from spoolmq.store.record import EncodedMessage, encode_message
 from spoolmq.store.recovery import RecoveryReport
 from spoolmq.store.retention import segments_to_delete
 from spoolmq.store.segment import scan_batches

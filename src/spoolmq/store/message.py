@@ -1,0 +1,138 @@
+"""A message a caller asks to append, before it is a record: its fields
+(:class:`Message`), the keyword options every way of publishing takes
+(:class:`PublishOptions`, declared once for ``Store.append``, ``Publisher.publish`` and
+``publish_async``), and the one check of its timing options (delay, deliver_at, ttl).
+
+:mod:`spoolmq.store.record` turns a Message into the stored line; the wire codec
+(:mod:`spoolmq.protocol.publish`) builds Messages with these same checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from spoolmq.errors import InvalidArgumentError
+
+HeaderValue = str | bytes
+Headers = list[tuple[str, HeaderValue]]
+HeadersInput = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to append: what the caller chooses; offset and timestamp come from the log."""
+
+    value: Any
+    key: str | bytes | None = None
+    headers: HeadersInput = None
+    tags: Sequence[str] | None = None
+    deliver_at: int | None = None
+    expires_at: int | None = None
+    producer_id: str | None = None
+    sequence: int | None = None
+    partition: int | None = None
+
+
+class PublishOptions(TypedDict, total=False):
+    """The keyword options of a message, declared once for every way to publish one
+    (``Store.append``, ``Publisher.publish``, ``Publisher.publish_async``).
+
+    ``key`` orders and partitions (text or raw bytes); ``headers`` are ``{name: str or
+    bytes}`` or ``(name, value)`` pairs; ``tags`` are strings consumers filter on;
+    ``partition`` overrides the key's partition; ``delay`` (seconds) or ``deliver_at``
+    (epoch ms) hold the message back; ``ttl`` (seconds) drops it if not delivered by then.
+    """
+
+    key: str | bytes | None
+    headers: HeadersInput
+    tags: Sequence[str] | None
+    partition: int | None
+    delay: float | None
+    deliver_at: int | None
+    ttl: float | None
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """TypeError for a keyword that is not a publish option, as for a misspelt argument."""
+    unknown = options.keys() - PublishOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
+    """The one check of a message's timing options: ``delay`` (seconds, at least 0) or
+    ``deliver_at`` (epoch ms, not both), and ``ttl`` (seconds, more than 0).
+
+    >>> check_timing(1.5, None, 60)
+    >>> check_timing(-1, None, None)
+    Traceback (most recent call last):
+    ...
+    spoolmq.errors.InvalidArgumentError: delay must be at least 0 seconds, not -1
+    """
+    if delay is not None:
+        if deliver_at is not None:
+            raise InvalidArgumentError("give either delay (seconds) or deliver_at (ms), not both")
+        if not _is_number(delay) or delay < 0:
+            raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
+    if deliver_at is not None and (
+        not isinstance(deliver_at, int) or isinstance(deliver_at, bool) or deliver_at < 0
+    ):
+        raise InvalidArgumentError(
+            f"deliver_at must be a non-negative integer (epoch ms), not {deliver_at!r}"
+        )
+    if ttl is not None and (not _is_number(ttl) or ttl <= 0):
+        raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
+
+
+def seconds_to_ms(seconds: float) -> int:
+    """A checked ``delay`` or ``ttl`` in whole milliseconds."""
+    return round(seconds * 1000)
+
+
+def schedule(delay: Any, deliver_at: Any, ttl: Any, now: int) -> tuple[int | None, int | None]:
+    """Absolute ``deliver_at`` and ``expires_at`` (epoch ms) of a message published at
+    ``now`` with the timing options ``check_timing`` checks.
+
+    >>> schedule(2, None, 60, now=1_000)
+    (3000, 63000)
+    >>> schedule(None, None, 0.5, now=1_000)
+    (None, 1500)
+    """
+    check_timing(delay, deliver_at, ttl)
+    if delay is not None:
+        deliver_at = now + seconds_to_ms(delay)
+    expires_at = None if ttl is None else (deliver_at or now) + seconds_to_ms(ttl)
+    return deliver_at, expires_at
+
+
+def message_from_options(
+    value: Any,
+    options: PublishOptions,
+    *,
+    now: int,
+    producer_id: str | None = None,
+    sequence: int | None = None,
+) -> Message:
+    """The Message that ``value`` published with ``options`` at ``now`` stores."""
+    check_options(options)
+    deliver_at, expires_at = schedule(
+        options.get("delay"), options.get("deliver_at"), options.get("ttl"), now
+    )
+    return Message(
+        value=value,
+        key=options.get("key"),
+        headers=options.get("headers"),
+        tags=options.get("tags"),
+        deliver_at=deliver_at,
+        expires_at=expires_at,
+        producer_id=producer_id,
+        sequence=sequence,
+        partition=options.get("partition"),
+    )
