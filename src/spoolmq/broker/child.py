@@ -34,6 +34,7 @@ from spoolmq.broker.status import (
     StatusMessage,
     encode_status,
 )
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError
 from spoolmq.store import Store
 
@@ -216,11 +217,13 @@ class BrokerChild(Generic[ClientT]):
         channels: ChildChannels,
         *,
         store_settings: dict[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.control = channels.control
         self.parent_watch = channels.parent_watch
         self.status = channels.status
-        self.store = Store(data_dir, config=store_settings or None)
+        self.clock = clock  # record timestamps, leases, retries, delays; tests pass a ManualClock
+        self.store = Store(data_dir, config=store_settings or None, clock=clock)
         self.clients: dict[Connection, ClientT] = {}
         self.stopping = False
         self.logger = logging.getLogger(f"spoolmq.{self.role}")

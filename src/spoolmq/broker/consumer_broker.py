@@ -95,8 +95,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         store_settings: dict[str, Any] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(data_dir, channels, store_settings=store_settings)
-        self.clock = clock  # leases, retries and delays; tests pass a ManualClock
+        super().__init__(data_dir, channels, store_settings=store_settings, clock=clock)
         if channels.notices is None:
             raise ValueError("the ConsumerBroker reads the PublisherBroker's notices")
         self.notices = channels.notices

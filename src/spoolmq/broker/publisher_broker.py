@@ -18,7 +18,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
-from spoolmq.clock import now_ms
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError, StorageError
 from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
 from spoolmq.store.record import EncodedMessage
@@ -70,8 +70,9 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         channels: ChildChannels,
         *,
         store_settings: dict[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(data_dir, channels, store_settings=store_settings)
+        super().__init__(data_dir, channels, store_settings=store_settings, clock=clock)
         self.notices: Connection | None = None
         self.stats = PublisherStats()
         self._cleanup_timer = Periodic(_CLEANUP_S)
@@ -198,7 +199,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
 
     def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
         """Validate every message, append per partition (one write + fsync), answer."""
-        now = now_ms()
+        now = self.clock.now_ms()
         # Keyed by plain (topic, partition) tuples: this runs per message, and building a
         # TopicPartition costs several times what a tuple does.
         batches: dict[tuple[str, int], list[_Item]] = defaultdict(list)
