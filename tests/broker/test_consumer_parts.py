@@ -248,3 +248,35 @@ def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> 
     mark_saved(checkpoint, {"g": group}, sent.values())
     assert [sent[n].persisted for n in range(4)] == [False, True, True, False]
     assert collect_checkpoint([(group, [])], now=400).is_empty()
+
+
+def test_status_messages_never_block_a_child_whose_manager_is_not_reading() -> None:
+    """A child reports to a manager that may be busy: 200 replies of 100 KB each (far
+    over a pipe's 64 KiB) are queued at once; nothing is lost but periodic Stats, which
+    are dropped while a backlog waits, and the order is kept."""
+    import multiprocessing
+    import threading
+
+    from spoolmq.broker.status import AdminResult, Stats, StatusSender, decode_status
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender = StatusSender(writer)
+    big = {"op": "ok", "blob": "x" * 100_000}
+
+    def report() -> None:
+        for n in range(200):
+            sender.send(AdminResult(n, big))
+            sender.send(Stats({"n": n}))
+
+    reporting = threading.Thread(target=report)
+    reporting.start()
+    reporting.join(30)
+    assert not reporting.is_alive(), "the child blocked on its status pipe"
+    received = []
+    while len([m for m in received if isinstance(m, AdminResult)]) < 200:
+        assert reader.poll(30), "a reply was lost"
+        received.append(decode_status(reader.recv_bytes()))
+    sender.close()
+    replies = [m.request_id for m in received if isinstance(m, AdminResult)]
+    assert replies == list(range(200))
+    assert len([m for m in received if isinstance(m, Stats)]) < 200

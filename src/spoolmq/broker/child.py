@@ -32,7 +32,7 @@ from spoolmq.broker.status import (
     Ready,
     Stats,
     StatusMessage,
-    encode_status,
+    StatusSender,
 )
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError
@@ -221,7 +221,7 @@ class BrokerChild(Generic[ClientT]):
     ) -> None:
         self.control = channels.control
         self.parent_watch = channels.parent_watch
-        self.status = channels.status
+        self.status = StatusSender(channels.status)
         self.clock = clock  # record timestamps, leases, retries, delays; tests pass a ManualClock
         self.store = Store(data_dir, config=store_settings or None, clock=clock)
         self.clients: dict[Connection, ClientT] = {}
@@ -335,9 +335,7 @@ class BrokerChild(Generic[ClientT]):
             self.on_control(op, frame)
 
     def _report(self, message: StatusMessage) -> None:
-        # The manager reads its end at every step; it is gone (EPIPE) only when stopping.
-        with contextlib.suppress(OSError):
-            self.status.send_bytes(encode_status(message))
+        self.status.send(message)
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -369,6 +367,7 @@ class BrokerChild(Generic[ClientT]):
         finally:
             self.store.close()
             self._report(Stats(self.figures()))
+            self.status.close()
 
 
 def run_child(

@@ -8,6 +8,9 @@ pipe short.
 
 from __future__ import annotations
 
+import queue
+import threading
+from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 import orjson
@@ -67,3 +70,36 @@ def decode_status(data: bytes) -> StatusMessage:
         return _KINDS[kind](*fields)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         raise ProtocolError(f"not a status message: {data[:100]!r}") from None
+
+
+class StatusSender:
+    """Writes a child's status messages to its pipe from a thread of its own, so the
+    child's loop never waits for the manager: a pipe holds 64 KiB, and a manager busy
+    elsewhere (starting a child, a slow handshake) must not stall publishing or delivery.
+    ``Stats`` are periodic, so while a backlog waits a new one is dropped (the next one
+    says more); every other message is kept in order."""
+
+    _MAX_STATS_BACKLOG = 4
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="status", daemon=True)
+        self._thread.start()
+
+    def send(self, message: StatusMessage) -> None:
+        if isinstance(message, Stats) and self._queue.qsize() >= self._MAX_STATS_BACKLOG:
+            return
+        self._queue.put(encode_status(message))
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            try:
+                self._conn.send_bytes(data)
+            except OSError:
+                return  # the manager is gone: it reads its end until it stops
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (waiting up to ``timeout`` seconds), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
