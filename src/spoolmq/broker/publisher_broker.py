@@ -8,6 +8,7 @@ all of them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -21,6 +22,7 @@ from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, P
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError, StorageError
 from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
+from spoolmq.store.compaction import compaction_due
 from spoolmq.store.record import EncodedMessage
 
 logger = logging.getLogger("spoolmq.publisher")
@@ -31,6 +33,9 @@ _FRAMES_PER_CONNECTION = 16
 # How often closed segments are checked against each topic's retention (time and size),
 # and compacted topics are compacted.
 _CLEANUP_S = 5.0
+# A compacted topic whose change since its last compaction is too small to compact
+# at once is compacted once the change is this old.
+_COMPACT_SETTLE_S = 30.0
 # How often producer sequences no client can ask about any more are forgotten.
 _PRUNE_S = 30.0
 
@@ -76,9 +81,8 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         self.notices: Connection | None = None
         self.stats = PublisherStats()
         self._cleanup_timer = Periodic(_CLEANUP_S)
-        # Per compacted topic, its partitions' segments and log ends when it was last
-        # compacted: a topic that has not changed since is not read again.
-        self._compacted: dict[str, list[tuple[list[int], int]]] = {}
+        # Per compacted topic: its bytes after its last compaction, and when (monotonic).
+        self._compacted: dict[str, tuple[int, float]] = {}
         self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
 
     def new_client(self, conn: Connection, client_id: str) -> ClientConnection:
@@ -139,19 +143,18 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 self._compact(topic, config.partitions)
 
     def _compact(self, topic: str, partitions: int) -> None:
-        """Keep only the newest record per key in the closed segments of ``topic``."""
+        """Keep only the newest record per key in the closed segments of ``topic``, when
+        :func:`~spoolmq.store.compaction.compaction_due` says it pays."""
         try:
-            shape = [
-                (plog.segment_bases(), plog.log_end_offset())
-                for plog in (self.store.partition_log(topic, p) for p in range(partitions))
-            ]
-            if self._compacted.get(topic) == shape:
+            size = self._topic_bytes(topic, partitions)
+            kept, at = self._compacted.get(topic, (None, 0.0))
+            if not compaction_due(size, kept, time.monotonic() - at, settle_s=_COMPACT_SETTLE_S):
                 return
             result = self.store.compact(topic)
+            self._compacted[topic] = (self._topic_bytes(topic, partitions), time.monotonic())
         except (SpoolError, OSError):
             logger.exception("compacting %s failed; will retry", topic)
             return
-        self._compacted[topic] = shape
         if result.rewritten_segments:
             logger.info(
                 "compacted %s: %d segment(s) rewritten, %d record(s) removed",
@@ -159,6 +162,16 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 result.rewritten_segments,
                 result.removed_records,
             )
+
+    def _topic_bytes(self, topic: str, partitions: int) -> int:
+        """The bytes of every segment of ``topic`` (file sizes: no record is read)."""
+        total = 0
+        for number in range(partitions):
+            partition_log = self.store.partition_log(topic, number)
+            for base in partition_log.segment_bases():
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                    total += partition_log.segment_path(base).stat().st_size
+        return total
 
     def drain(self) -> None:
         """On stop: store and answer every publish already received."""

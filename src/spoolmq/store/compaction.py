@@ -49,3 +49,28 @@ def keep_record(
     if entry.tombstone:
         return tombstone_retention_ms < 0 or now_ms - entry.timestamp <= tombstone_retention_ms
     return True
+
+
+def compaction_due(size: int, kept: int | None, age_s: float, *, settle_s: float) -> bool:
+    """Is a compacted topic of ``size`` bytes worth compacting now, when its last
+    compaction left ``kept`` bytes ``age_s`` seconds ago (``kept`` None: never)?
+
+    Compaction reads the whole topic, so it runs when what was written since is at least
+    half of what was kept (Kafka's default ``min.cleanable.dirty.ratio``: the reading stays
+    proportional to the writing), or, for a smaller change, once it is ``settle_s`` old.
+
+    >>> compaction_due(1_000, None, 0, settle_s=30)      # never compacted
+    True
+    >>> compaction_due(1_400, 1_000, 5, settle_s=30)     # 40 % new, recent: wait
+    False
+    >>> compaction_due(1_500, 1_000, 5, settle_s=30)     # 50 % new
+    True
+    >>> compaction_due(1_100, 1_000, 30, settle_s=30)    # a small change, settled
+    True
+    >>> compaction_due(1_000, 1_000, 300, settle_s=30)   # nothing new
+    False
+    """
+    if kept is None:
+        return True
+    dirty = size - kept
+    return dirty > 0 and (dirty >= kept // 2 or age_s >= settle_s)
