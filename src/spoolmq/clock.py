@@ -52,8 +52,3 @@ class ManualClock:
 
 
 SYSTEM_CLOCK = SystemClock()
-
-
-def now_ms() -> int:
-    """The wall time in milliseconds, for code that takes no clock (the CLI, clients)."""
-    return time.time_ns() // 1_000_000

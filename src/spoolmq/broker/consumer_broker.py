@@ -99,7 +99,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if channels.notices is None:
             raise ValueError("the ConsumerBroker reads the PublisherBroker's notices")
         self.notices = channels.notices
-        self.events = EventLog(data_dir)
+        self.events = EventLog(data_dir, clock=clock)
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, GroupRuntime] = {}
         self.log_ends: dict[TopicPartition, int] = {}

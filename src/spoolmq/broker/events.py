@@ -13,6 +13,7 @@ import orjson
 
 from spoolmq.broker.delivery import Event
 from spoolmq.broker.group_view import lag
+from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.files import FILE_MODE, make_private_dirs, write_all
 from spoolmq.store.record import key_text
 from spoolmq.types import EventType
@@ -26,7 +27,8 @@ logger = logging.getLogger("spoolmq.events")
 class EventLog:
     """Buffered, append-only; ``flush()`` writes the buffer with one ``write``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self.root = data_dir / "events"
         self._buffer: list[bytes] = []
         self._fd = -1
@@ -82,7 +84,7 @@ class EventLog:
     ) -> None:
         """An event about a group's position in a partition rather than about one message."""
         record = {
-            "ts": time.time_ns() // 1_000_000,
+            "ts": self._clock.now_ms(),
             "type": kind,
             "group": group,
             "topic": topic,
@@ -97,7 +99,7 @@ class EventLog:
         data = b"".join(self._buffer)
         self._buffer.clear()
         try:
-            day = time.strftime("%Y-%m-%d", time.gmtime())
+            day = time.strftime("%Y-%m-%d", time.gmtime(self._clock.now_ms() / 1000))
             if self._fd < 0 or day != self._day or self._size >= _ROLL_BYTES:
                 self._open(day)
             write_all(self._fd, data)
@@ -127,7 +129,7 @@ class EventLog:
         self.close()
         directory = self.root / f"date={day}"
         make_private_dirs(directory)
-        name = f"{time.time_ns() // 1_000_000}-{os.getpid()}.jsonl"
+        name = f"{self._clock.now_ms()}-{os.getpid()}.jsonl"
         self._fd = os.open(directory / name, os.O_CREAT | os.O_WRONLY | os.O_APPEND, FILE_MODE)
         self._day = day
         self._size = 0
