@@ -35,8 +35,20 @@ class Manager:
     notices: Connection
 
     def statuses(self) -> list[StatusMessage]:
+        """What the child has sent so far (all of it once the child has closed)."""
         found = []
         while self.status.poll(0):
+            found.append(decode_status(self.status.recv_bytes()))
+        return found
+
+    def wait_for(self, wanted: StatusMessage, timeout: float = 30) -> list[StatusMessage]:
+        """The statuses up to ``wanted``: a child sends them from a thread of its own, so
+        one may arrive a moment after the step that reported it."""
+        found: list[StatusMessage] = []
+        deadline = time.monotonic() + timeout
+        while wanted not in found:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.status.poll(left), f"no {wanted} within {timeout} s"
             found.append(decode_status(self.status.recv_bytes()))
         return found
 
@@ -109,7 +121,7 @@ def test_a_publisher_broker_step_by_step(
     assert [(r["partition"], r["offset"]) for r in reply["results"]] == [(0, 0), (0, 1)]
     protocol.send(client, {"op": "bye"})
     step_until(publisher, lambda: not publisher.clients, "drop after bye")
-    assert Disconnected("p1-7") in manager.statuses()
+    assert Disconnected("p1-7") in manager.wait_for(Disconnected("p1-7"))
     publisher.close()
     with Store(data_dir) as store:
         assert [r.value for r in store.reader("t", 0)] == ["a", None]
