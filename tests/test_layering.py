@@ -4,7 +4,7 @@ Each module belongs to one layer, and a layer imports only the layers below it:
 
     foundation (errors, config, clock, files, types)
       <- store
-      <- protocol
+      <- protocol                (with the clients: only the store's message and record forms)
       <- broker, client          (neither imports the other)
       <- analytics               (the files only: foundation, never the store code or Spark
                                   outside it)
@@ -58,6 +58,14 @@ ALLOWED = {
     },
 }
 ONLY_IN_ANALYTICS = ("pyspark", "matplotlib")
+# The clients and the wire codec share the store's message and record forms, never the code
+# that writes and reads the files.
+STORE_FORMS = {
+    "spoolmq.store.message",
+    "spoolmq.store.record",
+    "spoolmq.store.names",
+    "spoolmq.store.partitioner",
+}
 
 
 def layer_of(module: str) -> str:
@@ -134,4 +142,6 @@ def test_each_module_imports_only_the_layers_below_it(path: Path) -> None:
         target = layer_of(name)
         if target != own and target not in ALLOWED[own]:
             wrong.append(f"line {line}: {name} ({own} must not import {target})")
+        elif own in ("client", "protocol") and target == "store" and name not in STORE_FORMS:
+            wrong.append(f"line {line}: {name} ({own} uses only the store's forms)")
     assert not wrong, f"{path.relative_to(SOURCE)}:\n" + "\n".join(wrong)

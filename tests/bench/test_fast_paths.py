@@ -18,10 +18,9 @@ from spoolmq.broker.delivery import Group, GroupSettings, Pending
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
 from spoolmq.protocol.publish import encode_common_message, message_from_wire
-from spoolmq.store.message import Message
+from spoolmq.store.message import Message, Position
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import encode_message, message_fields
-from spoolmq.store.store import Position
 from spoolmq.testing import wait_until
 
 POSITION = Position("t", 0, 7, 1000)

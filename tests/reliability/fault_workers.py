@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq import Consumer, Publisher
-from spoolmq.store.store import Position
+from spoolmq.store.message import Position
 
 
 def publish_until_stopped(

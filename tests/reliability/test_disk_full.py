@@ -18,7 +18,7 @@ import pytest
 from fault_checks import pid_alive
 
 from spoolmq import Consumer, Publisher, Store
-from spoolmq.store.store import Position
+from spoolmq.store.message import Position
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "full"

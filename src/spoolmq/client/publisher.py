@@ -33,8 +33,7 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
-from spoolmq.store.message import PublishOptions
-from spoolmq.store.store import Position, normalize_acks
+from spoolmq.store.message import Position, PublishOptions, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
 

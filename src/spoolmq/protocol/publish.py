@@ -17,10 +17,12 @@ import orjson
 
 from spoolmq.errors import ProtocolError, SerializationError, SpoolError
 from spoolmq.store.message import (
+    Acks,
     Message,
     PublishOptions,
     check_options,
     check_timing,
+    normalize_acks,
     schedule,
     seconds_to_ms,
 )
@@ -37,8 +39,6 @@ from spoolmq.store.record import (
     normalize_tags,
     to_base64,
 )
-from spoolmq.store.store import normalize_acks
-from spoolmq.store.writer import Acks
 
 # Every field a message of a publish frame may have.
 WIRE_FIELDS = frozenset(

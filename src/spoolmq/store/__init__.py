@@ -4,11 +4,11 @@ A library that knows nothing of processes or sockets; the broker sits on top of 
 embedded API (:class:`Store`) uses it directly.
 """
 
-from spoolmq.store.message import Message
+from spoolmq.store.message import Message, Position
 from spoolmq.store.reader import Reader
 from spoolmq.store.record import Record
 from spoolmq.store.recovery import RecoveryReport
-from spoolmq.store.store import CheckProblem, CompactionResult, Position, RetentionResult, Store
+from spoolmq.store.store import CheckProblem, CompactionResult, RetentionResult, Store
 
 __all__ = [
     "CheckProblem",

@@ -1,7 +1,9 @@
 """A message a caller asks to append, before it is a record: its fields
 (:class:`Message`), the keyword options every way of publishing takes
 (:class:`PublishOptions`, declared once for ``Store.append``, ``Publisher.publish`` and
-``publish_async``), and the one check of its timing options (delay, deliver_at, ttl).
+``publish_async``), the one check of its timing options (delay, deliver_at, ttl), the ACK
+level asked for (:data:`Acks`) and where it was stored (:class:`Position`). Clients and the
+wire codec import this and :mod:`~spoolmq.store.record`, never the writing store.
 
 :mod:`spoolmq.store.record` turns a Message into the stored line; the wire codec
 (:mod:`spoolmq.protocol.publish`) builds Messages with these same checks.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 from spoolmq.errors import InvalidArgumentError
 
@@ -136,3 +138,27 @@ def message_from_options(
         sequence=sequence,
         partition=options.get("partition"),
     )
+
+
+# The ACK level a publisher asks for: not waited for, written, or written and fsynced.
+Acks = Literal["0", "1", "all"]
+
+
+def normalize_acks(acks: str | int) -> Acks:
+    """``"0"``, ``"1"`` or ``"all"`` (also ``0``, ``1``, ``-1``)."""
+    text = str(acks).strip().lower()
+    if text == "-1":
+        text = "all"
+    if text not in ("0", "1", "all"):
+        raise InvalidArgumentError(f"acks must be '0', '1' or 'all', not {acks!r}")
+    return text  # type: ignore[return-value]
+
+
+class Position(NamedTuple):
+    """Where a message was stored."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    duplicate: bool = False

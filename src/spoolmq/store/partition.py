@@ -21,13 +21,14 @@ from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.errors import OffsetOutOfRangeError
 from spoolmq.files import make_private_dirs
 from spoolmq.store import cleanup
+from spoolmq.store.message import Acks
 from spoolmq.store.metadata import PartitionMetadata
 from spoolmq.store.names import partition_dir, quarantine_dir
 from spoolmq.store.record import EncodedMessage
 from spoolmq.store.recovery import RecoveryReport, TailRecovery
 from spoolmq.store.segment import SegmentFiles, SegmentInfo, SparseIndex
 from spoolmq.store.state import StateDB
-from spoolmq.store.writer import Acks, Appended, PartitionLock, PartitionWriter
+from spoolmq.store.writer import Appended, PartitionLock, PartitionWriter
 from spoolmq.types import TopicPartition
 
 

@@ -17,7 +17,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Unpack
+from typing import Any, Unpack
 
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir
@@ -30,7 +30,14 @@ from spoolmq.errors import (
 from spoolmq.files import make_private_dirs
 from spoolmq.store.cleanup import keyed_entries
 from spoolmq.store.compaction import keep_record, latest_offsets
-from spoolmq.store.message import Message, PublishOptions, message_from_options
+from spoolmq.store.message import (
+    Acks,
+    Message,
+    Position,
+    PublishOptions,
+    message_from_options,
+    normalize_acks,
+)
 from spoolmq.store.names import check_topic, logs_dir, topic_dir
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.partitioner import RoundRobin, partition_for_key
@@ -40,18 +47,7 @@ from spoolmq.store.recovery import RecoveryReport
 from spoolmq.store.retention import segments_to_delete
 from spoolmq.store.segment import scan_batches
 from spoolmq.store.state import StateDB
-from spoolmq.store.writer import Acks
 from spoolmq.types import TopicPartition
-
-
-class Position(NamedTuple):
-    """Where a message was stored."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    duplicate: bool = False
 
 
 @dataclass(slots=True)
@@ -75,16 +71,6 @@ class CheckProblem:
     segment: str
     position: int
     problem: str
-
-
-def normalize_acks(acks: str | int) -> Acks:
-    """``"0"``, ``"1"`` or ``"all"`` (also ``0``, ``1``, ``-1``)."""
-    text = str(acks).strip().lower()
-    if text == "-1":
-        text = "all"
-    if text not in ("0", "1", "all"):
-        raise InvalidArgumentError(f"acks must be '0', '1' or 'all', not {acks!r}")
-    return text  # type: ignore[return-value]
 
 
 class Store:

@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from filelock import FileLock, Timeout
 
@@ -23,6 +23,7 @@ from spoolmq.clock import Clock
 from spoolmq.config import TopicConfig
 from spoolmq.errors import StorageError
 from spoolmq.files import FILE_MODE, write_all
+from spoolmq.store.message import Acks
 from spoolmq.store.record import EncodedMessage, frame_record
 from spoolmq.store.recovery import Tail, TailRecovery
 from spoolmq.store.segment import INDEX_ENTRY, SegmentFiles
@@ -31,7 +32,6 @@ from spoolmq.types import TopicPartition
 
 logger = logging.getLogger("spoolmq.store")
 
-Acks = Literal["0", "1", "all"]
 
 _FIGURES_INTERVAL_MS = 1000  # how often appends refresh the partition's row in state.db
 
