@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from spoolmq.broker.delivery import Group
 from spoolmq.types import TopicPartition
 
 
@@ -50,3 +51,20 @@ def partition_rows(
             }
         )
     return rows
+
+
+def describe_groups(
+    groups: Mapping[str, Group], log_ends: Mapping[TopicPartition, int]
+) -> dict[str, Any]:
+    """The live view of the groups a ConsumerBroker runs: per group its consumers and one
+    row per partition (what the admin ``describe_groups`` answers)."""
+    described: dict[str, Any] = {}
+    for name, group in groups.items():
+        rows = partition_rows(
+            {key: state.committed() for key, state in group.partitions.items()},
+            log_ends,
+            group.in_flight_by_partition(),
+            group.consumers_by_partition(),
+        )
+        described[name] = {"consumers": sorted(group.consumers), "partitions": rows}
+    return described

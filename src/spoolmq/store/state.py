@@ -6,6 +6,10 @@ figures for analytics. WAL mode, ``BEGIN IMMEDIATE`` for every write, a busy tim
 connection per process, opened lazily in the process that uses it (a connection is never
 carried across fork or spawn). The schema has a version (``PRAGMA user_version``) and is
 migrated on open; a file from a newer spoolmq is refused.
+
+Every SQL statement the queue runs is here, behind methods, so the schema and its queries
+are read together (the analytics job reads the file with its own three queries, as it reads
+every file, without spoolmq's store code): one cohesive thing, kept whole past 500 lines.
 """
 
 from __future__ import annotations
