@@ -235,14 +235,10 @@ def _duration(ms: int) -> str:
     return f"{ms}ms"
 
 
-def _broker_running(data: Path) -> bool:
+def _refuse_if_broker_running(data: Path, what: str) -> None:
     from spoolmq.broker.manager import broker_running
 
-    return broker_running(data)
-
-
-def _refuse_if_broker_running(data: Path, what: str) -> None:
-    if _broker_running(data):
+    if broker_running(data):
         raise GroupActiveError(f"a broker is running on {data}; stop it to {what}")
 
 
