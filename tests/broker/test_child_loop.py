@@ -23,6 +23,7 @@ from spoolmq.broker.consumer_broker import ConsumerBroker
 from spoolmq.broker.publisher_broker import PublisherBroker
 from spoolmq.broker.status import Disconnected, Ready, Stats, StatusMessage, decode_status
 from spoolmq.clock import ManualClock
+from spoolmq.errors import StorageError
 
 
 @dataclass
@@ -222,3 +223,41 @@ def test_run_reports_ready_and_stops_on_the_managers_stop_frame(
     assert statuses[-1] == Stats(
         {"frames": 0, "messages": 0, "batches": 0, "errors": 0, "by_topic": {}, "publishers": 0}
     )
+
+
+def test_a_dead_letter_the_disk_refuses_is_written_later_not_lost(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DLQ append fails twice (a full disk, say): the dead letter stays first in line
+    and is written on a later step; only then does the group's offset move past it."""
+    with Store(data_dir) as store:
+        store.append("jobs", "poison")
+    manager, channels = pipes
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    consumer_broker = ConsumerBroker(data_dir, channels, clock=clock)
+    real_append = consumer_broker.store.append_batch
+    refusals = [StorageError("no space left on device"), StorageError("no space left")]
+
+    def failing_append(topic: str, messages: Any, **kwargs: Any) -> Any:
+        if topic == "jobs.dlq" and refusals:
+            raise refusals.pop(0)
+        return real_append(topic, messages, **kwargs)
+
+    monkeypatch.setattr(consumer_broker.store, "append_batch", failing_append)
+    client = manager.hand_over("c1-1")
+    subscribe(consumer_broker, client, max_deliveries=1)
+    header, _ = protocol.split_frame(next_frame(consumer_broker, client))
+    protocol.send(client, {"op": "nack", "id": 2, "tags": [header["m"][0][2]], "reason": "bad"})
+    assert answer(consumer_broker, client)["refused"] == []
+    step_until(consumer_broker, lambda: not refusals[1:], "the first refusal")
+    runtime = consumer_broker.groups["g"]
+    assert [p.offset for p in runtime.group.dead] == [0]  # kept, not dropped
+    for _ in range(3):
+        clock.advance(60_000)  # past any backoff
+        consumer_broker.loop(0.01)
+    assert refusals == [] and runtime.group.dead == []
+    consumer_broker.close()
+    with Store(data_dir) as store:
+        [letter] = list(store.reader("jobs.dlq", 0))
+        assert letter.value == "poison"
+        assert store.state.committed_offsets("g") == {("jobs", 0): 1}

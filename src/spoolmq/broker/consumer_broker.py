@@ -213,21 +213,33 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         return sent
 
     def _dead_letter(self, runtime: GroupRuntime, now: int) -> None:
+        """Write the group's dead letters to their DLQ, in order. One that cannot be written
+        stays first in line and is tried again after a backoff (0.5 s doubling to 60 s): it
+        holds its partition's committed offset until it is written, never lost."""
         group = runtime.group
+        if not group.dead or now < runtime.dead_letter_retry_at:
+            return
         while group.dead:
-            pending = group.dead.pop(0)
+            pending = group.dead[0]
             try:
                 self.store.append_batch(
                     dlq_topic(pending.topic), [dead_letter_message(group.name, pending)]
                 )
-            except SpoolError:
-                logger.exception(
-                    "could not dead-letter %s/%d@%d; it stays unfinished",
+            except SpoolError as exc:
+                backoff = min(max(2 * runtime.dead_letter_backoff_ms, 500), 60_000)
+                runtime.dead_letter_backoff_ms = backoff
+                runtime.dead_letter_retry_at = now + backoff
+                logger.error(
+                    "could not dead-letter %s/%d@%d (%s); trying again in %.1f s",
                     pending.topic,
                     pending.partition,
                     pending.offset,
+                    exc,
+                    backoff / 1000,
                 )
-                continue
+                return
+            group.dead.pop(0)
+            runtime.dead_letter_backoff_ms = 0
             group.dead_lettered(pending, now)
             runtime.mark_dirty(pending)
 

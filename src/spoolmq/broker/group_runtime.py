@@ -45,6 +45,10 @@ class GroupRuntime:
     restored: dict[tuple[str, int, int], OpenDelivery] = field(default_factory=dict)
     # Deliveries changed since the last checkpoint, by (topic, partition, offset).
     dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
+    # A dead letter that could not be written (disk full, say) is tried again from then
+    # (ms), after a backoff that doubles while it keeps failing.
+    dead_letter_retry_at: int = 0
+    dead_letter_backoff_ms: int = 0
 
     def mark_dirty(self, pending: Pending) -> None:
         self.dirty[(pending.topic, pending.partition, pending.offset)] = pending
