@@ -240,12 +240,14 @@ def test_a_text_key_that_looks_like_base64_and_a_bytes_key_are_different_keys() 
     assert offsets(group.dispatch(now=2), "a") == [2]
 
 
-def test_event_lines_show_a_text_key_as_it_is_and_a_bytes_key_as_base64(tmp_path: Path) -> None:
+def test_event_lines_tell_a_text_key_from_a_bytes_key(tmp_path: Path) -> None:
+    """A text key is ``key``, a raw-bytes key ``key_b64`` (as in a record line): the text
+    key "QUJD" and the bytes key b"ABC" (base64 "QUJD") never read alike."""
     group, state = make_group(auto_ack=True)
     group.add_consumer("a", prefetch=10, topics=["orders"])
     group.add_credit("a", 10)
     raw = {"offset": 1, "timestamp": 1_001, "key_b64": "QUJD", "headers": []}  # b"ABC"
-    feed(group, state, [record(0, "b64:QUJD"), raw, record(2)])
+    feed(group, state, [record(0, "QUJD"), raw, record(2)])
     group.dispatch(now=0)
     events = EventLog(tmp_path)
     for event in group.events:
@@ -254,8 +256,12 @@ def test_event_lines_show_a_text_key_as_it_is_and_a_bytes_key_as_base64(tmp_path
     events.close()
     [path] = (tmp_path / "events").glob("date=*/*.jsonl")
     lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-    delivered = [(line["offset"], line["key"]) for line in lines if line["type"] == "delivered"]
-    assert delivered == [(0, "b64:QUJD"), (1, "QUJD"), (2, None)]
+    delivered = [
+        (line["offset"], line.get("key"), line.get("key_b64"))
+        for line in lines
+        if line["type"] == "delivered"
+    ]
+    assert delivered == [(0, "QUJD", None), (1, None, "QUJD"), (2, None, None)]
 
 
 def test_a_restored_retry_waits_until_it_is_due_and_keeps_counting_attempts() -> None:

@@ -97,7 +97,9 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
 
     tell("parsing delivery events")
     events_all = transform.parse_events(extract.event_lines(spark, inputs.event_files))
-    events_all = events_all.drop("key", "bytes", "reason").persist(StorageLevel.MEMORY_AND_DISK)
+    events_all = events_all.drop("key", "key_b64", "bytes", "reason").persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     events = events_all.where("problem IS NULL")
     outcomes = transform.delivery_outcomes(events).persist(StorageLevel.MEMORY_AND_DISK)
 

@@ -37,6 +37,7 @@ EVENT_LINE = StructType(
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("key", StringType()),
+        StructField("key_b64", StringType()),
         StructField("consumer", StringType()),
         StructField("attempt", LongType()),
         StructField("published_at", LongType()),

@@ -15,7 +15,7 @@ from spoolmq.broker.delivery import Event
 from spoolmq.broker.group_view import lag
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.files import FILE_MODE, make_private_dirs, write_all
-from spoolmq.store.record import key_text
+from spoolmq.store.record import key_fields
 from spoolmq.types import EventType
 
 _ROLL_BYTES = 64 * 1024 * 1024
@@ -46,7 +46,7 @@ class EventLog:
             "topic": pending.topic,
             "partition": pending.partition,
             "offset": pending.offset,
-            "key": key_text(pending.key),
+            **key_fields(pending.key),
             "consumer": event.consumer,
             "attempt": pending.attempt,
             "published_at": pending.published_at,

@@ -135,10 +135,16 @@ def key_identity(fields: Mapping[str, Any]) -> str | None:
     return None if key_b64 is None else f"b:{key_b64}"
 
 
-def key_text(identity: str | None) -> str | None:
-    """The key of a ``key_identity`` as reports show it: a text key as it is, a raw-bytes
-    key as its base64."""
-    return None if identity is None else identity[2:]
+def key_fields(identity: str | None) -> dict[str, str | None]:
+    """A ``key_identity`` as the fields of a record or event line write it: ``key`` for a
+    text key (or none), ``key_b64`` for a raw-bytes key, so the two never read alike.
+
+    >>> key_fields("s:QUJD"), key_fields("b:QUJD"), key_fields(None)
+    ({'key': 'QUJD'}, {'key_b64': 'QUJD'}, {'key': None})
+    """
+    if identity is None:
+        return {"key": None}
+    return {"key_b64" if identity[0] == "b" else "key": identity[2:]}
 
 
 def decode_headers(stored: Any, error: type[SpoolError] = CorruptRecordError) -> Headers:
