@@ -245,13 +245,15 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
     def _drain_events(self, runtime: GroupRuntime) -> None:
         group = runtime.group
+        dirty = runtime.dirty  # (mark_dirty inlined: this runs for every event)
         for event in group.events:
             self.events.add(event, group.name)
-            if event.type in _COUNTED_AS_EVENTS:
-                self.counts[event.type] += 1
-            if event.type in _CHANGES_SAVED_STATE:
+            kind = event.type
+            if kind in _COUNTED_AS_EVENTS:
+                self.counts[kind] += 1
+            if kind in _CHANGES_SAVED_STATE:
                 pending = event.pending
-                runtime.mark_dirty(pending)
+                dirty[(pending.topic, pending.partition, pending.offset)] = pending
         group.events.clear()
 
     # -- consumers ---------------------------------------------------------------------------

@@ -28,11 +28,22 @@ import itertools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliveryError
 from spoolmq.store.record import key_identity
 from spoolmq.types import EventType, TopicPartition
+
+# Event types as module constants: looking a member up on an Enum class costs ~70 ns,
+# several times per message on the delivery path.
+_ACKED = EventType.ACKED
+_DEAD_LETTERED = EventType.DEAD_LETTERED
+_DELIVERED = EventType.DELIVERED
+_EXPIRED = EventType.EXPIRED
+_LEASE_EXPIRED = EventType.LEASE_EXPIRED
+_NACKED = EventType.NACKED
+_RELEASED = EventType.RELEASED
+
 
 # A record's key_identity (spoolmq.store.record): text and raw-bytes keys never collide.
 Key = str | None
@@ -252,9 +263,7 @@ class Group:
         for tag in sorted(slot.in_flight, reverse=True):
             pending = self.in_flight.pop(tag, None)
             if pending is not None:
-                self.events.append(
-                    Event(now, EventType.RELEASED, pending, consumer_id, "consumer left")
-                )
+                self.events.append(Event(now, _RELEASED, pending, consumer_id, "consumer left"))
                 self._failed(pending, now, "consumer disconnected", delay_ms=0)
 
     # -- reading ------------------------------------------------------------------------
@@ -307,7 +316,9 @@ class Group:
 
     def _make_due(self, pending: Pending, now: int) -> None:
         """Ready now, or once its ``deliver_at`` or a retry time it was restored with."""
-        when = max(pending.deliver_at or 0, pending.due_at)
+        when = pending.deliver_at or 0
+        if pending.due_at > when:  # (not max(): this runs per message)
+            when = pending.due_at
         if when > now:
             self._schedule(when, pending)
         else:
@@ -334,7 +345,7 @@ class Group:
                 self._remember_expired(pending)
                 self._drop_in_flight(pending)
                 self.events.append(
-                    Event(now, EventType.LEASE_EXPIRED, pending, pending.consumer, "lease expired")
+                    Event(now, _LEASE_EXPIRED, pending, pending.consumer, "lease expired")
                 )
                 self._failed(pending, now, "lease expired", delay_ms=0)
         while self._timers and self._timers[0][0] <= now:
@@ -385,18 +396,16 @@ class Group:
                 skipped.append(pending)
                 continue
             if pending.expires_at is not None and now >= pending.expires_at:
-                self.events.append(Event(now, EventType.EXPIRED, pending, None, "ttl passed"))
+                self.events.append(Event(now, _EXPIRED, pending, None, "ttl passed"))
                 self._finish(pending, now)
                 continue
             pending.attempt += 1
             pending.consumer = slot.consumer_id
             pending.delivered_at = now
-            self.events.append(Event(now, EventType.DELIVERED, pending, slot.consumer_id))
+            self.events.append(Event(now, _DELIVERED, pending, slot.consumer_id))
             if self.settings.auto_ack:
                 slot.credit -= 1
-                self.events.append(
-                    Event(now, EventType.ACKED, pending, slot.consumer_id, "auto_ack", 0.0)
-                )
+                self.events.append(Event(now, _ACKED, pending, slot.consumer_id, "auto_ack", 0.0))
                 self._finish(pending, now)
             else:
                 pending.tag = next(self._tags)
@@ -436,9 +445,7 @@ class Group:
         if now > pending.lease_expires_at:
             # The timer has not fired yet, but the lease is over: refuse, then expire it.
             self._drop_in_flight(pending)
-            self.events.append(
-                Event(now, EventType.LEASE_EXPIRED, pending, consumer_id, "lease expired")
-            )
+            self.events.append(Event(now, _LEASE_EXPIRED, pending, consumer_id, "lease expired"))
             self._failed(pending, now, "lease expired", delay_ms=0)
             raise LeaseExpiredError(
                 f"delivery {tag} ({pending.topic}/{pending.partition}@{pending.offset}) came "
@@ -450,9 +457,7 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         self.events.append(
-            Event(
-                now, EventType.ACKED, pending, consumer_id, None, float(now - pending.delivered_at)
-            )
+            Event(now, _ACKED, pending, consumer_id, None, float(now - pending.delivered_at))
         )
         self._finish(pending, now)
 
@@ -464,7 +469,7 @@ class Group:
         self.events.append(
             Event(
                 now,
-                EventType.NACKED,
+                _NACKED,
                 pending,
                 consumer_id,
                 reason,
@@ -479,7 +484,7 @@ class Group:
         pending = self._lookup(tag, consumer_id, now)
         self._drop_in_flight(pending)
         pending.attempt -= 1
-        self.events.append(Event(now, EventType.RELEASED, pending, consumer_id, "returned unread"))
+        self.events.append(Event(now, _RELEASED, pending, consumer_id, "returned unread"))
         self.ready.appendleft(pending)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
@@ -521,13 +526,15 @@ class Group:
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
         self.events.append(
-            Event(now, EventType.DEAD_LETTERED, pending, pending.consumer, pending.last_reason)
+            Event(now, _DEAD_LETTERED, pending, pending.consumer, pending.last_reason)
         )
         self._finish(pending, now)
 
     def _finish(self, pending: Pending, now: int) -> None:
         pending.finished = True
-        state = self.partitions[TopicPartition(pending.topic, pending.partition)]
+        # Runs per message: a plain tuple finds the TopicPartition key (equal and of equal
+        # hash) without building a NamedTuple, which costs several times more.
+        state = self.partitions[cast(TopicPartition, (pending.topic, pending.partition))]
         state.finished.add(pending.offset)
         if pending.key is None:
             return
