@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import selectors
 import signal
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
@@ -66,6 +67,22 @@ def tune_allocator() -> None:
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
         libc.mallopt(_M_MMAP_THRESHOLD, 4 * 1024 * 1024)
+
+
+# Young-generation collections every this many allocations (CPython's default: 700). The
+# loop allocates short-lived lists and tuples per frame, almost none of them in cycles;
+# at the default a busy broker ran a collection every few frames.
+_GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_gc() -> None:
+    """After start-up: move everything alive now (modules, the store, configuration) out of
+    the collector's sight with ``gc.freeze()``, so later collections do not walk it again,
+    and collect the young generation less often."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, middle, old)
 
 
 def die_with_parent() -> None:
@@ -133,21 +150,63 @@ def flush_before_close(writers: dict[Any, protocol.FrameWriter], timeout: float)
                 del waiting[conn]
 
 
-def wait_for_clients(
-    others: list[Any], writers: Mapping[Any, protocol.FrameWriter], timeout: float | None
-) -> tuple[list[Any], list[Any]]:
-    """One wait of a broker loop: until one of ``others`` or a client connection (the keys
-    of ``writers``) can be read, or a client with frames queued can take more, which are
-    written. Returns what can be read, and the clients found gone while writing to them."""
-    blocked = [conn for conn, writer in writers.items() if writer.waiting]
-    ready, writable = wait_io([*others, *writers], blocked, timeout)
-    gone = []
-    for conn in writable:
-        try:
-            writers[conn].flush()
-        except OSError:
-            gone.append(conn)
-    return ready, gone
+class Waiter:
+    """The waits of a broker loop on one selector (epoll on Linux) kept for the child's
+    life: building a selector and registering every connection again at each step cost
+    more than the step's own work when steps are short (latency at low rates).
+
+    An object is registered while it is watched and unregistered before it is closed:
+    epoll watches the open file, which the non-blocking reader and writer keep alive
+    through their duplicated descriptors, so a closed but registered descriptor would go
+    on reporting events.
+    """
+
+    __slots__ = ("_selector", "_writing")
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._writing: set[Any] = set()
+
+    def watch(self, obj: Any) -> None:
+        """Report ``obj`` when it can be read (no-op if it is watched already)."""
+        with contextlib.suppress(KeyError):
+            self._selector.get_key(obj)
+            return
+        self._selector.register(obj, selectors.EVENT_READ)
+
+    def forget(self, obj: Any) -> None:
+        """Stop watching ``obj``; call before closing it."""
+        self._writing.discard(obj)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(obj)
+
+    def want_writes(self, blocked: set[Any]) -> None:
+        """Also report when the objects of ``blocked`` can be written (and stop for the
+        others); only what changed since the last call is touched."""
+        if blocked == self._writing:
+            return
+        both = selectors.EVENT_READ | selectors.EVENT_WRITE
+        for obj in blocked - self._writing:
+            self._selector.modify(obj, both)
+        for obj in self._writing - blocked:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.modify(obj, selectors.EVENT_READ)
+        self._writing = set(blocked)
+
+    def wait(self, timeout: float | None) -> tuple[list[Any], list[Any]]:
+        """What can be read, and what of the write-blocked objects can be written."""
+        readable: list[Any] = []
+        writable: list[Any] = []
+        for key, events in self._selector.select(timeout):
+            if events & selectors.EVENT_READ:
+                readable.append(key.fileobj)
+            if events & selectors.EVENT_WRITE:
+                writable.append(key.fileobj)
+        return readable, writable
+
+    def close(self) -> None:
+        self._selector.close()
+        self._writing.clear()
 
 
 class Periodic:
@@ -228,6 +287,9 @@ class BrokerChild(Generic[ClientT]):
         self.stopping = False
         self.logger = logging.getLogger(f"spoolmq.{self.role}")
         self._stats_timer = Periodic(1.0)
+        self._waiter = Waiter()
+        self._waiter.watch(self.control)
+        self._waiter.watch(self.parent_watch)
 
     # -- what a subclass provides ------------------------------------------------------
 
@@ -273,6 +335,7 @@ class BrokerChild(Generic[ClientT]):
 
     def run(self) -> None:
         self.start()
+        settle_gc()
         self._report(Ready(os.getpid()))
         # Figures from the start, so `spoolmq stats` has its full shape at once.
         self._report(Stats(self.figures()))
@@ -287,14 +350,18 @@ class BrokerChild(Generic[ClientT]):
         """The start of a step: wait until the manager, a client or one of ``others`` has
         something to read (writing out what clients can take meanwhile), handle the
         manager's frames, and return what else can be read."""
-        ready, gone = wait_for_clients(
-            [self.control, self.parent_watch, *others],
-            {conn: client.writer for conn, client in self.clients.items()},
-            timeout,
-        )
-        for conn in gone:
+        waiter = self._waiter
+        for obj in others:
+            waiter.watch(obj)
+        waiter.want_writes({conn for conn, c in self.clients.items() if c.writer.waiting})
+        ready, writable = waiter.wait(timeout)
+        for conn in writable:
             client = self.clients.get(conn)
-            if client is not None:
+            if client is None:
+                continue
+            try:
+                client.writer.flush()
+            except OSError:
                 self.connection_lost(client, "connection lost while writing to it")
         if self.parent_watch in ready:
             self.logger.error("the manager is gone; stopping")
@@ -319,6 +386,7 @@ class BrokerChild(Generic[ClientT]):
         if op == "client":
             conn = Connection(receive_fd(self.control))
             self.clients[conn] = self.new_client(conn, str(frame.get("client_id")))
+            self._waiter.watch(conn)
         elif op == "stop":
             self.stopping = True
         elif op == "admin":
@@ -350,6 +418,7 @@ class BrokerChild(Generic[ClientT]):
     def _drop(self, client: ClientT, reason: str) -> None:
         if self.clients.pop(client.conn, None) is None:
             return
+        self._waiter.forget(client.conn)
         self.forget(client)
         self.logger.info("%s %s left: %s", self.role, client.name, reason)
         with contextlib.suppress(OSError):
@@ -366,6 +435,7 @@ class BrokerChild(Generic[ClientT]):
             self.save()
         finally:
             self.store.close()
+            self._waiter.close()
             self._report(Stats(self.figures()))
             self.status.close()
 
