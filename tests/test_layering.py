@@ -2,7 +2,7 @@
 
 Each module belongs to one layer, and a layer imports only the layers below it:
 
-    foundation (errors, config, clock, files, types)
+    foundation (errors, config, clock, files, types, allocator)
       <- store
       <- protocol                (with the clients: only the store's message and record forms)
       <- broker, client          (neither imports the other)
@@ -24,7 +24,7 @@ import spoolmq
 
 SOURCE = Path(spoolmq.__file__).parent
 
-FOUNDATION = {"errors", "config", "clock", "files", "types"}
+FOUNDATION = {"errors", "config", "clock", "files", "types", "allocator"}
 LAYER_OF_PACKAGE = {
     "store": "store",
     "broker": "broker",

@@ -1,6 +1,7 @@
 """spoolmq: a durable, file-based, multi-process message and task queue for one host."""
 
 from spoolmq import errors
+from spoolmq.allocator import tune_allocator
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage, run_workers
 from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.store import Message, Position, Reader, Record, Store
@@ -22,4 +23,5 @@ __all__ = [
     "__version__",
     "errors",
     "run_workers",
+    "tune_allocator",
 ]

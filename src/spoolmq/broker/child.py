@@ -10,8 +10,6 @@ step; :meth:`BrokerChild.run` repeats it, and tests call it directly.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, Self, TypeVar
 
 from spoolmq import protocol
+from spoolmq.allocator import libc, tune_allocator
 from spoolmq.broker.status import (
     AdminResult,
     Disconnected,
@@ -43,30 +42,6 @@ from spoolmq.store import Store
 _Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
 
 _PR_SET_PDEATHSIG = 1
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:  # pragma: no cover - every Linux has a libc
-        return None
-    try:
-        return ctypes.CDLL(name, use_errno=True)
-    except OSError:  # pragma: no cover
-        return None
-
-
-def tune_allocator() -> None:
-    """Keep glibc from handing freed heap back to the OS after every batch.
-
-    With the default trim threshold, the broker spent most of its CPU in the kernel
-    faulting pages back in (DESIGN.md, "What measurements say"); 64 MiB keeps them.
-    """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024 * 1024)
-        libc.mallopt(_M_MMAP_THRESHOLD, 4 * 1024 * 1024)
 
 
 # Young-generation collections every this many allocations (CPython's default: 700). The
@@ -87,9 +62,9 @@ def settle_gc() -> None:
 
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process if the manager dies (Linux only)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "prctl"):
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    c = libc()
+    if c is not None and hasattr(c, "prctl"):
+        c.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def child_setup(name: str, log_level: str) -> None:

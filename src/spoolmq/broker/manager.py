@@ -44,7 +44,8 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from spoolmq import protocol
-from spoolmq.broker.child import BrokerChild, ChildChannels, run_child, send_control, tune_allocator
+from spoolmq.allocator import tune_allocator
+from spoolmq.broker.child import BrokerChild, ChildChannels, run_child, send_control
 from spoolmq.broker.consumer_broker import ConsumerBroker
 from spoolmq.broker.publisher_broker import PublisherBroker
 from spoolmq.broker.status import (
