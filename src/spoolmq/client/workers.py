@@ -6,6 +6,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from spoolmq.allocator import tune_allocator
 from spoolmq.client.consumer import Consumer, ReceivedMessage
 
 
@@ -17,6 +18,7 @@ def _worker(
     max_messages: int | None,
     idle_timeout: float | None,
 ) -> None:
+    tune_allocator()  # a process of ours that only consumes: see spoolmq.allocator
     with Consumer(topics, group, **options) as consumer:
         consumer.run(handler, max_messages=max_messages, idle_timeout=idle_timeout)
 
