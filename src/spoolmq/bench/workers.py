@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -102,7 +103,14 @@ def read_ids(outs: Sequence[str]) -> list[int]:
     return ids
 
 
-def _add_cpu(cpu: Any, seconds: float) -> None:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now, for a server the bench starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def add_cpu(cpu: Any, seconds: float) -> None:
     """Add this worker's CPU seconds of the measured part (start-up left out)."""
     with cpu.get_lock():
         cpu.value += seconds
@@ -123,7 +131,7 @@ def spool_producer(
         for message_id in range(first, first + count):
             publisher.publish_async(TOPIC, {"id": message_id, "p": filler})
         publisher.flush()
-        _add_cpu(cpu, time.process_time() - started)
+        add_cpu(cpu, time.process_time() - started)
 
 
 def spool_consumer(data: str, out: str, barrier: Any, done: DoneCounter, cpu: Any) -> None:
@@ -150,16 +158,17 @@ def spool_consumer(data: str, out: str, barrier: Any, done: DoneCounter, cpu: An
             message.ack(wait=False)
             uncounted += 1
         done.add(uncounted)
-    _add_cpu(cpu, time.process_time() - started)
+    add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
 
 
-def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any) -> None:
+def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any, cpu: Any) -> None:
     from spoolmq.client import Consumer
 
     records: list[tuple[int, float]] = []
     with Consumer(TOPIC, GROUP, data=data, prefetch=100) as consumer:
         ready.set()
+        started = time.process_time()
         while not stop.is_set():
             message = consumer.receive(timeout=0.2)
             if message is None:
@@ -167,18 +176,21 @@ def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any) -> None:
             received = time.time_ns()
             records.append((message.value["id"], (received - message.value["t"]) / 1e6))
             message.ack(wait=False)
+        add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(records))
 
 
 # -- Redis Streams ---------------------------------------------------------------------------
 
 
-def redis_producer(port: int, first: int, count: int, size: int, barrier: Any) -> None:
+def redis_producer(port: int, first: int, count: int, size: int, barrier: Any, cpu: Any) -> None:
     import redis
 
     client: Any = redis.Redis(port=port)
     barrier.wait()
+    started = time.process_time()
     redis_add(client, first, count, size, pipeline=100)
+    add_cpu(cpu, time.process_time() - started)
 
 
 def redis_add(client: Any, first: int, count: int, size: int, *, pipeline: int) -> None:
@@ -191,12 +203,15 @@ def redis_add(client: Any, first: int, count: int, size: int, *, pipeline: int) 
         pipe.execute()
 
 
-def redis_consumer(port: int, name: str, out: str, barrier: Any, done: DoneCounter) -> None:
+def redis_consumer(
+    port: int, name: str, out: str, barrier: Any, done: DoneCounter, cpu: Any
+) -> None:
     import redis
 
     client: Any = redis.Redis(port=port)
     ids: list[int] = []
     barrier.wait()
+    started = time.process_time()
     while not done.is_set():
         reply = client.xreadgroup(GROUP, name, {TOPIC: ">"}, count=100, block=200)
         if not reply:
@@ -205,4 +220,5 @@ def redis_consumer(port: int, name: str, out: str, barrier: Any, done: DoneCount
         ids.extend(orjson.loads(fields[b"v"])["id"] for _, fields in entries)
         client.xack(TOPIC, GROUP, *[entry_id for entry_id, _ in entries])
         done.add(len(entries))
+    add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
