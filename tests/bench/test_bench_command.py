@@ -5,19 +5,14 @@ No speed is asserted: figures are recorded in BENCHMARKS.md, never checked by te
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import orjson
-import psutil
 import pytest
-from bench_run import descendants, run_bench, started
+from bench_run import interrupt_bench, run_bench
 
 
 def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
@@ -109,31 +104,6 @@ def test_interrupted_bench_stops_what_it_started_and_removes_its_files(
         if os.environ.get("CI"):
             pytest.fail("redis-server is missing in CI: .ci/run installs it")
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    command = [sys.executable, "-m", "spoolmq", "bench", "--n", "300000", "--phases", "consume"]
-    bench = subprocess.Popen(
-        [*command, "--compare", "redis"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        start_new_session=True,  # the signal reaches the bench alone, not a process group
+    interrupt_bench(
+        ["--n", "300000", "--phases", "consume", "--compare", "redis"], tmp_path, signum, [wait_for]
     )
-    seen: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 180
-        while not any(started(p, wait_for) for p in seen):
-            assert time.monotonic() < deadline, f"{wait_for} never started"
-            assert bench.poll() is None, "the bench ended before it started " + wait_for
-            time.sleep(0.1)
-            seen = descendants(bench.pid)
-        bench.send_signal(signum)
-        bench.wait(90)
-        _, alive = psutil.wait_procs(seen, timeout=30)
-        assert not alive, [p.cmdline() for p in alive]
-        assert list(tmp_path.iterdir()) == []  # the bench's temporary directory is removed
-    finally:
-        # Whatever the bench left behind, orphans included (they are no longer its children).
-        for process in [*seen, *descendants(bench.pid)]:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        bench.kill()
-        bench.wait(10)

@@ -7,20 +7,17 @@ No speed is asserted: figures are recorded in BENCHMARKS.md, never checked by te
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
-from bench_run import descendants, run_bench, started
+from bench_run import interrupt_bench, run_bench
 
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
@@ -42,6 +39,14 @@ def need_rabbitmq() -> None:
         "rabbitmq-server",
         Path(RABBITMQ_SERVER).exists() or shutil.which("rabbitmq-server") is not None,
     )
+
+
+def bench_json(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """`spoolmq bench ARGS --json FILE` run as a user does; the JSON it wrote."""
+    out = tmp_path / "bench.json"
+    run_bench(*args, "--json", str(out))
+    result: dict[str, Any] = orjson.loads(out.read_bytes())
+    return result
 
 
 def _check_peer(result: dict[str, Any], peer: str, n: int) -> None:
@@ -66,11 +71,7 @@ def _check_peer(result: dict[str, Any], peer: str, n: int) -> None:
 
 def test_nats_jetstream_peer(tmp_path: Path) -> None:
     need_nats()
-    out = tmp_path / "bench.json"
-    run_bench(
-        "--n", "2000", "--phases", "produce,consume", "--compare", "nats", "--json", str(out)
-    )  # fmt: skip
-    result = orjson.loads(out.read_bytes())
+    result = bench_json(tmp_path, "--n", "2000", "--phases", "produce,consume", "--compare", "nats")
     _check_peer(result, "nats", 2000)
     assert result["nats"]["client"]["server"].startswith("nats-server")
     assert "sync_interval" in result["durability"]["nats"]
@@ -83,12 +84,9 @@ def test_rabbitmq_peer_beside_redis_and_nats(tmp_path: Path) -> None:
     need_nats()
     need_rabbitmq()
     _need("redis-server", shutil.which("redis-server") is not None)
-    out = tmp_path / "bench.json"
-    run_bench(
-        "--n", "2000", "--phases", "produce,consume", "--compare", "redis,nats,rabbitmq",
-        "--json", str(out),
-    )  # fmt: skip
-    result = orjson.loads(out.read_bytes())
+    result = bench_json(
+        tmp_path, "--n", "2000", "--phases", "produce,consume", "--compare", "redis,nats,rabbitmq"
+    )
     for peer in ("redis", "nats", "rabbitmq"):
         _check_peer(result, peer, 2000)
     assert result["rabbitmq"]["client"]["pika"]
@@ -101,11 +99,7 @@ def test_rabbitmq_peer_beside_redis_and_nats(tmp_path: Path) -> None:
 def test_rabbitmq_peer_produce(tmp_path: Path) -> None:
     """The quicker RabbitMQ check every run makes: one node, the produce phase."""
     need_rabbitmq()
-    out = tmp_path / "bench.json"
-    run_bench(
-        "--n", "2000", "--phases", "produce", "--compare", "rabbitmq", "--json", str(out)
-    )  # fmt: skip
-    result = orjson.loads(out.read_bytes())
+    result = bench_json(tmp_path, "--n", "2000", "--phases", "produce", "--compare", "rabbitmq")
     produce = result["rabbitmq"]["produce"]
     assert produce["messages"] == 2000
     assert produce["duplicates"] == 0 and produce["missing"] == 0
@@ -114,12 +108,10 @@ def test_rabbitmq_peer_produce(tmp_path: Path) -> None:
 
 
 def test_latency_at_several_rates_and_partitions(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    run_bench(
-        "--phases", "produce,latency", "--n", "3000", "--rate", "100,400", "--duration", "1",
-        "--partitions", "3", "--json", str(out),
+    result = bench_json(
+        tmp_path, "--phases", "produce,latency", "--n", "3000", "--rate", "100,400",
+        "--duration", "1", "--partitions", "3",
     )  # fmt: skip
-    result = orjson.loads(out.read_bytes())
     assert result["parameters"]["rate"] == [100, 400]
     assert result["parameters"]["partitions"] == 3
     spool = result["spoolmq"]
@@ -178,33 +170,10 @@ def test_interrupted_bench_stops_the_rabbitmq_node_and_its_epmd(tmp_path: Path) 
     homes = [Path("/var/lib/rabbitmq")] if os.geteuid() == 0 else []
     before = {p for home in homes for p in home.glob("spoolmq-bench-rabbitmq-*")}
     # spoolmq's produce phase first (short), then the node is interrupted while it boots.
-    command = [sys.executable, "-m", "spoolmq", "bench", "--n", "5000", "--phases", "produce"]
-    bench = subprocess.Popen(
-        [*command, "--compare", "rabbitmq"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        start_new_session=True,  # the signal reaches the bench alone, not a process group
+    interrupt_bench(
+        ["--n", "5000", "--phases", "produce", "--compare", "rabbitmq"],
+        tmp_path,
+        signal.SIGTERM,
+        ["beam.smp", "epmd"],
     )
-    seen: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 180
-        while not (
-            any(started(p, "beam.smp") for p in seen) and any(started(p, "epmd") for p in seen)
-        ):
-            assert time.monotonic() < deadline, "the RabbitMQ node never started"
-            assert bench.poll() is None, "the bench ended before the RabbitMQ node started"
-            time.sleep(0.1)
-            seen = descendants(bench.pid)
-        bench.send_signal(signal.SIGTERM)
-        bench.wait(120)
-        _, alive = psutil.wait_procs(seen, timeout=30)
-        assert not alive, [p.cmdline() for p in alive]
-        assert list(tmp_path.iterdir()) == []  # the bench's temporary directory is removed
-        assert {p for home in homes for p in home.glob("spoolmq-bench-rabbitmq-*")} <= before
-    finally:
-        for process in [*seen, *descendants(bench.pid)]:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        bench.kill()
-        bench.wait(10)
+    assert {p for home in homes for p in home.glob("spoolmq-bench-rabbitmq-*")} <= before

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -36,19 +34,15 @@ from typing import Any
 
 import orjson
 
-from spoolmq.bench.machine import RssSampler, cpu_seconds
-from spoolmq.bench.report import consume_figures, peer_cpu_figures, produce_figures
 from spoolmq.bench.workers import (
     TOPIC,
     DoneCounter,
     Progress,
+    ServerProcess,
     add_cpu,
-    free_port,
     payload,
-    read_ids,
-    shares,
-    start_workers,
-    wait_until_done,
+    time_consumers,
+    time_publishers,
 )
 from spoolmq.errors import SpoolError
 from spoolmq.stats import duplicates_and_missing
@@ -65,14 +59,12 @@ IN_FLIGHT = 1000  # PubAcks a publisher waits for at once
 PREFETCH = 500  # unACKed deliveries per consumer, as spoolmq's consumers' prefetch
 
 
-class NatsServer:
+class NatsServer(ServerProcess):
     """``nats-server -js`` on 127.0.0.1 and a free port, its store in ``root/nats``; ``stop``
     ends it by pid and removes its files."""
 
     def __init__(self, root: Path) -> None:
-        self.dir = root / "nats"
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(root / "nats")
 
     @property
     def url(self) -> str:
@@ -113,20 +105,6 @@ class NatsServer:
             )
         finally:
             await connection.close()
-
-    def pids(self) -> list[int]:
-        return [self.process.pid] if self.process is not None else []
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-            self.process = None
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def versions() -> dict[str, Any]:
@@ -291,74 +269,26 @@ async def _add_durable(url: str, consumers: int) -> None:
 def produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Publishers add ``n`` messages with up to ``IN_FLIGHT`` each awaiting its PubAck; timed
     until every PubAck is in."""
-    context = multiprocessing.get_context("spawn")
     server = NatsServer(root)
     server.start()
     try:
-        with RssSampler(server.pids) as rss:
-            barrier = context.Barrier(args.producers + 1)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context,
-                nats_producer,
-                [
-                    (server.url, first, count, args.size, barrier, cpu)
-                    for first, count in shares(args.n, args.producers)
-                ],
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            while alive := [p for p in processes if p.is_alive()]:
-                alive[0].join(0.5)
-                progress(f"publishing, {time.perf_counter() - started:.0f} s")
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
-        if any(p.exitcode for p in processes):
-            raise SpoolError("a NATS publisher process failed")
+        figures = time_publishers(nats_producer, server.url, args, server.pids, progress)
         progress("reading the stream back")
         ids = asyncio.run(_stored_ids(server.url, args.n))
-        return {
-            **produce_figures(args.n, elapsed),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "publishers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        return {**figures, **duplicates_and_missing(ids, args.n)}
     finally:
         server.stop()
 
 
 def consume(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """``n`` messages published first; then the consumers drain them, ACKing each."""
-    context = multiprocessing.get_context("spawn")
     server = NatsServer(root)
     server.start()
-    outs = [str(root / f"nats-consume-{i}.json") for i in range(args.consumers)]
     try:
         progress(f"publishing {args.n:,} messages")
         asyncio.run(_publish(server.url, 0, args.n, args.size))
         asyncio.run(_add_durable(server.url, args.consumers))
-        with RssSampler(server.pids) as rss:
-            barrier = context.Barrier(args.consumers + 1)
-            done = DoneCounter(context, args.n)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context, nats_consumer, [(server.url, out, barrier, done, cpu) for out in outs]
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            finished = wait_until_done(done, started, progress)
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
-            for process in processes:
-                process.join(30)
-        ids = read_ids(outs)
-        return {
-            **consume_figures(args.n, elapsed, ids, finished),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "consumers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        outs = [str(root / f"nats-consume-{i}.json") for i in range(args.consumers)]
+        return time_consumers(nats_consumer, server.url, args, server.pids, progress, outs)
     finally:
         server.stop()

@@ -6,7 +6,6 @@ all three with what each needs installed and what its ACK promises."""
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import shutil
 import subprocess
 import time
@@ -18,35 +17,28 @@ from typing import Any
 import orjson
 
 from spoolmq.bench import jetstream, rabbitmq
-from spoolmq.bench.machine import RssSampler, cpu_seconds
-from spoolmq.bench.report import consume_figures, peer_cpu_figures, produce_figures
 from spoolmq.bench.workers import (
     GROUP,
     TOPIC,
-    DoneCounter,
     Progress,
-    free_port,
-    read_ids,
+    ServerProcess,
     redis_add,
     redis_consumer,
     redis_producer,
-    shares,
     so_far,
-    start_workers,
-    wait_until_done,
+    time_consumers,
+    time_publishers,
 )
 from spoolmq.errors import SpoolError
 from spoolmq.stats import duplicates_and_missing
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """A redis-server on 127.0.0.1 and a free port, its files in ``root/redis``: append-only,
     fsync every second, no snapshots. ``stop`` ends it and removes its files."""
 
     def __init__(self, root: Path) -> None:
-        self.dir = root / "redis"
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(root / "redis")
 
     def start(self) -> None:
         import redis
@@ -91,19 +83,6 @@ class RedisServer:
             self.stop()
             raise
 
-    def pids(self) -> list[int]:
-        return [self.process.pid] if self.process is not None else []
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-            self.process = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
 
 def redis_versions() -> dict[str, Any]:
     """The Python client's version, whether it parses with hiredis, and the server's version."""
@@ -127,37 +106,20 @@ def redis_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
     """Producers XADD ``n`` messages in pipelines of 100; timed until all are added."""
     import redis
 
-    context = multiprocessing.get_context("spawn")
     server = RedisServer(root)
     server.start()
     try:
-        with RssSampler(server.pids) as rss:
-            client: Any = redis.Redis(port=server.port)
-            barrier = context.Barrier(args.producers + 1)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context,
-                redis_producer,
-                [
-                    (server.port, first, count, args.size, barrier, cpu)
-                    for first, count in shares(args.n, args.producers)
-                ],
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            while alive := [p for p in processes if p.is_alive()]:
-                alive[0].join(0.5)
-                progress(f"stored {so_far(client.xlen(TOPIC), started)}")
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
+        client: Any = redis.Redis(port=server.port)
+        figures = time_publishers(
+            redis_producer,
+            server.port,
+            args,
+            server.pids,
+            progress,
+            lambda started: f"stored {so_far(client.xlen(TOPIC), started)}",
+        )
         ids = [orjson.loads(fields[b"v"])["id"] for _, fields in client.xrange(TOPIC)]
-        return {
-            **produce_figures(args.n, elapsed),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "publishers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        return {**figures, **duplicates_and_missing(ids, args.n)}
     finally:
         server.stop()
 
@@ -166,38 +128,14 @@ def redis_consume(root: Path, args: argparse.Namespace, progress: Progress) -> d
     """Consumers of one group read and XACK ``n`` messages added before they start."""
     import redis
 
-    context = multiprocessing.get_context("spawn")
     server = RedisServer(root)
     server.start()
-    outs = [str(root / f"redis-consume-{i}.json") for i in range(args.consumers)]
     try:
         client: Any = redis.Redis(port=server.port)
         redis_add(client, 0, args.n, args.size, pipeline=1000)
         client.xgroup_create(TOPIC, GROUP, id="0")
-        with RssSampler(server.pids) as rss:
-            barrier = context.Barrier(args.consumers + 1)
-            done = DoneCounter(context, args.n)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context,
-                redis_consumer,
-                [(server.port, f"c{i}", out, barrier, done, cpu) for i, out in enumerate(outs)],
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            finished = wait_until_done(done, started, progress)
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
-            for process in processes:
-                process.join(30)
-        ids = read_ids(outs)
-        return {
-            **consume_figures(args.n, elapsed, ids, finished),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "consumers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        outs = [str(root / f"redis-consume-{i}.json") for i in range(args.consumers)]
+        return time_consumers(redis_consumer, server.port, args, server.pids, progress, outs)
     finally:
         server.stop()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import os
 import pwd
 import shutil
@@ -37,19 +36,16 @@ from typing import Any
 
 import orjson
 
-from spoolmq.bench.machine import RssSampler, cpu_seconds
-from spoolmq.bench.report import consume_figures, peer_cpu_figures, produce_figures
 from spoolmq.bench.workers import (
     TOPIC,
     DoneCounter,
     Progress,
     add_cpu,
+    end_process,
     free_port,
     payload,
-    read_ids,
-    shares,
-    start_workers,
-    wait_until_done,
+    time_consumers,
+    time_publishers,
 )
 from spoolmq.errors import SpoolError
 from spoolmq.stats import duplicates_and_missing
@@ -237,14 +233,8 @@ class RabbitServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(10)
             self.process = None
-        if self.epmd is not None:
-            self.epmd.terminate()
-            try:
-                self.epmd.wait(10)
-            except subprocess.TimeoutExpired:
-                self.epmd.kill()
-                self.epmd.wait(10)
-            self.epmd = None
+        end_process(self.epmd)
+        self.epmd = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -440,41 +430,15 @@ def _stored_ids(port: int, expected: int) -> list[int]:
 def produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Publishers send ``n`` persistent messages with up to ``IN_FLIGHT`` unconfirmed each;
     timed until every confirm is in."""
-    context = multiprocessing.get_context("spawn")
     progress("starting rabbitmq-server")
     server = RabbitServer(root)
     server.start()
     try:
         _declare_queue(server.port)
-        with RssSampler(server.pids) as rss:
-            barrier = context.Barrier(args.producers + 1)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context,
-                rabbit_producer,
-                [
-                    (server.port, first, count, args.size, barrier, cpu)
-                    for first, count in shares(args.n, args.producers)
-                ],
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            while alive := [p for p in processes if p.is_alive()]:
-                alive[0].join(0.5)
-                progress(f"publishing, {time.perf_counter() - started:.0f} s")
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
-        if any(p.exitcode for p in processes):
-            raise SpoolError("a RabbitMQ publisher process failed")
+        figures = time_publishers(rabbit_producer, server.port, args, server.pids, progress)
         progress("reading the queue back")
         ids = _stored_ids(server.port, args.n)
-        return {
-            **produce_figures(args.n, elapsed),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "publishers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        return {**figures, **duplicates_and_missing(ids, args.n)}
     finally:
         server.stop()
 
@@ -482,35 +446,13 @@ def produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[st
 def consume(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """``n`` messages published (and confirmed) first; then the consumers drain them, ACKing
     each."""
-    context = multiprocessing.get_context("spawn")
     progress("starting rabbitmq-server")
     server = RabbitServer(root)
     server.start()
-    outs = [str(root / f"rabbitmq-consume-{i}.json") for i in range(args.consumers)]
     try:
         progress(f"publishing {args.n:,} messages")
         _publish(server.port, 0, args.n, args.size)
-        with RssSampler(server.pids) as rss:
-            barrier = context.Barrier(args.consumers + 1)
-            done = DoneCounter(context, args.n)
-            cpu = context.Value("d", 0.0)
-            processes = start_workers(
-                context, rabbit_consumer, [(server.port, out, barrier, done, cpu) for out in outs]
-            )
-            barrier.wait()
-            started = time.perf_counter()
-            cpu_before = cpu_seconds(server.pids())
-            finished = wait_until_done(done, started, progress)
-            elapsed = time.perf_counter() - started
-            server_cpu = cpu_seconds(server.pids()) - cpu_before
-            for process in processes:
-                process.join(30)
-        ids = read_ids(outs)
-        return {
-            **consume_figures(args.n, elapsed, ids, finished),
-            **peer_cpu_figures(server_cpu, cpu.value, args.n, "consumers"),
-            "server_rss_peak_mib": round(rss.peak_mib, 1),
-            **duplicates_and_missing(ids, args.n),
-        }
+        outs = [str(root / f"rabbitmq-consume-{i}.json") for i in range(args.consumers)]
+        return time_consumers(rabbit_consumer, server.port, args, server.pids, progress, outs)
     finally:
         server.stop()
