@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeat",
         type=int,
         default=1,
-        help="runs of each throughput phase (spoolmq and Redis in turn); the median is kept",
+        help="runs of each throughput phase (spoolmq and the peers in turn); the median is kept",
     )
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     parser.add_argument(
@@ -142,6 +142,10 @@ def _phases(args: argparse.Namespace) -> set[str]:
     return phases
 
 
+PIP_NAMES = {"redis": "redis hiredis", "nats": "nats-py"}
+"""The packages that provide a peer's client modules, where their names differ."""
+
+
 def _available(peer: peers.Peer, console: Console) -> bool:
     """Whether the peer's server and Python client are installed; says how to get them if
     not (the bench then runs without that peer)."""
@@ -163,9 +167,6 @@ def _available(peer: peers.Peer, console: Console) -> bool:
         )
         return False
     return True
-
-
-PIP_NAMES = {"redis": "redis hiredis", "nats": "nats-py"}
 
 
 def _interrupted(signum: int, frame: Any) -> None:
