@@ -5,31 +5,14 @@ No speed is asserted: figures are recorded in BENCHMARKS.md, never checked by te
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import orjson
-import psutil
 import pytest
-
-
-def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """`python -m spoolmq bench ARGS` as a user runs it; fails the test unless it exits 0."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "spoolmq", "bench", *args],
-        capture_output=True,
-        timeout=240,
-        check=False,
-        env=env,
-    )
-    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
-    return completed
+from bench_run import interrupt_bench, run_bench
 
 
 def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
@@ -111,18 +94,6 @@ def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(
     assert produce["msgs_per_s"] == min(produce["runs_msgs_per_s"])  # lower middle of two
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.Error):
-        return list(psutil.Process(pid).children(recursive=True))
-    return []
-
-
-def _started(process: psutil.Process, what: str) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return process.is_running() and what in " ".join(process.cmdline())
-    return False
-
-
 @pytest.mark.parametrize(
     ("signum", "wait_for"), [(signal.SIGINT, "redis-server"), (signal.SIGTERM, "spoolmq broker")]
 )
@@ -133,31 +104,6 @@ def test_interrupted_bench_stops_what_it_started_and_removes_its_files(
         if os.environ.get("CI"):
             pytest.fail("redis-server is missing in CI: .ci/run installs it")
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    command = [sys.executable, "-m", "spoolmq", "bench", "--n", "300000", "--phases", "consume"]
-    bench = subprocess.Popen(
-        [*command, "--compare", "redis"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        start_new_session=True,  # the signal reaches the bench alone, not a process group
+    interrupt_bench(
+        ["--n", "300000", "--phases", "consume", "--compare", "redis"], tmp_path, signum, [wait_for]
     )
-    seen: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 180
-        while not any(_started(p, wait_for) for p in seen):
-            assert time.monotonic() < deadline, f"{wait_for} never started"
-            assert bench.poll() is None, "the bench ended before it started " + wait_for
-            time.sleep(0.1)
-            seen = _descendants(bench.pid)
-        bench.send_signal(signum)
-        bench.wait(90)
-        _, alive = psutil.wait_procs(seen, timeout=30)
-        assert not alive, [p.cmdline() for p in alive]
-        assert list(tmp_path.iterdir()) == []  # the bench's temporary directory is removed
-    finally:
-        # Whatever the bench left behind, orphans included (they are no longer its children).
-        for process in [*seen, *_descendants(bench.pid)]:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        bench.kill()
-        bench.wait(10)

@@ -1,21 +1,26 @@
 """``spoolmq bench``: throughput, latency, memory and disk figures, each phase in a fresh store,
-optionally side by side with Redis Streams driven the same way from the same machine.
+optionally side by side with Redis Streams, NATS JetStream and RabbitMQ driven the same way
+from the same machine.
 
 Phases:
   produce   P publisher processes send N messages as fast as they can; all ACKed.
   consume   C consumer processes of one group drain N pre-stored messages, ACKing each.
-  latency   one publisher at a fixed offered rate, one consumer; publish-to-receive times.
+  latency   one publisher at a fixed offered rate, one consumer; publish-to-receive times;
+            once per rate of ``--rate R1,R2,...``.
   prefilled (with --prefill M) a broker started on a store already holding M messages:
             its start time and memory, then produce and consume as above on that store.
 
-With --compare redis the produce and consume phases also run on a redis-server the bench
-starts (and stops, also on Ctrl-C or SIGTERM), taking turns with spoolmq.
+With --compare redis,nats,rabbitmq (any subset) the produce and consume phases also run on
+a redis-server, a nats-server with JetStream and a RabbitMQ node the bench starts (and stops,
+also on Ctrl-C or SIGTERM), taking turns with spoolmq. ``--partitions N`` gives spoolmq's
+topic N partitions; the peers keep one stream or queue each (see ``PEER_PARTITIONS``).
 
 Every phase counts duplicates and missing messages exactly (by message id).
 
 This module is the command (its arguments and the order of the phases); ``phases`` measures
-spoolmq, ``peers`` runs Redis, ``workers`` are the processes both start, ``machine`` samples
-memory, CPU and the disk, ``report`` prints and writes the results.
+spoolmq, ``peers`` lists the peers and runs Redis, ``jetstream`` and ``rabbitmq`` run the other
+two, ``workers`` are the processes they start, ``machine`` samples memory, CPU and the disk,
+``report`` prints and writes the results.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ __all__ = ["add_arguments", "run"]
 
 PHASES = ("produce", "consume", "latency")
 
+PEER_PARTITIONS = (
+    "the peers run on one stream or queue whatever --partitions says: a Redis stream, a "
+    "JetStream stream and a quorum queue are each one ordered log with one leader, and their "
+    "way to spread load is several streams or queues, each consumer bound to some of them, "
+    "which is a different workload from one consumer group sharing one topic"
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``spoolmq bench`` (the CLI adds ``--data``, which the bench ignores)."""
@@ -48,25 +60,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--size", type=int, default=200, help="approximate message bytes")
-    parser.add_argument("--rate", type=int, default=2000, help="offered msg/s of the latency phase")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds of the latency phase")
+    parser.add_argument(
+        "--rate",
+        default="2000",
+        help="offered msg/s of the latency phase; several (2000,20000) are measured in turn",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="seconds of the latency phase, per rate"
+    )
     parser.add_argument("--acks", default="all", choices=["0", "1", "all"])
-    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="partitions of spoolmq's topic (peers: one)"
+    )
     parser.add_argument("--prefill", type=int, default=0, help="also measure with N stored")
     parser.add_argument(
         "--repeat",
         type=int,
         default=1,
-        help="runs of each throughput phase (spoolmq and Redis in turn); the median is kept",
+        help="runs of each throughput phase (spoolmq and the peers in turn); the median is kept",
     )
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
-    parser.add_argument("--compare", choices=["redis"], help="run the same workload on Redis")
+    parser.add_argument(
+        "--compare",
+        default="",
+        metavar="PEERS",
+        help="run the same workload on these peers too: any of redis,nats,rabbitmq",
+    )
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated")
 
 
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _rates(text: str) -> list[int]:
+    """``--rate``'s comma-separated rates; InvalidArgumentError unless each is a positive
+    whole number of messages per second."""
+    rates = []
+    for name in _names(text) or [text]:
+        try:
+            rate = int(name)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--rate takes whole numbers of msg/s separated by commas, not {name!r}"
+            ) from None
+        if rate < 1:
+            raise InvalidArgumentError(f"--rate must be at least 1 msg/s, not {rate}")
+        rates.append(rate)
+    if len(set(rates)) != len(rates):
+        raise InvalidArgumentError(f"--rate names a rate twice: {text}")
+    return rates
+
+
+def _peers(text: str) -> list[str]:
+    """``--compare``'s peers, in the order given; InvalidArgumentError for an unknown one."""
+    chosen = list(dict.fromkeys(_names(text)))
+    unknown = [name for name in chosen if name not in peers.PEERS]
+    if unknown:
+        raise InvalidArgumentError(
+            f"--compare: unknown peer(s) {', '.join(unknown)}; choose from {','.join(peers.PEERS)}"
+        )
+    return chosen
+
+
 def _phases(args: argparse.Namespace) -> set[str]:
-    """The phases asked for, after every number is checked; InvalidArgumentError if not."""
-    for name in ("n", "producers", "consumers", "size", "rate", "partitions", "repeat"):
+    """The phases asked for, after every number is checked (``--rate`` and ``--compare``
+    become lists); InvalidArgumentError if one is wrong."""
+    args.rate = _rates(str(args.rate))
+    args.compare = _peers(args.compare or "")
+    for name in ("n", "producers", "consumers", "size", "partitions", "repeat"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name} must be at least 1")
     if args.duration <= 0:
@@ -80,21 +142,27 @@ def _phases(args: argparse.Namespace) -> set[str]:
     return phases
 
 
-def _redis_available(console: Console) -> bool:
-    """Whether redis-server and the Python client are installed; says how to get them if not."""
-    if shutil.which("redis-server") is None:
+PIP_NAMES = {"redis": "redis hiredis", "nats": "nats-py"}
+"""The packages that provide a peer's client modules, where their names differ."""
+
+
+def _available(peer: peers.Peer, console: Console) -> bool:
+    """Whether the peer's server and Python client are installed; says how to get them if
+    not (the bench then runs without that peer)."""
+    if peer.locate() is None:
         console.print(
-            "[yellow]redis-server is not installed; for the comparison install it with "
-            "`sudo apt-get install redis-server` (Debian/Ubuntu), `sudo dnf install redis` "
-            "(Fedora) or `brew install redis` (macOS). Running spoolmq alone.[/yellow]",
+            f"[yellow]{peer.program} is not installed; for the comparison with {peer.title} "
+            f"install it with {peer.install}. Running without {peer.name}.[/yellow]",
             soft_wrap=True,
         )
         return False
-    if importlib.util.find_spec("redis") is None:
+    missing = [module for module in peer.clients if importlib.util.find_spec(module) is None]
+    if missing:
         console.print(
-            "[yellow]the Python client for the comparison is missing: `uv sync` in a checkout "
-            "(it is a development dependency) or `pip install redis hiredis`. Running spoolmq "
-            "alone.[/yellow]",
+            f"[yellow]the Python client for the comparison with {peer.title} is missing: "
+            "`uv sync` in a checkout (the `bench` dependency group) or `pip install "
+            f"{' '.join(PIP_NAMES.get(m, m) for m in missing)}`. Running without "
+            f"{peer.name}.[/yellow]",
             soft_wrap=True,
         )
         return False
@@ -111,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     wanted = _phases(args)
-    compare = args.compare == "redis" and _redis_available(console)
+    compared = [name for name in args.compare if _available(peers.PEERS[name], console)]
     results: dict[str, Any] = {
         "parameters": {
             k: v for k, v in vars(args).items() if k not in ("handler", "command", "data")
@@ -119,6 +187,13 @@ def run(args: argparse.Namespace) -> int:
         "machine": machine_facts(),
         "spoolmq": {},
     }
+    if compared:
+        results["durability"] = {
+            "spoolmq": peers.SPOOLMQ_DURABILITY,
+            **{name: peers.PEERS[name].durability for name in compared},
+        }
+        if args.partitions > 1:
+            results["parameters"]["peer_partitions"] = PEER_PARTITIONS
     root = Path(tempfile.mkdtemp(prefix="spoolmq-bench-"))
     results["machine"].update(disk_facts(root))
     previous = signal.signal(signal.SIGTERM, _interrupted)
@@ -130,42 +205,52 @@ def run(args: argparse.Namespace) -> int:
                 return lambda text: status.update(f"{name}: {text}")
 
             spool = results["spoolmq"]
-            if compare:
-                results["redis"] = {"client": peers.redis_versions()}
-            throughput = {
-                "produce": (phases.spool_produce, peers.redis_produce, "produce"),
-                "consume": (phases.spool_consume, peers.redis_consume, "consume + ACK"),
-            }
-            for phase, (spool_phase, redis_phase, title) in throughput.items():
+            for name in compared:
+                results[name] = {"client": peers.PEERS[name].versions()}
+            throughput = {"produce": (phases.spool_produce, "produce"),
+                          "consume": (phases.spool_consume, "consume + ACK")}  # fmt: skip
+            for phase, (spool_phase, title) in throughput.items():
                 if phase not in wanted:
                     continue
-                # spoolmq and Redis take turns, so both see the same load on a shared machine.
-                spool_runs, redis_runs = [], []
+                # spoolmq and the peers take turns, so all see the same load on a shared
+                # machine.
+                runs: dict[str, list[dict[str, Any]]] = {"spoolmq": []}
                 for attempt in range(args.repeat):
                     of = f" (run {attempt + 1} of {args.repeat})" if args.repeat > 1 else ""
-                    spool_runs.append(spool_phase(root, args, step(f"spoolmq {title}{of}")))
-                    if compare:
-                        redis_runs.append(redis_phase(root, args, step(f"redis {title}{of}")))
-                spool[phase] = report.median_run(spool_runs)
-                if compare:
-                    results["redis"][phase] = report.median_run(redis_runs)
+                    runs["spoolmq"].append(spool_phase(root, args, step(f"spoolmq {title}{of}")))
+                    for name in compared:
+                        peer_phase = getattr(peers.PEERS[name], phase)
+                        runs.setdefault(name, []).append(
+                            peer_phase(root, args, step(f"{name} {title}{of}"))
+                        )
+                spool[phase] = report.median_run(runs["spoolmq"])
+                for name in compared:
+                    results[name][phase] = report.median_run(runs[name])
             if "latency" in wanted:
-                spool["latency"] = phases.spool_latency(
-                    root, args, step(f"spoolmq latency at {args.rate} msg/s")
-                )
+                by_rate = {
+                    str(rate): phases.spool_latency(
+                        root, args, rate, step(f"spoolmq latency at {rate:,} msg/s")
+                    )
+                    for rate in args.rate
+                }
+                # The first rate's figures where they always were; every rate's beside them.
+                spool["latency"] = by_rate[str(args.rate[0])]
+                spool["latency_by_rate"] = by_rate
             if args.prefill:
                 prefilled = phases.spool_prefilled(
                     root, args, step(f"spoolmq, {args.prefill:,} stored")
                 )
                 report.compare_with_empty(prefilled, spool)
                 spool["prefilled"] = prefilled
-            if compare:
+            if "redis" in compared:
                 results["ratios"] = report.throughput_ratios(spool, results["redis"])
+            if compared:
+                results["ratios_by_peer"] = report.ratios_by_peer(results, compared)
     finally:
         signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(root, ignore_errors=True)
     results["machine"]["load_average_end"] = list(os.getloadavg())
-    report.print_table(results)
+    report.print_table(results, compared)
     if args.json:
         report.write_json(args.json, results)
     return 0

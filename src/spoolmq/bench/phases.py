@@ -114,6 +114,16 @@ def _stored_ids(data: Path, starts: dict[int, int] | None = None) -> list[int]:
     return ids
 
 
+def _messages_per_partition(data: Path) -> list[int]:
+    """How many messages each partition of the topic holds (``--partitions``: how evenly the
+    publishers spread them)."""
+    from spoolmq.store import Store
+
+    with Store(data) as store:
+        partitions = store.topic_config(TOPIC).partitions
+        return [store.log_end_offset(TOPIC, p) for p in range(partitions)]
+
+
 def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*.jsonl") if f.is_file())
 
@@ -234,6 +244,7 @@ def spool_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
             **figures,
             "broker_start_s": round(start_s, 3),
             "bytes_per_message": round(_disk_bytes(data) / args.n, 1),
+            "messages_per_partition": _messages_per_partition(data),
             **duplicates_and_missing(_stored_ids(data), args.n),
         }
 
@@ -299,9 +310,12 @@ def spool_prefilled(root: Path, args: argparse.Namespace, progress: Progress) ->
         }
 
 
-def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    """One publisher at ``--rate`` msg/s for ``--duration`` s, one consumer: the time from
-    publish to receive of each message, and the disk's fdatasync time for reference."""
+def spool_latency(
+    root: Path, args: argparse.Namespace, rate: int, progress: Progress
+) -> dict[str, Any]:
+    """One publisher at ``rate`` msg/s for ``--duration`` s, one consumer: the time from
+    publish to receive of each message, the CPU each side spent per message, and the disk's
+    fdatasync time for reference."""
     from spoolmq.client import Admin, Publisher
 
     context = multiprocessing.get_context("spawn")
@@ -316,15 +330,22 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
         try:
             rss.start()
             ready, stop = context.Event(), context.Event()
+            consumer_cpu = context.Value("d", 0.0)
             consumer = context.Process(
-                daemon=True, target=spool_latency_consumer, args=(str(data), out, ready, stop)
+                daemon=True,
+                target=spool_latency_consumer,
+                args=(str(data), out, ready, stop, consumer_cpu),
             )
             consumer.start()
             ready.wait(30)
-            total = int(args.rate * args.duration)
-            interval = 1.0 / args.rate
+            total = int(rate * args.duration)
+            interval = 1.0 / rate
             filler = payload(args.size - 20)
+            cpu_before = cpu_seconds(broker.pids())
             with Publisher(data=data, acks=args.acks, linger_ms=0) as publisher:
+                # This process's CPU: the publisher's threads, and the sampler's and the
+                # status line's (small beside it).
+                publisher_before = time.process_time()
                 started = time.perf_counter()
                 for message_id in range(total):
                     target = started + message_id * interval
@@ -338,12 +359,14 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
                         progress(f"sent {so_far(message_id + 1, started)} of {total:,}")
                 publisher.flush()
                 sent_s = time.perf_counter() - started
+                publisher_cpu = time.process_time() - publisher_before
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 with Admin(data) as admin:
                     if admin.stats()["consumer"].get("acked", 0) >= total:
                         break
                 time.sleep(0.1)  # waiting for another process's progress
+            broker_cpu = cpu_seconds(broker.pids()) - cpu_before
             stop.set()
             consumer.join(30)
         finally:
@@ -354,13 +377,16 @@ def spool_latency(root: Path, args: argparse.Namespace, progress: Progress) -> d
             os.unlink(out)
         latencies = [latency for _, latency in records]
         return {
-            "offered_per_s": args.rate,
+            "offered_per_s": rate,
             "achieved_per_s": round(per_second(total, sent_s), 1),
             "messages": total,
             "p50_ms": round(percentile(latencies, 0.5), 3),
             "p99_ms": round(percentile(latencies, 0.99), 3),
             "p999_ms": round(percentile(latencies, 0.999), 3),
             "max_ms": round(max(latencies), 3) if latencies else float("nan"),
+            "broker_cpu_us_per_message": round(micros_each(broker_cpu, total), 2),
+            "publisher_cpu_us_per_message": round(micros_each(publisher_cpu, total), 2),
+            "consumer_cpu_us_per_message": round(micros_each(consumer_cpu.value, total), 2),
             "broker_rss_peak_mib": round(rss.peak_mib, 1),
             "disk_fdatasync_p50_ms": round(percentile(syncs, 0.5), 3),
             "disk_fdatasync_p99_ms": round(percentile(syncs, 0.99), 3),

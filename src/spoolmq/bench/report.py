@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from spoolmq.stats import per_second, ratio
+from spoolmq.stats import micros_each, per_second, ratio
 
 
 def produce_figures(messages: int, seconds: float) -> dict[str, Any]:
@@ -39,6 +39,20 @@ def consume_figures(
         "seconds": round(seconds, 4),
         "msgs_per_s": round(per_second(len(set(ids)), seconds), 1) if completed else 0.0,
         "completed": completed,
+    }
+
+
+def peer_cpu_figures(
+    server_seconds: float, clients_seconds: float, messages: int, clients: str
+) -> dict[str, float]:
+    """A peer's server and client CPU per message (µs), named as spoolmq's are.
+
+    >>> peer_cpu_figures(0.5, 0.25, 100_000, "publishers")
+    {'server_cpu_us_per_message': 5.0, 'publishers_cpu_us_per_message': 2.5}
+    """
+    return {
+        "server_cpu_us_per_message": round(micros_each(server_seconds, messages), 2),
+        f"{clients}_cpu_us_per_message": round(micros_each(clients_seconds, messages), 2),
     }
 
 
@@ -90,20 +104,36 @@ def _flatten(figures: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield f"{prefix}{name}", value
 
 
-def print_table(results: dict[str, Any]) -> None:
-    """Every figure of every phase and system, and the spoolmq / Redis ratios, on stdout."""
+def ratios_by_peer(results: dict[str, Any], peers: list[str]) -> dict[str, dict[str, float]]:
+    """spoolmq's throughput over each peer's, phase by phase (``ratios_by_peer`` in the JSON).
+
+    >>> ratios_by_peer(
+    ...     {"spoolmq": {"produce": {"msgs_per_s": 3}}, "nats": {"produce": {"msgs_per_s": 2}}},
+    ...     ["nats"],
+    ... )
+    {'nats': {'produce': 1.5}}
+    """
+    return {peer: throughput_ratios(results["spoolmq"], results[peer]) for peer in peers}
+
+
+def print_table(results: dict[str, Any], systems: list[str]) -> None:
+    """Every figure of every phase of spoolmq and of the ``systems`` compared with it, and the
+    ratios of spoolmq to each, on stdout."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="spoolmq bench")
     for column in ("phase", "system", "figure", "value"):
         table.add_column(column)
-    for system in ("spoolmq", "redis"):
+    for system in ("spoolmq", *systems):
         for phase, figures in results.get(system, {}).items():
             for figure, value in _flatten(figures):
                 table.add_row(phase, system, figure, str(value))
-    for phase, value in results.get("ratios", {}).items():
-        table.add_row(phase, "spoolmq / redis", "ratio", str(value))
+    for peer, ratios in results.get("ratios_by_peer", {}).items():
+        for phase, value in ratios.items():
+            table.add_row(phase, f"spoolmq / {peer}", "ratio", str(value))
+    for system, promise in results.get("durability", {}).items():
+        table.add_row("", system, "an ACK means", promise)
     Console().print(table)
 
 

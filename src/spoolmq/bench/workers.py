@@ -1,10 +1,16 @@
-"""The publisher and consumer processes a bench phase starts, for spoolmq and for Redis, and
-the shared counters they report through. Module level: spawned processes import them."""
+"""The publisher and consumer processes a bench phase starts, for spoolmq and for Redis, the
+shared counters they report through, and the timing of a peer's publishers and consumers.
+Module level: spawned processes import them."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import multiprocessing
 import os
+import shutil
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -13,7 +19,10 @@ from typing import Any
 
 import orjson
 
-from spoolmq.stats import per_second
+from spoolmq.bench.machine import RssSampler, cpu_seconds
+from spoolmq.bench.report import consume_figures, peer_cpu_figures, produce_figures
+from spoolmq.errors import SpoolError
+from spoolmq.stats import duplicates_and_missing, per_second
 
 TOPIC = "bench"
 GROUP = "bench"
@@ -102,10 +111,131 @@ def read_ids(outs: Sequence[str]) -> list[int]:
     return ids
 
 
-def _add_cpu(cpu: Any, seconds: float) -> None:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now, for a server the bench starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A server the bench starts on 127.0.0.1 and a free port, with its files in ``dir``;
+    ``stop`` ends it by pid (SIGTERM, then SIGKILL after 10 s) and removes its files."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def pids(self) -> list[int]:
+        return [self.process.pid] if self.process is not None else []
+
+    def stop(self) -> None:
+        end_process(self.process)
+        self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def end_process(process: subprocess.Popen[bytes] | None) -> None:
+    """End a process the bench started: SIGTERM, then SIGKILL after 10 s."""
+    if process is None:
+        return
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def add_cpu(cpu: Any, seconds: float) -> None:
     """Add this worker's CPU seconds of the measured part (start-up left out)."""
     with cpu.get_lock():
         cpu.value += seconds
+
+
+# -- a peer's phases: its publishers or consumers, timed ------------------------------------------
+
+
+def time_publishers(
+    target: Callable[..., None],
+    address: Any,
+    args: argparse.Namespace,
+    pids: Callable[[], list[int]],
+    progress: Progress,
+    status: Callable[[float], str] | None = None,
+) -> dict[str, Any]:
+    """``args.producers`` processes, each running ``target(address, first, count, size,
+    barrier, cpu)`` for its share of ids ``0 .. n-1``, timed from the moment all are ready
+    until the last has ended (each ends once its last message is ACKed): the throughput, the
+    server's (``pids``) and the publishers' CPU per message, the server's peak memory.
+    ``status(started)`` is the progress shown meanwhile."""
+    context = multiprocessing.get_context("spawn")
+    with RssSampler(pids) as rss:
+        barrier = context.Barrier(args.producers + 1)
+        cpu = context.Value("d", 0.0)
+        processes = start_workers(
+            context,
+            target,
+            [
+                (address, first, count, args.size, barrier, cpu)
+                for first, count in shares(args.n, args.producers)
+            ],
+        )
+        barrier.wait()
+        started = time.perf_counter()
+        cpu_before = cpu_seconds(pids())
+        while alive := [p for p in processes if p.is_alive()]:
+            alive[0].join(0.5)
+            progress(
+                status(started) if status else f"publishing, {time.perf_counter() - started:.0f} s"
+            )
+        elapsed = time.perf_counter() - started
+        server_cpu = cpu_seconds(pids()) - cpu_before
+    if any(p.exitcode for p in processes):
+        raise SpoolError("a publisher process failed")
+    return {
+        **produce_figures(args.n, elapsed),
+        **peer_cpu_figures(server_cpu, cpu.value, args.n, "publishers"),
+        "server_rss_peak_mib": round(rss.peak_mib, 1),
+    }
+
+
+def time_consumers(
+    target: Callable[..., None],
+    address: Any,
+    args: argparse.Namespace,
+    pids: Callable[[], list[int]],
+    progress: Progress,
+    outs: list[str],
+) -> dict[str, Any]:
+    """One process per file of ``outs``, each running ``target(address, out, barrier, done,
+    cpu)`` until the ``n`` messages stored before have been received and ACKed between them,
+    timed from the moment all are ready: the throughput, the server's and the consumers' CPU
+    per message, the server's peak memory, and the duplicates and missing ids."""
+    context = multiprocessing.get_context("spawn")
+    with RssSampler(pids) as rss:
+        barrier = context.Barrier(args.consumers + 1)
+        done = DoneCounter(context, args.n)
+        cpu = context.Value("d", 0.0)
+        processes = start_workers(
+            context, target, [(address, out, barrier, done, cpu) for out in outs]
+        )
+        barrier.wait()
+        started = time.perf_counter()
+        cpu_before = cpu_seconds(pids())
+        finished = wait_until_done(done, started, progress)
+        elapsed = time.perf_counter() - started
+        server_cpu = cpu_seconds(pids()) - cpu_before
+        for process in processes:
+            process.join(30)
+    ids = read_ids(outs)
+    return {
+        **consume_figures(args.n, elapsed, ids, finished),
+        **peer_cpu_figures(server_cpu, cpu.value, args.n, "consumers"),
+        "server_rss_peak_mib": round(rss.peak_mib, 1),
+        **duplicates_and_missing(ids, args.n),
+    }
 
 
 # -- spoolmq ---------------------------------------------------------------------------------
@@ -123,7 +253,7 @@ def spool_producer(
         for message_id in range(first, first + count):
             publisher.publish_async(TOPIC, {"id": message_id, "p": filler})
         publisher.flush()
-        _add_cpu(cpu, time.process_time() - started)
+        add_cpu(cpu, time.process_time() - started)
 
 
 def spool_consumer(data: str, out: str, barrier: Any, done: DoneCounter, cpu: Any) -> None:
@@ -150,16 +280,17 @@ def spool_consumer(data: str, out: str, barrier: Any, done: DoneCounter, cpu: An
             message.ack(wait=False)
             uncounted += 1
         done.add(uncounted)
-    _add_cpu(cpu, time.process_time() - started)
+    add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
 
 
-def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any) -> None:
+def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any, cpu: Any) -> None:
     from spoolmq.client import Consumer
 
     records: list[tuple[int, float]] = []
     with Consumer(TOPIC, GROUP, data=data, prefetch=100) as consumer:
         ready.set()
+        started = time.process_time()
         while not stop.is_set():
             message = consumer.receive(timeout=0.2)
             if message is None:
@@ -167,18 +298,21 @@ def spool_latency_consumer(data: str, out: str, ready: Any, stop: Any) -> None:
             received = time.time_ns()
             records.append((message.value["id"], (received - message.value["t"]) / 1e6))
             message.ack(wait=False)
+        add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(records))
 
 
 # -- Redis Streams ---------------------------------------------------------------------------
 
 
-def redis_producer(port: int, first: int, count: int, size: int, barrier: Any) -> None:
+def redis_producer(port: int, first: int, count: int, size: int, barrier: Any, cpu: Any) -> None:
     import redis
 
     client: Any = redis.Redis(port=port)
     barrier.wait()
+    started = time.process_time()
     redis_add(client, first, count, size, pipeline=100)
+    add_cpu(cpu, time.process_time() - started)
 
 
 def redis_add(client: Any, first: int, count: int, size: int, *, pipeline: int) -> None:
@@ -191,12 +325,14 @@ def redis_add(client: Any, first: int, count: int, size: int, *, pipeline: int) 
         pipe.execute()
 
 
-def redis_consumer(port: int, name: str, out: str, barrier: Any, done: DoneCounter) -> None:
+def redis_consumer(port: int, out: str, barrier: Any, done: DoneCounter, cpu: Any) -> None:
     import redis
 
     client: Any = redis.Redis(port=port)
     ids: list[int] = []
+    name = Path(out).stem  # the consumer's name in the group: one per output file
     barrier.wait()
+    started = time.process_time()
     while not done.is_set():
         reply = client.xreadgroup(GROUP, name, {TOPIC: ">"}, count=100, block=200)
         if not reply:
@@ -205,4 +341,5 @@ def redis_consumer(port: int, name: str, out: str, barrier: Any, done: DoneCount
         ids.extend(orjson.loads(fields[b"v"])["id"] for _, fields in entries)
         client.xack(TOPIC, GROUP, *[entry_id for entry_id, _ in entries])
         done.add(len(entries))
+    add_cpu(cpu, time.process_time() - started)
     Path(out).write_bytes(orjson.dumps(ids))
