@@ -101,7 +101,7 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         StorageLevel.MEMORY_AND_DISK
     )
     events = events_all.where("problem IS NULL")
-    outcomes = transform.delivery_outcomes(events).persist(StorageLevel.MEMORY_AND_DISK)
+    outcomes = transform.delivery_outcomes(events, records).persist(StorageLevel.MEMORY_AND_DISK)
 
     tables: dict[str, list[dict[str, Any]]] = {}
     tables["lines"] = _save(transform.line_counts(records_all, events_all), out_dir, "lines")
