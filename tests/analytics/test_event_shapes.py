@@ -132,7 +132,9 @@ def test_published_at_comes_from_the_record_when_events_leave_it_out(
          "partition": 0, "offset": 3, "attempt": 1, "published_at": 999},
     )  # fmt: skip
     events = transform.parse_events(lines)
-    outcomes = transform.delivery_outcomes(events.where("problem IS NULL"), records)
+    used = events.where("problem IS NULL")
+    assert transform.undated_events(used).count() == 6  # the frames' rows, not offset 3's
+    outcomes = transform.delivery_outcomes(used, records)
     got = sorted(
         (r["offset"], r["published_at"], r["first_delivered_at"], r["acked_at"])
         for r in outcomes.collect()

@@ -263,6 +263,8 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
         ],
     )
     # The events carry published_at (the per-message shape): no record is needed.
+    assert transform.undated_events(delivery_events).isEmpty()
+    assertDataFrameEqual(transform.delivery_outcomes(delivery_events, None), expected)
     no_records = frame(spark, RECORDS, [])
     assertDataFrameEqual(transform.delivery_outcomes(delivery_events, no_records), expected)
 

@@ -422,19 +422,30 @@ def payload_sizes(records: DataFrame) -> DataFrame:
 # -- deliveries --------------------------------------------------------------------------
 
 
-def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
+def _message_events(events: DataFrame) -> DataFrame:
+    # ``lag`` and ``skipped`` are about a group's position, not about one message.
+    return events.where(
+        ~F.col("type").isin(EventType.LAG, EventType.SKIPPED) & F.col("offset").isNotNull()
+    )
+
+
+def undated_events(events: DataFrame) -> DataFrame:
+    """The events about a message that do not carry its publish time (``published_at``):
+    rows of frame lines. When there are none (a store of brokers before issue 10),
+    delivery_outcomes needs no records."""
+    return _message_events(events).where(F.col("published_at").isNull())
+
+
+def delivery_outcomes(events: DataFrame, records: DataFrame | None) -> DataFrame:
     """One row per (group, topic, partition, offset) that has delivery events.
 
     ``published_at`` is the one the message's events carry (per-message lines have it),
     else the ``timestamp`` of its record in ``records`` (frame lines leave it out): one
-    join of the outcomes, not of every event, with the records the job already parsed.
-    A record deleted by retention leaves it null: its events still count, its latencies
-    cannot be measured.
+    join of the outcomes, not of every event, with the records the job already parsed;
+    ``records`` None skips the join (see undated_events). A record deleted by retention
+    leaves it null: its events still count, its latencies cannot be measured.
     """
-    # ``lag`` and ``skipped`` are about a group's position, not about one message.
-    typed = events.where(
-        ~F.col("type").isin(EventType.LAG, EventType.SKIPPED) & F.col("offset").isNotNull()
-    )
+    typed = _message_events(events)
     delivered = F.col("type") == EventType.DELIVERED
     outcomes = typed.groupBy("group", "topic", "partition", "offset").agg(
         F.max("published_at").alias("_event_published_at"),
@@ -444,6 +455,8 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         F.max(F.col("type") == EventType.DEAD_LETTERED).alias("dead_lettered"),
         F.max(F.col("type") == EventType.EXPIRED).alias("expired"),
     )
+    if records is None:
+        return outcomes.withColumnRenamed("_event_published_at", "published_at")
     # (topic, partition, offset) is unique among records: the join adds no rows.
     stamps = records.select("topic", "partition", "offset", F.col("timestamp").alias("_stamp"))
     return outcomes.join(stamps, ["topic", "partition", "offset"], "left").select(
