@@ -101,8 +101,8 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         StorageLevel.MEMORY_AND_DISK
     )
     events = events_all.where("problem IS NULL")
-    # Frame lines leave the publish time to the record: join the records only if there are
-    # any (about 10 % of the job's CPU on a store of per-message lines, which needs none).
+    # Frame lines leave the publish time to the record: join the records (a shuffle of
+    # every record and outcome) only if there are any; per-message lines carry it.
     dated_by = None if transform.undated_events(events).isEmpty() else records
     outcomes = transform.delivery_outcomes(events, dated_by).persist(StorageLevel.MEMORY_AND_DISK)
 
