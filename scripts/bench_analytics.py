@@ -2,10 +2,12 @@
 
     uv run python scripts/bench_analytics.py                       # 1M messages
     uv run python scripts/bench_analytics.py --messages 100000 --messages 1000000
+    uv run python scripts/bench_analytics.py --messages 100000 --event-shape old
 
 Builds the store directly in the documented format (docs/FORMAT.md) in a temporary
 directory: the segments through the store library (``Store.append_batch``), the delivery
-events and lag snapshots as JSON lines written with orjson, committed offsets in
+events (a line per frame by default, ``--event-shape old`` a line per message: the same
+history) and lag snapshots as JSON lines written with orjson, committed offsets in
 ``state.db``. Then runs ``python -m spoolmq analytics`` as a new process (a cold JVM) and
 reports its wall time and the peak RSS of the driver: the Python process and its JVM,
 sampled every 0.1 s. Prints a Markdown table for BENCHMARKS.md; deletes the store.
@@ -24,23 +26,93 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psutil
 
 from spoolmq import Message, Store
+from spoolmq.store.message import Position
 
 TOPIC = "orders"
 GROUP = "billing"
 PARTITIONS = 4
 BATCH = 1000
+FRAME = 50  # messages per dispatched frame (a consumer's prefetch)
 CONSUMERS = [f"c{n}-bench#{n}" for n in range(4)]
 LAG_EVERY_MS = 5_000
 
 
-def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
+class EventWriter:
+    """Writes one group's delivery events in either shape (docs/FORMAT.md): ``new``, one
+    ``delivered`` line per dispatched frame and one ``acked`` line per ACK frame (runs of
+    offsets, processing times as an array), as brokers since issue 10 write them; ``old``,
+    a line per message. Other types are a line per message in both."""
+
+    def __init__(self, shape: str) -> None:
+        self.shape = shape
+        self.lines: list[dict[str, Any]] = []
+
+    def frame(
+        self,
+        ts: int,
+        kind: str,
+        consumer: str,
+        messages: list[tuple[Position, int]],
+        times: list[float] | None = None,
+    ) -> None:
+        """A frame of (position, attempt) in that order; ``times`` per message for ACKs."""
+        if self.shape == "old":
+            for n, (position, attempt) in enumerate(messages):
+                line = self._message(ts, kind, consumer, position, attempt)
+                if times is not None:
+                    line["processing_ms"] = times[n]
+                self.lines.append(line)
+            return
+        runs: list[list[Any]] = []
+        for position, attempt in messages:
+            head = runs[-1] if runs else None
+            if head and (head[1], head[2] + head[3], head[4]) == (
+                position.partition,
+                position.offset,
+                attempt,
+            ):
+                head[3] += 1
+            else:
+                runs.append([TOPIC, position.partition, position.offset, 1, attempt])
+        line = {"ts": ts, "type": kind, "group": GROUP, "consumer": consumer, "runs": runs}
+        if times is not None:
+            line["processing_ms"] = times
+        self.lines.append(line)
+
+    def one(self, ts: int, kind: str, consumer: str, position: Position, attempt: int,
+            **extra: Any) -> None:  # fmt: skip
+        self.lines.append({**self._message(ts, kind, consumer, position, attempt), **extra})
+
+    @staticmethod
+    def _message(
+        ts: int, kind: str, consumer: str, position: Position, attempt: int
+    ) -> dict[str, Any]:
+        return {
+            "ts": ts,
+            "type": kind,
+            "group": GROUP,
+            "topic": TOPIC,
+            "partition": position.partition,
+            "offset": position.offset,
+            "key": None,
+            "consumer": consumer,
+            "attempt": attempt,
+            "published_at": position.timestamp,
+            "bytes": 110,
+        }
+
+
+def build_store(data: Path, count: int, shape: str = "new", seed: int = 7) -> dict[str, int]:
     """N messages on 4 partitions with one group's events: ~3 % retried once, ~0.1 %
-    dead-lettered after 3 attempts. Returns counts of what was written."""
+    dead-lettered after 3 attempts; delivered in frames of up to FRAME messages (sorted by
+    partition and offset, so a frame is a run or two) and ACKed in frames, the events
+    written in ``shape``. Returns counts of what was written."""
     rng = random.Random(seed)
     events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
     with Store(data) as store:
@@ -59,62 +131,46 @@ def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
                 for i in range(start, min(count, start + BATCH))
             ]
             positions = store.append_batch(TOPIC, batch, acks="1")
-            lines = []
-            for position in positions:
-                ends[position.partition] = position.offset + 1
-                common = {
-                    "group": GROUP,
-                    "topic": TOPIC,
-                    "partition": position.partition,
-                    "offset": position.offset,
-                    "key": None,
-                    "published_at": position.timestamp,
-                    "bytes": 110,
-                }
-                ts = position.timestamp + rng.randint(0, 20)
-                roll = rng.random()
-                attempts = 3 if roll < 0.001 else 2 if roll < 0.03 else 1
-                for attempt in range(1, attempts + 1):
+            events = EventWriter(shape)
+            ordered = sorted(positions, key=lambda p: (p.partition, p.offset))
+            for first in range(0, len(ordered), FRAME):
+                chunk = ordered[first : first + FRAME]
+                for position in chunk:
+                    ends[position.partition] = position.offset + 1
+                ts = max(p.timestamp for p in chunk) + rng.randint(0, 20)
+                # Each message's attempts: 1 (ACKed), 2 (NACKed, then ACKed) or 3 (NACKed
+                # three times, then dead-lettered). Each attempt is a frame.
+                going = []
+                for position in chunk:
+                    roll = rng.random()
+                    going.append((position, 3 if roll < 0.001 else 2 if roll < 0.03 else 1))
+                for attempt in (1, 2, 3):
+                    if not going:
+                        break
                     consumer = rng.choice(CONSUMERS)
-                    worked = rng.randint(1, 30)
-                    kind = "acked" if attempt == attempts and attempts < 3 else "nacked"
-                    lines.append(
-                        {
-                            "ts": ts,
-                            "type": "delivered",
-                            "consumer": consumer,
-                            "attempt": attempt,
-                            **common,
-                        }
-                    )
-                    ts += worked
-                    lines.append(
-                        {
-                            "ts": ts,
-                            "type": kind,
-                            "consumer": consumer,
-                            "attempt": attempt,
-                            "processing_ms": float(worked),
-                            **common,
-                        }
-                    )
-                    ts += 200 if kind == "nacked" else 0
-                if attempts == 3:
-                    lines.append(
-                        {
-                            "ts": ts,
-                            "type": "dead_lettered",
-                            "consumer": consumer,
-                            "attempt": 3,
-                            "reason": "bad address",
-                            **common,
-                        }
-                    )
-                    written["dead_lettered"] += 1
+                    events.frame(ts, "delivered", consumer, [(p, attempt) for p, _ in going])
+                    acked: list[tuple[Position, int]] = []
+                    times: list[float] = []
+                    for position, attempts in going:
+                        worked = float(rng.randint(1, 30))
+                        if attempts == attempt < 3:
+                            acked.append((position, attempt))
+                            times.append(worked)
+                            continue
+                        events.one(ts + int(worked), "nacked", consumer, position, attempt,
+                                   processing_ms=worked)  # fmt: skip
+                        if attempts == attempt:
+                            events.one(ts + int(worked), "dead_lettered", consumer, position,
+                                       attempt, reason="bad address")  # fmt: skip
+                            written["dead_lettered"] += 1
+                    if acked:
+                        events.frame(ts + 30, "acked", consumer, acked, times)
+                    going = [(p, attempts) for p, attempts in going if attempts > attempt]
+                    ts += 230
             if positions and positions[-1].timestamp >= next_lag:
                 for partition in range(PARTITIONS):
                     committed = max(0, ends[partition] - rng.randint(0, 500))
-                    lines.append(
+                    events.lines.append(
                         {
                             "ts": positions[-1].timestamp,
                             "type": "lag",
@@ -127,9 +183,9 @@ def build_store(data: Path, count: int, seed: int = 7) -> dict[str, int]:
                         }
                     )
                 next_lag = positions[-1].timestamp + LAG_EVERY_MS
-            out.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+            out.write(b"".join(orjson.dumps(line) + b"\n" for line in events.lines))
             written["messages"] += len(positions)
-            written["events"] += len(lines)
+            written["events"] += len(events.lines)
         out.close()
     db = sqlite3.connect(data / "state.db")
     with db:
@@ -203,6 +259,13 @@ def main() -> None:
         help="store size; repeat for several (default: 1000000)",
     )
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--event-shape",
+        choices=("old", "new"),
+        default="new",
+        help="delivery events a line per frame (new, as brokers write since issue 10) or a "
+        "line per message (old)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the stores (prints where)")
     args = parser.parse_args()
     sizes = args.messages or [1_000_000]
@@ -211,7 +274,7 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="spoolmq-bench-analytics-"))
         try:
             started = time.perf_counter()
-            written = build_store(root / "queue_data", count)
+            written = build_store(root / "queue_data", count, args.event_shape)
             built = time.perf_counter() - started
             size = sum(p.stat().st_size for p in (root / "queue_data").rglob("*.jsonl"))
             print(
@@ -231,7 +294,8 @@ def main() -> None:
                 shutil.rmtree(root, ignore_errors=True)
     print(
         f"\nmachine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-        f"Python {platform.python_version()}, master {args.master}\n"
+        f"Python {platform.python_version()}, master {args.master}, "
+        f"events in the {args.event_shape} shape\n"
     )
     print(
         "| messages | events | JSON lines | wall | CPU | driver peak RSS (Python + JVM) "

@@ -262,11 +262,15 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
             ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False),
         ],
     )
-    assertDataFrameEqual(transform.delivery_outcomes(delivery_events), expected)
+    # The events carry published_at (the per-message shape): no record is needed.
+    assert transform.undated_events(delivery_events).isEmpty()
+    assertDataFrameEqual(transform.delivery_outcomes(delivery_events, None), expected)
+    no_records = frame(spark, RECORDS, [])
+    assertDataFrameEqual(transform.delivery_outcomes(delivery_events, no_records), expected)
 
 
 def test_latency_attempts_and_rates(spark: SparkSession, delivery_events: DataFrame) -> None:
-    outcomes = transform.delivery_outcomes(delivery_events)
+    outcomes = transform.delivery_outcomes(delivery_events, frame(spark, RECORDS, []))
     # First delivery waits: 10, 5, 1, 500 ms. Sorted 1, 5, 10, 500: p50 at rank 1.5 is
     # 5 + 0.5 * 5 = 7.5; p90 at 2.7 is 10 + 0.7 * 490 = 353; p99 at 2.97 is 10 + 0.97 * 490.
     # ACK waits: 30, 140, 600: p50 140; p90 at 1.8 is 140 + 0.8 * 460 = 508; p99 at 1.98.

@@ -101,7 +101,10 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         StorageLevel.MEMORY_AND_DISK
     )
     events = events_all.where("problem IS NULL")
-    outcomes = transform.delivery_outcomes(events).persist(StorageLevel.MEMORY_AND_DISK)
+    # Frame lines leave the publish time to the record: join the records (a shuffle of
+    # every record and outcome) only if there are any; per-message lines carry it.
+    dated_by = None if transform.undated_events(events).isEmpty() else records
+    outcomes = transform.delivery_outcomes(events, dated_by).persist(StorageLevel.MEMORY_AND_DISK)
 
     tables: dict[str, list[dict[str, Any]]] = {}
     tables["lines"] = _save(transform.line_counts(records_all, events_all), out_dir, "lines")

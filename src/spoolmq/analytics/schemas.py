@@ -7,6 +7,7 @@ and is never parsed. Integers are 64-bit (``LongType``): timestamps are millisec
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    ArrayType,
     DoubleType,
     IntegerType,
     LongType,
@@ -49,6 +50,13 @@ EVENT_LINE = StructType(
         StructField("lag", LongType()),
     ]
 )
+
+# The fields of a delivery event line of the frame shape (docs/FORMAT.md; one ``delivered``
+# line per dispatched frame, one ``acked`` line per ACK frame) that are arrays. ``runs`` holds
+# ``[topic, partition, first_offset, count, attempt]`` lists of mixed types: read as text,
+# each element typed by the job (a JSON number read as a string is its text).
+EVENT_RUNS = ArrayType(ArrayType(StringType()))
+EVENT_PROCESSING_TIMES = ArrayType(DoubleType())
 
 # Raw lines as extracted: where each came from and its text.
 SEGMENT_LINES = StructType(

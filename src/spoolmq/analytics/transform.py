@@ -13,6 +13,10 @@ Definitions (docs: README "Analytics"):
   first delivery, attempts (the highest delivery attempt), ACK, dead letter, expiry;
 - e2e latency is publish (the record's timestamp) to first delivery; ack latency is publish
   to ACK; processing time is delivery to ACK (``processing_ms`` of ``acked`` events).
+
+Delivery events are read in both shapes brokers write, mixed: one line per message, or one
+``delivered``/``acked`` line per frame (runs of offsets). ``parse_events`` turns both into
+one row per message, so every function after it sees the same rows for the same history.
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ PERCENTILES = (0.5, 0.9, 0.99)
 # Delivery events that a consumer's work ended in, other than an ACK.
 FAILURE_TYPES = (EventType.NACKED, EventType.LEASE_EXPIRED, EventType.RELEASED)
 _CRC_MARK = ',"crc":'
+# A delivery event line of the frame shape is about one frame's messages: at most a
+# consumer's prefetch (the broker allows up to 100,000). A larger count is damage, and is
+# not expanded into an array that large.
+MAX_MESSAGES_PER_LINE = 1_000_000
+# The event fields that a line of the frame shape gives per message (from its runs).
+_PER_MESSAGE = ("topic", "partition", "offset", "attempt", "processing_ms")
 
 
 def _percentile_columns(value: Column, prefix: str = "") -> list[Column]:
@@ -53,23 +63,24 @@ def _ratio(part: str, whole: str) -> Column:
 # -- parsing -----------------------------------------------------------------------------
 
 
-def _parse_json_lines(lines: DataFrame, keep: list[str], schema: StructType) -> DataFrame:
+def _parse_json_lines(
+    lines: DataFrame, keep: list[str], schema: StructType, text: tuple[str, ...] = ()
+) -> DataFrame:
     """The top-level fields of ``schema`` from each JSON line, typed as the schema says.
 
     One ``json_tuple`` pass per line (about twice as fast as ``from_json`` here), then a
     ``try_cast`` per field: a line that is not a JSON object, or is cut off, gives nulls;
-    so does a field of the wrong type.
+    so does a field of the wrong type. The fields named in ``text`` are also kept as their
+    JSON text, in columns ``_json_<name>`` (for arrays, parsed further by the caller).
     """
-    raw = [f"_json_{field.name}" for field in schema.fields]
-    parsed = lines.select(
-        *keep, F.json_tuple(F.col("line"), *(f.name for f in schema.fields)).alias(*raw)
-    )
+    names = [field.name for field in schema.fields]
+    names += [name for name in text if name not in names]
+    raw = [f"_json_{name}" for name in names]
+    parsed = lines.select(*keep, F.json_tuple(F.col("line"), *names).alias(*raw))
     return parsed.select(
         *keep,
-        *(
-            F.col(r).try_cast(f.dataType).alias(f.name)
-            for r, f in zip(raw, schema.fields, strict=True)
-        ),
+        *(F.col(f"_json_{f.name}").try_cast(f.dataType).alias(f.name) for f in schema.fields),
+        *(F.col(f"_json_{name}") for name in text),
     )
 
 
@@ -140,14 +151,135 @@ def mark_incomplete_batches(records: DataFrame, cuts: DataFrame) -> DataFrame:
     )
 
 
+def _typed_run(run: Column) -> Column:
+    """A run ``[topic, partition, first_offset, count, attempt]`` (JSON text of each element)
+    as a struct; ``fields`` is how many elements it had (5 when whole)."""
+
+    def at(index: int) -> Column:  # null, not an error, past the end of a short run
+        return F.try_element_at(run, F.lit(index))
+
+    return F.struct(
+        at(1).alias("topic"),
+        at(2).try_cast("int").alias("partition"),
+        at(3).try_cast("long").alias("first"),
+        at(4).try_cast("long").alias("count"),
+        at(5).try_cast("long").alias("attempt"),
+        F.size(run).alias("fields"),
+    )
+
+
+def _whole_run(run: Column) -> Column:
+    return F.coalesce(
+        (run["fields"] == 5)
+        & run["topic"].isNotNull()
+        & (run["partition"] >= 0)
+        & (run["first"] >= 0)
+        & run["count"].between(1, MAX_MESSAGES_PER_LINE)
+        & run["attempt"].isNotNull(),
+        F.lit(False),
+    )
+
+
 def parse_events(lines: DataFrame) -> DataFrame:
-    """Event lines to events (docs/FORMAT.md fields) with a ``problem`` column:
-    ``unparsable`` when a line is not an event (a torn last line, damage)."""
+    """Event lines to one row per message an event is about (docs/FORMAT.md fields), with a
+    ``problem`` column and ``first_in_line`` (true on the first row of each line, so lines
+    can still be counted).
+
+    A line of the per-message shape (``offset``; every event type, and ``delivered`` and
+    ``acked`` as older brokers write them) is one row, as are events about a position
+    rather than a message (``lag``, ``skipped``). A line of the frame shape (``runs`` and no
+    ``offset``: a dispatched frame or an ACK frame) becomes one row per offset of its runs,
+    in order, each with its run's topic, partition and attempt, its own ``processing_ms``
+    (the array's element at the message's index; 0 for an auto-ACK, which has no array) and
+    the line's ``ts``, ``type``, ``group`` and ``consumer``: the rows a per-message writer
+    would have written, less ``key``, ``published_at`` and ``bytes``, which the record has
+    (delivery_outcomes takes ``published_at`` from it). The runs are expanded with Spark's
+    array functions, so nothing runs in Python on the executors.
+
+    ``problem`` is ``unparsable`` when a line is not an event (a torn last line, damage):
+    no ``ts``, ``type`` or ``group``; per message, no ``topic`` or ``partition``; per frame,
+    an ``offset`` too, a run that is not five fields with a count from 1 to
+    MAX_MESSAGES_PER_LINE (in all), or a ``processing_ms`` array of another length. Such a
+    line is one row.
+    """
+    parsed = _parse_json_lines(lines, [], schemas.EVENT_LINE, text=("runs", "processing_ms"))
+    framed = F.col("_json_runs").isNotNull()
+    # Parsed once per line into columns, each used by the checks and by the expansion.
+    arrays = parsed.select(
+        "*",
+        F.when(
+            framed,
+            F.transform(F.from_json(F.col("_json_runs"), schemas.EVENT_RUNS), _typed_run),
+        ).alias("_runs"),
+        F.when(
+            framed, F.from_json(F.col("_json_processing_ms"), schemas.EVENT_PROCESSING_TIMES)
+        ).alias("_times"),
+    )
+    runs, times = F.col("_runs"), F.col("_times")
+    total = F.aggregate(runs, F.lit(0).cast("long"), lambda sum_, run: sum_ + run["count"])
+    whole_frame = F.coalesce(
+        (F.size(runs) > 0)
+        & F.forall(runs, _whole_run)
+        & (total <= MAX_MESSAGES_PER_LINE)
+        & (F.col("_json_processing_ms").isNull() | (F.size(times) == total)),
+        F.lit(False),
+    )
     missing = F.lit(False)
-    for name in ("ts", "type", "group", "topic", "partition"):
+    for name in ("ts", "type", "group"):
         missing = missing | F.col(name).isNull()
-    problem = F.when(missing, F.lit("unparsable")).otherwise(F.lit(None).cast("string"))
-    return _parse_json_lines(lines, [], schemas.EVENT_LINE).select("*", problem.alias("problem"))
+    per_message_missing = F.col("topic").isNull() | F.col("partition").isNull()
+    problem = (
+        F.when(missing, F.lit("unparsable"))
+        .when(framed & (F.col("offset").isNotNull() | ~whole_frame), F.lit("unparsable"))
+        .when(~framed & per_message_missing, F.lit("unparsable"))
+        .otherwise(F.lit(None).cast("string"))
+    )
+    checked = arrays.select("*", problem.alias("problem"))
+
+    # The frame's messages in the order of its runs, which is the order of processing_ms.
+    offsets = F.flatten(
+        F.transform(
+            runs,
+            lambda run: F.transform(
+                F.sequence(F.lit(0).cast("long"), run["count"] - 1),
+                lambda step: F.struct(
+                    run["topic"].alias("topic"),
+                    run["partition"].alias("partition"),
+                    (run["first"] + step).alias("offset"),
+                    run["attempt"].alias("attempt"),
+                ),
+            ),
+        )
+    )
+    auto_ack = F.when(
+        (F.col("type") == EventType.ACKED) & (F.col("reason") == "auto_ack"), F.lit(0.0)
+    )
+    in_frame = F.transform(
+        offsets,
+        lambda message, index: F.struct(
+            message["topic"].alias("topic"),
+            message["partition"].alias("partition"),
+            message["offset"].alias("offset"),
+            message["attempt"].alias("attempt"),
+            F.coalesce(F.try_element_at(times, index + 1), auto_ack).alias("processing_ms"),
+        ),
+    )
+    alone = F.array(
+        F.struct(
+            *(F.col(name) for name in ("topic", "partition", "offset", "attempt", "processing_ms"))
+        )
+    )
+    # Only a whole frame is expanded (a count is bounded before it sizes an array).
+    messages = F.when(framed & F.col("problem").isNull(), in_frame).otherwise(alone)
+    exploded = checked.select("*", F.posexplode(messages).alias("_index", "_message"))
+    return exploded.select(
+        *(
+            F.col(f"_message.{f.name}").alias(f.name) if f.name in _PER_MESSAGE else F.col(f.name)
+            for f in schemas.EVENT_LINE.fields
+        ),
+        "problem",
+        (F.col("_index") == 0).alias("first_in_line"),
+    )
 
 
 def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
@@ -155,6 +287,8 @@ def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
     reason a line was skipped."""
 
     def counted(frame: DataFrame, source: str) -> DataFrame:
+        if "first_in_line" in frame.columns:  # events: a frame's line has a row per message
+            frame = frame.where(F.col("first_in_line"))
         return frame.groupBy(
             F.lit(source).alias("source"),
             F.coalesce(F.col("problem"), F.lit("used")).alias("status"),
@@ -288,20 +422,54 @@ def payload_sizes(records: DataFrame) -> DataFrame:
 # -- deliveries --------------------------------------------------------------------------
 
 
-def delivery_outcomes(events: DataFrame) -> DataFrame:
-    """One row per (group, topic, partition, offset) that has delivery events."""
+def _message_events(events: DataFrame) -> DataFrame:
     # ``lag`` and ``skipped`` are about a group's position, not about one message.
-    typed = events.where(
+    return events.where(
         ~F.col("type").isin(EventType.LAG, EventType.SKIPPED) & F.col("offset").isNotNull()
     )
+
+
+def undated_events(events: DataFrame) -> DataFrame:
+    """The events about a message that do not carry its publish time (``published_at``):
+    rows of frame lines. When there are none (a store of brokers before issue 10),
+    delivery_outcomes needs no records."""
+    return _message_events(events).where(F.col("published_at").isNull())
+
+
+def delivery_outcomes(events: DataFrame, records: DataFrame | None) -> DataFrame:
+    """One row per (group, topic, partition, offset) that has delivery events.
+
+    ``published_at`` is the one the message's events carry (per-message lines have it),
+    else the ``timestamp`` of its record in ``records`` (frame lines leave it out): one
+    join of the outcomes, not of every event, with the records the job already parsed;
+    ``records`` None skips the join (see undated_events). A record deleted by retention
+    leaves it null: its events still count, its latencies cannot be measured.
+    """
+    typed = _message_events(events)
     delivered = F.col("type") == EventType.DELIVERED
-    return typed.groupBy("group", "topic", "partition", "offset").agg(
-        F.max("published_at").alias("published_at"),
+    outcomes = typed.groupBy("group", "topic", "partition", "offset").agg(
+        F.max("published_at").alias("_event_published_at"),
         F.min(F.when(delivered, F.col("ts"))).alias("first_delivered_at"),
         F.max(F.when(delivered, F.col("attempt"))).alias("attempts"),
         F.min(F.when(F.col("type") == EventType.ACKED, F.col("ts"))).alias("acked_at"),
         F.max(F.col("type") == EventType.DEAD_LETTERED).alias("dead_lettered"),
         F.max(F.col("type") == EventType.EXPIRED).alias("expired"),
+    )
+    if records is None:
+        return outcomes.withColumnRenamed("_event_published_at", "published_at")
+    # (topic, partition, offset) is unique among records: the join adds no rows.
+    stamps = records.select("topic", "partition", "offset", F.col("timestamp").alias("_stamp"))
+    return outcomes.join(stamps, ["topic", "partition", "offset"], "left").select(
+        "group",
+        "topic",
+        "partition",
+        "offset",
+        F.coalesce(F.col("_event_published_at"), F.col("_stamp")).alias("published_at"),
+        "first_delivered_at",
+        "attempts",
+        "acked_at",
+        "dead_lettered",
+        "expired",
     )
 
 
