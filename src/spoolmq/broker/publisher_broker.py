@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -19,11 +19,14 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
+from spoolmq.broker.producer_ranges import ProducerRanges, Run, StoredAt
 from spoolmq.clock import SYSTEM_CLOCK, Clock
-from spoolmq.errors import ProtocolError, SpoolError, StorageError
-from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
+from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
+from spoolmq.protocol.publish import Checked, check_publish_frame, check_record
 from spoolmq.store.compaction import compaction_due
-from spoolmq.store.record import EncodedMessage
+from spoolmq.store.partitioner import partition_for_key
+from spoolmq.store.state import RunRow
+from spoolmq.store.writer import Written
 
 logger = logging.getLogger("spoolmq.publisher")
 
@@ -38,21 +41,67 @@ _CLEANUP_S = 5.0
 _COMPACT_SETTLE_S = 30.0
 # How often producer sequences no client can ask about any more are forgotten.
 _PRUNE_S = 30.0
+# How often the producer runs stored since are written to state.db (after the answers),
+# the partitions' figures recorded there, and its WAL checkpointed: all off the path
+# between a batch's fdatasync and its answer.
+_SAVE_S = 0.5
+_FIGURES_S = 1.0
+_CHECKPOINT_S = 1.0
 
 
-@dataclass(slots=True)
+class _Batch:
+    """What one group commit appends to one partition: the bodies of every frame's
+    records bound there, their keys and extras for the ConsumerBroker's notice."""
+
+    __slots__ = (
+        "acks",
+        "bodies",
+        "error",
+        "extra",
+        "keyed",
+        "keys",
+        "partition",
+        "topic",
+        "written",
+    )
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.bodies: list[bytes] = []
+        self.keys: list[str | None] = []
+        self.keyed = False
+        self.extra: dict[str, list[Any]] | None = None
+        self.acks = "0"
+        self.written: Written | None = None
+        self.error: SpoolError | None = None
+
+
+# A piece of a frame's answer: ``count`` records from ``start`` (index in the frame), either
+# written to a batch (at ``at`` in it, sequences from ``sequence`` or None) or duplicates of
+# a stored copy (``StoredAt``) or of a record earlier in this commit (batch, at).
+_WRITTEN, _DUPLICATE, _DUPLICATE_HERE = 0, 1, 2
+
+
 class _Frame:
-    client: ClientConnection
-    frame_id: Any
-    acks: str
-    results: list[dict[str, Any] | None]
+    __slots__ = ("acks", "client", "errors", "frame_id", "partitions", "pieces", "producer_id")
 
+    def __init__(
+        self, client: ClientConnection, frame_id: Any, acks: str, producer_id: str | None
+    ) -> None:
+        self.client, self.frame_id, self.acks, self.producer_id = (
+            client,
+            frame_id,
+            acks,
+            producer_id,
+        )
+        self.pieces: list[list[Any]] = []
+        self.errors: dict[str, dict[str, str]] | None = None
+        self.partitions = 0
 
-@dataclass(slots=True)
-class _Item:
-    frame: _Frame
-    index: int
-    encoded: EncodedMessage
+    def fail(self, index: int, exc: SpoolError) -> None:
+        if self.errors is None:
+            self.errors = {}
+        self.errors[str(index)] = {"code": exc.code, "message": str(exc)}
 
 
 @dataclass(slots=True)
@@ -79,11 +128,21 @@ class PublisherBroker(BrokerChild[ClientConnection]):
     ) -> None:
         super().__init__(data_dir, channels, store_settings=store_settings, clock=clock)
         self.notices: Connection | None = None
+        self.store.restore_sequences = False  # _rebuild_ranges reads them back instead
         self.stats = PublisherStats()
         self._cleanup_timer = Periodic(_CLEANUP_S)
         # Per compacted topic: its bytes after its last compaction, and when (monotonic).
         self._compacted: dict[str, tuple[int, float]] = {}
         self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
+        self.ranges = ProducerRanges()
+        # Per partition appended to: the end offset of the last batch whose runs are in
+        # ``ranges``, and the marks last saved with the runs.
+        self._ends: dict[tuple[str, int], int] = {}
+        self._saved_marks: dict[tuple[str, int], int] = {}
+        self._unsaved_since: float | None = None
+        self._figures_timer = Periodic(_FIGURES_S)
+        self._figures_due: set[tuple[str, int]] = set()
+        self._checkpoint_timer = Periodic(_CHECKPOINT_S)
 
     def new_client(self, conn: Connection, client_id: str) -> ClientConnection:
         return ClientConnection.open(conn, client_id)
@@ -99,6 +158,54 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                     self.store.partition_log(topic, partition).recover()
                 except SpoolError as exc:  # damage: appends there fail with it, others go on
                     logger.error("cannot recover %s/%d: %s", topic, partition, exc)
+        self._rebuild_ranges()
+        # Commits must not checkpoint the WAL on the publish path: a timer does it.
+        self.store.state.set_wal_autocheckpoint(0)
+
+    def _rebuild_ranges(self) -> None:
+        """The producers' runs: those saved in state.db, and those of every record stored
+        after its partition's mark (a crash between an answer and the save), read back
+        from the log. Records carry their producer id and sequence."""
+        self.ranges.add_all(
+            (row.producer_id, Run(*row[1:])) for row in self.store.state.load_runs()
+        )
+        marks = self.store.state.producer_marks()
+        for topic, config in self.store.topics().items():
+            for partition in range(config.partitions):
+                try:
+                    self._read_back(topic, partition, marks.get((topic, partition)))
+                except SpoolError as exc:
+                    logger.error("cannot read back %s/%d: %s", topic, partition, exc)
+        self._save_runs()
+
+    def _read_back(self, topic: str, partition: int, mark: int | None) -> None:
+        partition_log = self.store.partition_log(topic, partition)
+        end = partition_log.log_end_offset()
+        start = max(mark or 0, partition_log.log_start_offset())
+        if start < end:
+            found = 0
+            with self.store.reader(topic, partition, offset=start) as reader:
+                while entries := reader.read_entries(1000):
+                    for fields, _ in entries:
+                        pid, sequence = fields.get("producer_id"), fields.get("sequence")
+                        if pid is None or sequence is None or self.ranges.find(pid, sequence):
+                            continue
+                        offset, timestamp = fields["offset"], fields["timestamp"]
+                        self.ranges.add(pid, Run(sequence, 1, topic, partition, offset, timestamp))
+                        found += 1
+            if found:
+                logger.info(
+                    "%s/%d: %d producer sequence(s) read back from offset %d",
+                    topic,
+                    partition,
+                    found,
+                    start,
+                )
+        if end > 0 or mark is not None:
+            self._ends[(topic, partition)] = end
+
+    def wait_timeout(self) -> float | None:
+        return 1.0 if self._unsaved_since is None else _SAVE_S
 
     def loop(self, timeout: float | None) -> None:
         ready = self._wait_step(timeout)
@@ -112,6 +219,21 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         now = time.monotonic()
         if self._cleanup_timer.due(now):
             self._clean_up()
+        if self.ranges.unsaved_count() or self._ends != self._saved_marks:
+            # Batched: saved once the oldest unsaved run is _SAVE_S old, so a busy broker
+            # writes one transaction per _SAVE_S, and never between a sync and its answer.
+            if self._unsaved_since is None:
+                self._unsaved_since = now
+            elif now - self._unsaved_since >= _SAVE_S:
+                self._save_runs()
+                self._unsaved_since = None
+        if self._figures_timer.due(now) and self._figures_due:
+            self._record_figures()
+        if self._checkpoint_timer.due(now):
+            try:
+                self.store.state.checkpoint_wal()
+            except (SpoolError, sqlite3.Error):
+                logger.exception("checkpointing state.db failed; will retry")
         if self._prune_timer.due(now):
             try:
                 self.store.state.prune_sequences()
@@ -181,6 +303,11 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         if frames:
             self._commit(frames)
 
+    def save(self) -> None:
+        self._save_runs()
+        if self._figures_due:
+            self._record_figures()
+
     def _read_frames(
         self,
         client: ClientConnection,
@@ -211,92 +338,339 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 return
 
     def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
-        """Validate every message, append per partition (one write + fsync), answer."""
+        """Check every frame, append per partition (one write + fsync), answer, notify."""
         now = self.clock.now_ms()
-        # Keyed by plain (topic, partition) tuples: this runs per message, and building a
-        # TopicPartition costs several times what a tuple does.
-        batches: dict[tuple[str, int], list[_Item]] = defaultdict(list)
-        levels: dict[tuple[str, int], str] = {}
+        batches: dict[tuple[str, int], _Batch] = {}
+        # This commit's sequences per producer, for a repeat of a record of this commit.
+        fresh: dict[str, list[tuple[int, int, _Batch, int]]] = {}
         answered: list[_Frame] = []
         for client, raw in frames:
-            try:
-                acks, producer_id, messages = check_publish_frame(raw)
-            except SpoolError as exc:
-                self._send(client, protocol.error_frame(exc, id=raw.get("id")))
-                continue
-            frame = _Frame(client, raw.get("id"), acks, [None] * len(messages))
-            answered.append(frame)
-            self.stats.frames += 1
-            max_bytes = self.store.config.max_message_bytes
-            for index, item in enumerate(messages):
-                try:
-                    topic, key, asked, encoded = decode_publish_message(
-                        item, producer_id, now=now, max_bytes=max_bytes
-                    )
-                    config = self.store.topic_config(topic, create=True)
-                    partition = self.store.choose_partition(topic, config, key, asked)
-                except SpoolError as exc:
-                    frame.results[index] = {"error": exc.code, "message": str(exc)}
-                    self.stats.errors += 1
-                    continue
-                batches[(topic, partition)].append(_Item(frame, index, encoded))
-                if acks == "all" or levels.get((topic, partition)) != "all":
-                    levels[(topic, partition)] = acks
-        appended: list[list[Any]] = []
-        for (topic, partition), items in batches.items():
-            level = levels[(topic, partition)]
-            try:
-                positions = self.store.append_encoded(
-                    topic,
-                    partition,
-                    [item.encoded for item in items],
-                    "all" if level == "all" else "1",
-                )
-            except SpoolError as exc:
-                if not isinstance(exc, StorageError):
-                    logger.exception("append to %s/%d failed", topic, partition)
-                else:
-                    logger.error("append to %s/%d failed: %s", topic, partition, exc)
-                for item in items:
-                    item.frame.results[item.index] = {"error": exc.code, "message": str(exc)}
-                self.stats.errors += len(items)
-                continue
-            self.stats.batches += 1
-            self.stats.messages += len(items)
-            self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(items)
-            for item, position in zip(items, positions, strict=True):
-                result: dict[str, Any] = {
-                    "partition": position.partition,  # a repeat's first copy may be elsewhere
-                    "offset": position.offset,
-                    "timestamp": position.timestamp,
-                }
-                if position.duplicate:
-                    result["duplicate"] = True
-                item.frame.results[item.index] = result
-            written = [p.offset for p in positions if not p.duplicate]
-            if written:
-                appended.append([topic, partition, max(written) + 1])
-        if appended:
-            self._notify(appended)
+            frame = self._plan(client, raw, now, batches, fresh)
+            if frame is not None:
+                answered.append(frame)
+        for batch in batches.values():
+            self._append(batch)
+        self._remember(answered)
+        self._notify([b for b in batches.values() if b.written is not None])
         for frame in answered:
             if frame.acks != "0":
-                self._send(
-                    frame.client,
-                    {"op": "published", "id": frame.frame_id, "results": frame.results},
+                self._send(frame.client, self._answer(frame))
+
+    def _plan(
+        self,
+        client: ClientConnection,
+        raw: dict[str, Any],
+        now: int,
+        batches: dict[tuple[str, int], _Batch],
+        fresh: dict[str, list[tuple[int, int, _Batch, int]]],
+    ) -> _Frame | None:
+        """Check one frame's records and put them in their partitions' batches."""
+        try:
+            acks, producer_id, topic, asked, records = check_publish_frame(raw)
+            config = self.store.topic_config(topic, create=True)
+            if asked is not None and asked >= config.partitions:
+                raise UnknownPartitionError(
+                    f"topic {topic!r} has partitions 0 to {config.partitions - 1}; "
+                    f"there is no partition {asked}"
+                )
+        except SpoolError as exc:
+            self._send(client, protocol.error_frame(exc, id=raw.get("id")))
+            return None
+        frame = _Frame(client, raw.get("id"), acks, producer_id)
+        frame.partitions = partitions = config.partitions
+        self.stats.frames += 1
+        max_bytes = self.store.config.max_message_bytes
+        checked: list[Checked | None] = []
+        for index, record in enumerate(records):
+            try:
+                checked.append(check_record(record, producer_id, now, max_bytes))
+            except SpoolError as exc:
+                checked.append(None)
+                frame.fail(index, exc)
+                self.stats.errors += 1
+        count = len(records)
+        keyless = asked
+        if frame.errors is None:
+            # The common frame: every record good, one partition, sequences consecutive
+            # and above any this producer stored: one piece, no lookup.
+            good: list[Checked] = checked  # type: ignore[assignment]
+            target = asked
+            if target is None:
+                if partitions == 1:
+                    target = 0
+                elif all(c.key is None for c in good):
+                    target = keyless = self.store.choose_partition(topic, config, None, None)
+            first = good[0].sequence
+            if target is not None and (
+                (first is None and all(c.sequence is None for c in good))
+                or (
+                    first is not None
+                    and producer_id is not None
+                    and first > self._last_sequence(producer_id, fresh)
+                    and [c.sequence for c in good] == list(range(first, first + count))
+                )
+            ):
+                batch = self._batch(batches, topic, target, acks)
+                frame.pieces.append([_WRITTEN, 0, count, batch, len(batch.bodies), first])
+                self._add_to_batch(batch, good)
+                if first is not None:
+                    assert producer_id is not None
+                    fresh.setdefault(producer_id, []).append(
+                        (first, count, batch, len(batch.bodies) - count)
+                    )
+                return frame
+        # Any other frame: record by record.
+        piece: list[Any] | None = None
+        for index, item in enumerate(checked):
+            if item is None:
+                piece = None
+                continue
+            sequence = item.sequence
+            if sequence is not None and producer_id is not None:
+                copy = self._find(producer_id, sequence, fresh)
+                if copy is not None:
+                    frame.pieces.append([*copy[:1], index, 1, *copy[1:]])
+                    piece = None
+                    continue
+            if asked is not None:
+                partition = asked
+            elif item.key is not None:
+                partition = partition_for_key(item.key, partitions)
+            else:
+                if keyless is None:
+                    keyless = self.store.choose_partition(topic, config, None, None)
+                partition = keyless
+            batch = self._batch(batches, topic, partition, acks)
+            if (
+                piece is not None
+                and piece[3] is batch
+                and piece[1] + piece[2] == index
+                and piece[4] + piece[2] == len(batch.bodies)
+                and (
+                    (sequence is None and piece[5] is None)
+                    or (piece[5] is not None and sequence == piece[5] + piece[2])
+                )
+            ):
+                piece[2] += 1
+            else:
+                piece = [_WRITTEN, index, 1, batch, len(batch.bodies), sequence]
+                frame.pieces.append(piece)
+            self._add_to_batch(batch, [item])
+            if sequence is not None and producer_id is not None:
+                fresh.setdefault(producer_id, []).append(
+                    (sequence, 1, batch, len(batch.bodies) - 1)
+                )
+        return frame
+
+    def _last_sequence(
+        self, producer_id: str, fresh: dict[str, list[tuple[int, int, _Batch, int]]]
+    ) -> int:
+        """The highest sequence of ``producer_id`` stored or in this commit."""
+        last = self.ranges.last(producer_id)
+        for first, count, _, _ in fresh.get(producer_id, ()):
+            last = max(last, first + count - 1)
+        return last
+
+    def _find(
+        self,
+        producer_id: str,
+        sequence: int,
+        fresh: dict[str, list[tuple[int, int, _Batch, int]]],
+    ) -> list[Any] | None:
+        """A duplicate piece's kind and target if ``sequence`` is stored or in this commit."""
+        for first, count, batch, at in fresh.get(producer_id, ()):
+            if first <= sequence < first + count:
+                return [_DUPLICATE_HERE, batch, at + sequence - first]
+        stored = self.ranges.find(producer_id, sequence)
+        return None if stored is None else [_DUPLICATE, stored]
+
+    @staticmethod
+    def _batch(
+        batches: dict[tuple[str, int], _Batch], topic: str, partition: int, acks: str
+    ) -> _Batch:
+        batch = batches.get((topic, partition))
+        if batch is None:
+            batch = batches[(topic, partition)] = _Batch(topic, partition)
+        if acks == "all" or (acks == "1" and batch.acks == "0"):
+            batch.acks = acks
+        return batch
+
+    @staticmethod
+    def _add_to_batch(batch: _Batch, checked: list[Checked]) -> None:
+        start = len(batch.bodies)
+        for i, item in enumerate(checked):
+            batch.bodies.append(item.body)
+            batch.keys.append(item.identity)
+            if item.identity is not None:
+                batch.keyed = True
+            if item.extra is not None:
+                if batch.extra is None:
+                    batch.extra = {}
+                batch.extra[str(start + i)] = item.extra
+
+    def _append(self, batch: _Batch) -> None:
+        topic, partition = batch.topic, batch.partition
+        try:
+            batch.written = self.store.partition_log(topic, partition).append_bodies(
+                batch.bodies, "all" if batch.acks == "all" else "1"
+            )
+        except SpoolError as exc:
+            if not isinstance(exc, StorageError):
+                logger.exception("append to %s/%d failed", topic, partition)
+            else:
+                logger.error("append to %s/%d failed: %s", topic, partition, exc)
+            batch.error = exc
+            self.stats.errors += len(batch.bodies)
+            return
+        self.stats.batches += 1
+        self.stats.messages += len(batch.bodies)
+        self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(batch.bodies)
+        written = batch.written
+        self._ends[(topic, partition)] = written.base_offset + written.records
+        self._figures_due.add((topic, partition))
+
+    def _remember(self, frames: list[_Frame]) -> None:
+        """Add the runs of every stored piece to the producers' ranges."""
+        ranges = self.ranges
+        for frame in frames:
+            producer_id = frame.producer_id
+            if producer_id is None:
+                continue
+            for piece in frame.pieces:
+                if piece[0] != _WRITTEN or piece[5] is None:
+                    continue
+                batch: _Batch = piece[3]
+                written = batch.written
+                if written is None:
+                    continue
+                ranges.add(
+                    producer_id,
+                    Run(
+                        piece[5],
+                        piece[2],
+                        batch.topic,
+                        batch.partition,
+                        written.base_offset + piece[4],
+                        written.timestamp,
+                    ),
                 )
 
-    def _notify(self, appended: list[list[Any]]) -> None:
-        """Tell the ConsumerBroker which partitions grew (small frames: atomic pipe writes)."""
-        if self.notices is None:
+    @staticmethod
+    def _answer(frame: _Frame) -> dict[str, Any]:
+        """The ``published`` answer: ranges in record order, errors by index."""
+        ranges: list[list[int]] = []
+        errors = frame.errors
+        for piece in frame.pieces:
+            kind = piece[0]
+            if kind == _DUPLICATE:
+                stored: StoredAt = piece[3]
+                entry = [stored.partition, stored.offset, stored.timestamp, 1, 1]
+            else:
+                batch: _Batch = piece[3]
+                if batch.error is not None:
+                    if errors is None:
+                        errors = frame.errors = {}
+                    for index in range(piece[1], piece[1] + piece[2]):
+                        errors[str(index)] = {
+                            "code": batch.error.code,
+                            "message": str(batch.error),
+                        }
+                    continue
+                written = batch.written
+                assert written is not None
+                entry = [batch.partition, written.base_offset + piece[4], written.timestamp]
+                entry += [piece[2], 1] if kind == _DUPLICATE_HERE else [piece[2]]
+            if ranges:
+                last = ranges[-1]
+                if (
+                    len(last) == len(entry)
+                    and last[0] == entry[0]
+                    and last[1] + last[3] == entry[1]
+                    and last[2] == entry[2]
+                ):
+                    last[3] += entry[3]
+                    continue
+            ranges.append(entry)
+        answer: dict[str, Any] = {
+            "op": "published",
+            "id": frame.frame_id,
+            "r": ranges,
+            "n": frame.partitions,
+        }
+        if errors:
+            answer["errors"] = errors
+        return answer
+
+    def _notify(self, batches: list[_Batch]) -> None:
+        """Tell the ConsumerBroker what was appended (interfaces.md §1): small notices,
+        each one atomic pipe write, never one batch split over two."""
+        if self.notices is None or not batches:
             return
-        for start in range(0, len(appended), 20):
+        a: list[list[Any]] = []
+        b: list[list[Any]] = []
+        size = 0
+        for batch in batches:
+            written = batch.written
+            assert written is not None
+            entry = [
+                batch.topic,
+                batch.partition,
+                written.segment_base,
+                written.position,
+                written.length,
+                written.base_offset,
+                written.records,
+                written.timestamp,
+                batch.keys if batch.keyed else None,
+                batch.extra,
+            ]
+            cost = 120 + (sum(len(k) + 3 for k in batch.keys if k) if batch.keyed else 0)
+            if batch.extra is not None:
+                cost += 4096  # rare: a notice of its own
+            if b and size + cost > 3500:
+                if not self._send_notice(a, b):
+                    return
+                a, b, size = [], [], 0
+            a.append([batch.topic, batch.partition, written.base_offset + written.records])
+            b.append(entry)
+            size += cost
+        if b:
+            self._send_notice(a, b)
+
+    def _send_notice(self, a: list[list[Any]], b: list[list[Any]]) -> bool:
+        assert self.notices is not None
+        try:
+            self.notices.send_bytes(protocol.encode({"op": "appended", "a": a, "b": b}))
+        except OSError:
+            self.notices = None  # the ConsumerBroker is restarting; it rescans on start
+            return False
+        return True
+
+    # -- off the path: producer runs, partition figures, the WAL ----------------------
+
+    def _save_runs(self) -> None:
+        """Write the runs added since the last save, and each partition's mark (every
+        record below it has its run saved), in one transaction: after the answers."""
+        unsaved = self.ranges.unsaved()
+        marks = dict(self._ends)
+        if not unsaved and marks == self._saved_marks:
+            return
+        rows = [RunRow(pid, *run) for pid, run in unsaved]
+        try:
+            self.store.state.save_runs(rows, marks)
+        except SpoolError:
+            logger.exception("saving producer runs failed; will retry")
+            self.ranges.requeue(unsaved)
+            return
+        self._saved_marks = marks
+
+    def _record_figures(self) -> None:
+        for topic, partition in list(self._figures_due):
             try:
-                self.notices.send_bytes(
-                    protocol.encode({"op": "appended", "a": appended[start : start + 20]})
-                )
-            except OSError:
-                self.notices = None  # the ConsumerBroker is restarting; it rescans on start
-                return
+                self.store.partition_log(topic, partition).record_figures()
+            except SpoolError:
+                logger.exception("recording the figures of %s/%d failed", topic, partition)
+        self._figures_due.clear()
 
     # -- the manager ---------------------------------------------------------------------
 

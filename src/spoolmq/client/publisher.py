@@ -34,6 +34,7 @@ from spoolmq.errors import (
 )
 from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
+from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -41,11 +42,14 @@ logger = logging.getLogger("spoolmq.client")
 @dataclass(slots=True)
 class _Outgoing:
     sequence: int
-    topic: str
     body: bytes
-    acks: str
     future: _PublishFuture
     deadline: float
+
+
+# Messages go out in frames of one topic, one ACK level and (when the Publisher knows it)
+# one partition: (acks, topic, partition or None).
+_Group = tuple[str, str, int | None]
 
 
 # Guards the moment a _PublishFuture gets its Condition against the moment it is resolved.
@@ -135,9 +139,14 @@ class Publisher:
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         self.name = name
         self._sequence = 0
-        self._queue: deque[_Outgoing] = deque()
+        # Queued messages by frame group, oldest group first; ``_queued`` counts them all.
+        self._groups: dict[_Group, deque[_Outgoing]] = {}
+        self._queued = 0
+        # Each topic's partition count, from the broker's answers: keyed messages are then
+        # grouped by partition here (the broker's murmur2), so a frame has one partition.
+        self._partitions: dict[str, int] = {}
         self._urgent = False
-        self._in_flight: dict[int, list[_Outgoing]] = {}
+        self._in_flight: dict[int, tuple[_Group, list[_Outgoing]]] = {}
         self._frame_ids = 0
         self._outstanding = 0
         self._cond = threading.Condition()
@@ -231,20 +240,29 @@ class Publisher:
             if self._closed:
                 raise SpoolError("this Publisher is closed")
             sequence = self._sequence
-            body = encode_publish_message(topic, value, options, sequence=sequence)
+            body, key, partition = encode_publish_message(
+                topic, value, options, sequence=sequence, producer_id=self.producer_id
+            )
+            if partition is None and key is not None:
+                count = self._partitions.get(topic)
+                if count is not None:
+                    partition = partition_for_key(key, count)
             self._sequence += 1
             future = _PublishFuture()
             # The I/O thread needs a wake-up only when there is something new for it to do:
             # a first message starts its linger clock, a full batch or a blocking publish
             # ends it. Waking it per message cost a syscall and a thread switch each.
-            wake = not self._queue
-            self._queue.append(
-                _Outgoing(
-                    sequence, topic, body, level, future, time.monotonic() + self.delivery_timeout
-                )
+            wake = not self._queued
+            group = (level, topic, partition)
+            queue = self._groups.get(group)
+            if queue is None:
+                queue = self._groups[group] = deque()
+            queue.append(
+                _Outgoing(sequence, body, future, time.monotonic() + self.delivery_timeout)
             )
+            self._queued += 1
             self._outstanding += 1
-            if not self._urgent and (urgent or len(self._queue) >= self.batch_size):
+            if not self._urgent and (urgent or len(queue) >= self.batch_size):
                 self._urgent = wake = True
             if wake:
                 self._wake()
@@ -301,46 +319,63 @@ class Publisher:
             # Resend every unanswered frame, oldest first: same producer id and sequences,
             # so whatever the broker stored before it went away is not stored twice.
             with self._cond:
-                resend = [m for _, ms in sorted(self._in_flight.items()) for m in ms]
+                groups: dict[_Group, deque[_Outgoing]] = {}
+                for _, (group, items) in sorted(self._in_flight.items()):  # frame order
+                    groups.setdefault(group, deque()).extend(items)
+                    self._queued += len(items)
                 self._in_flight.clear()
-                self._queue.extendleft(reversed(resend))
+                for group, queue in self._groups.items():
+                    groups.setdefault(group, deque()).extend(queue)
+                self._groups = groups
                 self._urgent = True
             return
+
+    def _oldest(self) -> float:
+        """When the first message of the oldest group was queued (monotonic)."""
+        queue = next(iter(self._groups.values()))
+        return queue[0].deadline - self.delivery_timeout
 
     def _send_ready_frames(self) -> None:
         assert self._conn is not None
         while True:
             with self._cond:
-                if not self._queue or len(self._in_flight) >= self.max_in_flight:
+                if not self._queued or len(self._in_flight) >= self.max_in_flight:
                     return
-                if not self._urgent and len(self._queue) < self.batch_size:
-                    oldest = self._queue[0].deadline - self.delivery_timeout
-                    if time.monotonic() - oldest < self.linger:
-                        return
-                acks = self._queue[0].acks
-                batch: list[_Outgoing] = []
-                while self._queue and len(batch) < self.batch_size and self._queue[0].acks == acks:
-                    batch.append(self._queue.popleft())
-                if not self._queue:
+                if (
+                    not self._urgent
+                    and self._queued < self.batch_size
+                    and time.monotonic() - self._oldest() < self.linger
+                ):
+                    return
+                group, queue = next(iter(self._groups.items()))
+                if len(queue) <= self.batch_size:
+                    batch = list(queue)
+                    del self._groups[group]
+                else:
+                    batch = [queue.popleft() for _ in range(self.batch_size)]
+                self._queued -= len(batch)
+                if not self._queued:
                     self._urgent = False
                 self._frame_ids += 1
                 frame_id = self._frame_ids
+                acks, topic, partition = group
                 if acks != "0":
-                    self._in_flight[frame_id] = batch
+                    self._in_flight[frame_id] = (group, batch)
             self._conn.send_bytes(
-                encode_publish_frame(frame_id, acks, self.producer_id, [m.body for m in batch])
+                encode_publish_frame(
+                    frame_id, acks, self.producer_id, topic, partition, [m.body for m in batch]
+                )
             )
             if acks == "0":
                 for item in batch:
-                    item.future.resolve(Position(item.topic, -1, -1, -1), None)
+                    item.future.resolve(Position(topic, -1, -1, -1), None)
                 self._done(len(batch))
 
     def _wait_and_read(self) -> None:
         assert self._conn is not None
         with self._cond:
-            if self._queue and not self._urgent and len(self._in_flight) < self.max_in_flight:
-                oldest = self._queue[0].deadline - self.delivery_timeout
-                timeout: float | None = max(0.0, self.linger - (time.monotonic() - oldest))
+            if self._queued and not self._urgent and len(self._in_flight) < self.max_in_flight:
+                timeout: float | None = max(0.0, self.linger - (time.monotonic() - self._oldest()))
             else:
                 timeout = 1.0
         ready = wait([self._conn, self._wake_read], timeout)
@@ -354,39 +389,51 @@ class Publisher:
     def _handle_reply(self, frame: dict[str, Any]) -> None:
         frame_id = frame.get("id")
         with self._cond:
-            batch = self._in_flight.pop(frame_id, None) if isinstance(frame_id, int) else None
+            sent = self._in_flight.pop(frame_id, None) if isinstance(frame_id, int) else None
         if frame.get("op") == "error":
             error = error_from_code(str(frame.get("code")), str(frame.get("message")))
-            if batch is None:
+            if sent is None:
                 raise OSError(f"the broker closed this connection: {error}")
-            for item in batch:
+            for item in sent[1]:
                 item.future.resolve(None, error)
-            self._done(len(batch))
+            self._done(len(sent[1]))
             return
-        if batch is None:
+        if sent is None:
             return
-        results = frame.get("results") or []
-        answered = 0
-        for item, result in zip(batch, results, strict=False):
-            answered += 1
-            if "error" in result:
+        (_, topic, _), batch = sent
+        partitions = frame.get("n")
+        if type(partitions) is int and partitions > 0:
+            self._partitions[topic] = partitions
+        errors = frame.get("errors") or {}
+        ranges = iter(frame.get("r") or ())
+        left = answered = 0
+        partition = offset = timestamp = 0
+        duplicate = False
+        for index, item in enumerate(batch):
+            if errors and str(index) in errors:
+                error = errors[str(index)]
                 item.future.resolve(
-                    None, error_from_code(result["error"], result.get("message", ""))
+                    None, error_from_code(str(error.get("code")), str(error.get("message", "")))
                 )
-            else:
-                position = Position(
-                    item.topic,
-                    result["partition"],
-                    result["offset"],
-                    result.get("timestamp", -1),
-                    bool(result.get("duplicate")),
-                )
-                item.future.resolve(position, None)
-        for item in batch[answered:]:  # a broker bug; never left waiting, never ACKed
-            item.future.resolve(
-                None,
-                ProtocolError(f"the broker answered {answered} of the {len(batch)} messages"),
-            )
+                answered += 1
+                continue
+            if not left:
+                entry = next(ranges, None)
+                if entry is None:  # a broker bug; never left waiting, never ACKed
+                    for rest in batch[index:]:
+                        rest.future.resolve(
+                            None,
+                            ProtocolError(
+                                f"the broker answered {answered} of the {len(batch)} messages"
+                            ),
+                        )
+                    break
+                partition, offset, timestamp, left = entry[:4]
+                duplicate = len(entry) > 4 and entry[4] == 1
+            item.future.resolve(Position(topic, partition, offset, timestamp, duplicate), None)
+            offset += 1
+            left -= 1
+            answered += 1
         self._done(len(batch))
 
     def _done(self, count: int) -> None:
@@ -398,17 +445,22 @@ class Publisher:
     def _expire(self) -> None:
         """Fail messages whose delivery timeout passed (never a false ACK: an error)."""
         now = time.monotonic()
-        expired: list[_Outgoing] = []
+        expired: list[tuple[str, _Outgoing]] = []
         with self._cond:
-            while self._queue and self._queue[0].deadline <= now:
-                expired.append(self._queue.popleft())
-            for frame_id in [f for f, ms in self._in_flight.items() if ms[0].deadline <= now]:
-                expired.extend(self._in_flight.pop(frame_id))
-        for item in expired:
+            for group, queue in list(self._groups.items()):
+                while queue and queue[0].deadline <= now:
+                    expired.append((group[1], queue.popleft()))
+                    self._queued -= 1
+                if not queue:
+                    del self._groups[group]
+            for frame_id in [f for f, (_, ms) in self._in_flight.items() if ms[0].deadline <= now]:
+                group, items = self._in_flight.pop(frame_id)
+                expired.extend((group[1], item) for item in items)
+        for topic, item in expired:
             item.future.resolve(
                 None,
                 PublishTimeoutError(
-                    f"message {item.sequence} to {item.topic!r} was not acknowledged within "
+                    f"message {item.sequence} to {topic!r} was not acknowledged within "
                     f"{self.delivery_timeout:g} s (broker unreachable or overloaded); it may or "
                     "may not have been stored"
                 ),
