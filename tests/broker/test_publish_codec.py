@@ -196,3 +196,36 @@ def test_extras_tell_the_consumer_broker_what_a_record_has() -> None:
         True,
     ]
     assert check_record(BASE, None, NOW, 10_000).extra is None
+
+
+def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
+    """``check_records`` takes the common record inline: what it stores and refuses is what
+    ``check_record`` stores and refuses for each record."""
+    from spoolmq.protocol.publish import check_records
+
+    records: list[Any] = [
+        {"key": None, "value": {"n": 1}, "headers": [], "sequence": 1, "producer_id": "p"},
+        {"key": "k", "value": [1.5], "headers": [], "sequence": 2, "producer_id": "p"},
+        {"key": 5, "value": 1, "headers": [], "sequence": 3, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 4, "producer_id": "q"},
+        {"key": None, "value": 1, "headers": [], "sequence": 10**30, "producer_id": "p"},
+        {"key": None, "value": "x" * 3_000, "headers": [], "sequence": 6, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [["h", "v"]], "sequence": 7, "producer_id": "p"},
+        {"key_b64": "AAE=", "value": 1, "headers": [], "tags": ["t"], "delay_ms": 5},
+        "nope",
+    ]
+    checked = check_records(records, "p", NOW, 2_000)
+    for index, record in enumerate(records):
+        try:
+            one = check_record(record, "p", NOW, 2_000)
+        except SpoolError as exc:
+            assert checked.errors is not None
+            assert type(checked.errors[index]) is type(exc)
+            assert checked.bodies[index] is None
+            continue
+        assert checked.errors is None or index not in checked.errors
+        assert checked.bodies[index] == one.body
+        assert (checked.keys[index], checked.identities[index]) == (one.key, one.identity)
+        assert checked.sequences[index] == one.sequence
+        assert (checked.extras or {}).get(index) == one.extra
+    assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]

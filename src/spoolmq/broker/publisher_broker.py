@@ -1,17 +1,29 @@
 """The PublisherBroker process: receives publish frames, stores them with group commit,
-answers each publisher with its offsets only once they are stored at the asked ACK level.
+answers each publisher with its positions only once they are stored at the asked ACK level.
 
 Group commit: every frame that arrived while the previous batch was being written is read
-in the next ``loop()`` step, and each partition touched gets one write and one fsync for
-all of them.
+in the next ``loop()`` step, and each partition touched gets one write for all of them.
+The ``fdatasync`` runs in the sync thread (``spoolmq.broker.sync_thread``): while it waits
+for the disk, the loop reads, checks and writes the next commit, and each commit is
+answered (and the ConsumerBroker told) as soon as its sync and every older one returned.
+A failed sync fails its commit and every later one written meanwhile, whose data is cut off
+the log: a publisher is never told "stored" for what the disk did not take.
+
+Per message the broker does one parse (of the frame), a few type checks and a dump of each
+record (``spoolmq.protocol.publish``); idempotence is a comparison per frame against the
+producer's runs (``spoolmq.broker.producer_ranges``), which go to ``state.db`` in batches,
+after the answers, as do the partitions' figures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 import sqlite3
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -20,9 +32,10 @@ from typing import Any
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
 from spoolmq.broker.producer_ranges import ProducerRanges, Run, StoredAt
+from spoolmq.broker.sync_thread import SyncKey, SyncThread, describe
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
-from spoolmq.protocol.publish import Checked, check_publish_frame, check_record
+from spoolmq.protocol.publish import check_publish_frame, check_records
 from spoolmq.store.compaction import compaction_due
 from spoolmq.store.partitioner import partition_for_key
 from spoolmq.store.state import RunRow
@@ -104,6 +117,21 @@ class _Frame:
         self.errors[str(index)] = {"code": exc.code, "message": str(exc)}
 
 
+class _Commit:
+    """One group commit: the frames read in one loop step, their batches (one per
+    partition), written together and synced by one job of the sync thread."""
+
+    __slots__ = ("batches", "error", "frames", "fresh", "job")
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str, int], _Batch] = {}
+        # Per producer, the sequences of this commit: (first, count, batch, index in it).
+        self.fresh: dict[str, list[tuple[int, int, _Batch, int]]] = {}
+        self.frames: list[_Frame] = []
+        self.job = 0  # its sync job; 0: nothing to sync (ACK levels 0 and 1)
+        self.error: SpoolError | None = None  # its sync, or an earlier one, failed
+
+
 @dataclass(slots=True)
 class PublisherStats:
     frames: int = 0
@@ -143,6 +171,13 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         self._figures_timer = Periodic(_FIGURES_S)
         self._figures_due: set[tuple[str, int]] = set()
         self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        # Commits written and not finished, oldest first: each waits for its sync and
+        # for every older one (answers, runs and notices go out in commit order).
+        self._unsynced: deque[_Commit] = deque()
+        self._sync: SyncThread | None = None
+        self._jobs = itertools.count(1)
+        self._results: dict[int, OSError | None] = {}
+        self._abandoned: set[int] = set()  # jobs of failed commits, results ignored
 
     def new_client(self, conn: Connection, client_id: str) -> ClientConnection:
         return ClientConnection.open(conn, client_id)
@@ -161,6 +196,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         self._rebuild_ranges()
         # Commits must not checkpoint the WAL on the publish path: a timer does it.
         self.store.state.set_wal_autocheckpoint(0)
+        self._sync = SyncThread()
 
     def _rebuild_ranges(self) -> None:
         """The producers' runs: those saved in state.db, and those of every record stored
@@ -208,7 +244,9 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         return 1.0 if self._unsaved_since is None else _SAVE_S
 
     def loop(self, timeout: float | None) -> None:
-        ready = self._wait_step(timeout)
+        ready = self._wait_step(timeout, [self._sync] if self._unsynced else [])
+        if self._unsynced:
+            self._settle()  # answers for what the disk synced meanwhile go out first
         frames: list[tuple[ClientConnection, dict[str, Any]]] = []
         for conn in ready:
             client = self.clients.get(conn)
@@ -302,8 +340,13 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             self._read_frames(client, frames, limit=1_000_000)
         if frames:
             self._commit(frames)
+        self._settle_all()
 
     def save(self) -> None:
+        self._settle_all()
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
         self._save_runs()
         if self._figures_due:
             self._record_figures()
@@ -338,31 +381,142 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 return
 
     def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
-        """Check every frame, append per partition (one write + fsync), answer, notify."""
+        """Check every frame and write each partition's batch (one write); the sync thread
+        syncs them while the loop goes on, and :meth:`_settle` answers once it has."""
         now = self.clock.now_ms()
-        batches: dict[tuple[str, int], _Batch] = {}
-        # This commit's sequences per producer, for a repeat of a record of this commit.
-        fresh: dict[str, list[tuple[int, int, _Batch, int]]] = {}
-        answered: list[_Frame] = []
+        commit = _Commit()
         for client, raw in frames:
-            frame = self._plan(client, raw, now, batches, fresh)
+            frame = self._plan(client, raw, now, commit)
             if frame is not None:
-                answered.append(frame)
-        for batch in batches.values():
-            self._append(batch)
-        self._remember(answered)
-        self._notify([b for b in batches.values() if b.written is not None])
-        for frame in answered:
+                commit.frames.append(frame)
+        self._unsynced.append(commit)
+        self._write(commit)
+        self._settle()
+
+    def _write(self, commit: _Commit) -> None:
+        """Write each batch of ``commit`` and hand the sync thread the files to sync."""
+        files: dict[SyncKey, int] = {}
+        for (topic, partition), batch in commit.batches.items():
+            if commit.error is not None:
+                break  # a write failed in a way that fails this whole commit
+            sync_later = batch.acks == "all" and self._sync is not None
+            try:
+                written = self.store.partition_log(topic, partition).append_bodies(
+                    batch.bodies, "all" if batch.acks == "all" else "1", sync_later=sync_later
+                )
+            except SpoolError as exc:
+                if not isinstance(exc, StorageError):
+                    logger.exception("append to %s/%d failed", topic, partition)
+                else:
+                    logger.error("append to %s/%d failed: %s", topic, partition, exc)
+                batch.error = exc
+                # A failed roll fsynced (and failed) the segment older batches still wait
+                # to sync, and an fsync error is reported once: they cannot be trusted.
+                older = next(
+                    (
+                        i
+                        for i, c in enumerate(self._unsynced)
+                        if c.job and (topic, partition) in c.batches and c is not commit
+                    ),
+                    None,
+                )
+                if older is not None and isinstance(exc, StorageError):
+                    self._fail_from(older, exc)
+                continue
+            batch.written = written
+            if written.sync_fd >= 0:
+                files[(topic, partition, written.segment_base)] = written.sync_fd
+        if commit.error is not None or not files:
+            for fd in files.values():
+                os.close(fd)
+            return
+        commit.job = next(self._jobs)
+        assert self._sync is not None
+        self._sync.submit(commit.job, files)
+
+    def _settle(self) -> None:
+        """Finish, in order, the commits whose syncs are done (or need none)."""
+        if self._sync is not None:
+            for job, error in self._sync.results():
+                if job in self._abandoned:
+                    self._abandoned.discard(job)
+                else:
+                    self._results[job] = error
+        while self._unsynced:
+            commit = self._unsynced[0]
+            if commit.error is None and commit.job:
+                if commit.job not in self._results:
+                    return
+                error = self._results.pop(commit.job)
+                if error is not None:
+                    logger.error("fdatasync failed: %s", describe(error))
+                    self._fail_from(
+                        0,
+                        StorageError(
+                            f"syncing the log to disk failed ({describe(error)}); nothing "
+                            "from this batch was stored"
+                        ),
+                    )
+            self._unsynced.popleft()
+            if commit.error is not None and commit.job and commit.job not in self._results:
+                self._abandoned.add(commit.job)
+            self._results.pop(commit.job, None)
+            self._finish(commit)
+
+    def _settle_all(self) -> None:
+        """Wait until every written commit is synced and answered (on stop)."""
+        while self._unsynced:
+            if self._sync is not None:
+                self._sync.wait(1.0)
+            self._settle()
+
+    def _fail_from(self, first: int, error: SpoolError) -> None:
+        """An fsync failed: the commit ``first`` in line and every later one fail (their
+        data may not be on disk, and may come after data that is not), and each partition
+        they wrote to is cut back to where the earliest of them began writing."""
+        earliest: dict[tuple[str, int], tuple[int, int]] = {}
+        for commit in list(self._unsynced)[first:]:
+            if commit.error is None:
+                commit.error = error
+            for key, batch in commit.batches.items():
+                written = batch.written
+                if written is None:
+                    continue
+                at = (written.segment_base, written.position)
+                if key not in earliest or at < earliest[key]:
+                    earliest[key] = at
+        for (topic, partition), (segment_base, position) in earliest.items():
+            try:
+                self.store.partition_log(topic, partition).cut_back(segment_base, position)
+            except (OSError, SpoolError):
+                logger.exception("could not cut back %s/%d after a failed sync", topic, partition)
+
+    def _finish(self, commit: _Commit) -> None:
+        """Answer a commit's frames, remember its runs and tell the ConsumerBroker."""
+        error = commit.error
+        written_batches = []
+        for (topic, partition), batch in commit.batches.items():
+            count = len(batch.bodies)
+            if error is not None and batch.error is None:
+                batch.written, batch.error = None, error
+            written = batch.written
+            if written is None:
+                self.stats.errors += count
+                continue
+            written_batches.append(batch)
+            self.stats.batches += 1
+            self.stats.messages += count
+            self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + count
+            self._ends[(topic, partition)] = written.base_offset + written.records
+            self._figures_due.add((topic, partition))
+        self._remember(commit.frames)
+        self._notify(written_batches)
+        for frame in commit.frames:
             if frame.acks != "0":
                 self._send(frame.client, self._answer(frame))
 
     def _plan(
-        self,
-        client: ClientConnection,
-        raw: dict[str, Any],
-        now: int,
-        batches: dict[tuple[str, int], _Batch],
-        fresh: dict[str, list[tuple[int, int, _Batch, int]]],
+        self, client: ClientConnection, raw: dict[str, Any], now: int, commit: _Commit
     ) -> _Frame | None:
         """Check one frame's records and put them in their partitions' batches."""
         try:
@@ -379,73 +533,85 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         frame = _Frame(client, raw.get("id"), acks, producer_id)
         frame.partitions = partitions = config.partitions
         self.stats.frames += 1
-        max_bytes = self.store.config.max_message_bytes
-        checked: list[Checked | None] = []
-        for index, record in enumerate(records):
-            try:
-                checked.append(check_record(record, producer_id, now, max_bytes))
-            except SpoolError as exc:
-                checked.append(None)
-                frame.fail(index, exc)
-                self.stats.errors += 1
+        try:
+            checked = check_records(records, producer_id, now, self.store.config.max_message_bytes)
+        except Exception as exc:  # a bug must cost one frame, not every publisher
+            logger.exception("checking a publish frame failed")
+            self._send(
+                client,
+                protocol.error_frame(
+                    SpoolError(f"internal error: {exc!r}"[:300]), id=frame.frame_id
+                ),
+            )
+            return None
+        bodies, keys, sequences = checked.bodies, checked.keys, checked.sequences
+        if checked.errors is not None:
+            for index, refused in checked.errors.items():
+                frame.fail(index, refused)
+            self.stats.errors += len(checked.errors)
         count = len(records)
         keyless = asked
-        if frame.errors is None:
+        if checked.errors is None and checked.extras is None:
             # The common frame: every record good, one partition, sequences consecutive
             # and above any this producer stored: one piece, no lookup.
-            good: list[Checked] = checked  # type: ignore[assignment]
             target = asked
             if target is None:
                 if partitions == 1:
                     target = 0
-                elif all(c.key is None for c in good):
+                elif keys.count(None) == count:
                     target = keyless = self.store.choose_partition(topic, config, None, None)
-            first = good[0].sequence
+            first = sequences[0]
             if target is not None and (
-                (first is None and all(c.sequence is None for c in good))
+                (first is None and sequences.count(None) == count)
                 or (
                     first is not None
                     and producer_id is not None
-                    and first > self._last_sequence(producer_id, fresh)
-                    and [c.sequence for c in good] == list(range(first, first + count))
+                    and first > self._last_sequence(producer_id, commit)
+                    and sequences == list(range(first, first + count))
                 )
             ):
-                batch = self._batch(batches, topic, target, acks)
-                frame.pieces.append([_WRITTEN, 0, count, batch, len(batch.bodies), first])
-                self._add_to_batch(batch, good)
+                batch = self._batch(commit.batches, topic, target, acks)
+                start = len(batch.bodies)
+                frame.pieces.append([_WRITTEN, 0, count, batch, start, first])
+                batch.bodies += bodies  # type: ignore[arg-type]
+                batch.keys += checked.identities
+                if not batch.keyed and keys.count(None) != count:
+                    batch.keyed = True
                 if first is not None:
                     assert producer_id is not None
-                    fresh.setdefault(producer_id, []).append(
-                        (first, count, batch, len(batch.bodies) - count)
-                    )
+                    commit.fresh.setdefault(producer_id, []).append((first, count, batch, start))
                 return frame
         # Any other frame: record by record.
         piece: list[Any] | None = None
-        for index, item in enumerate(checked):
-            if item is None:
+        extras = checked.extras or {}
+        for index in range(count):
+            body = bodies[index]
+            if body is None:
                 piece = None
                 continue
-            sequence = item.sequence
+            sequence = sequences[index]
             if sequence is not None and producer_id is not None:
-                copy = self._find(producer_id, sequence, fresh)
+                copy = self._find(producer_id, sequence, commit)
                 if copy is not None:
                     frame.pieces.append([*copy[:1], index, 1, *copy[1:]])
                     piece = None
                     continue
+            key = keys[index]
             if asked is not None:
                 partition = asked
-            elif item.key is not None:
-                partition = partition_for_key(item.key, partitions)
+            elif key is not None:
+                partition = partition_for_key(key, partitions)
             else:
                 if keyless is None:
                     keyless = self.store.choose_partition(topic, config, None, None)
                 partition = keyless
-            batch = self._batch(batches, topic, partition, acks)
+            batch = self._batch(commit.batches, topic, partition, acks)
+            at = len(batch.bodies)
             if (
                 piece is not None
                 and piece[3] is batch
                 and piece[1] + piece[2] == index
-                and piece[4] + piece[2] == len(batch.bodies)
+                and piece[4] + piece[2] == at
                 and (
                     (sequence is None and piece[5] is None)
                     or (piece[5] is not None and sequence == piece[5] + piece[2])
@@ -453,34 +619,40 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             ):
                 piece[2] += 1
             else:
-                piece = [_WRITTEN, index, 1, batch, len(batch.bodies), sequence]
+                piece = [_WRITTEN, index, 1, batch, at, sequence]
                 frame.pieces.append(piece)
-            self._add_to_batch(batch, [item])
+            batch.bodies.append(body)
+            identity = checked.identities[index]
+            batch.keys.append(identity)
+            if identity is not None:
+                batch.keyed = True
+            extra = extras.get(index)
+            if extra is not None:
+                if batch.extra is None:
+                    batch.extra = {}
+                batch.extra[str(at)] = extra
             if sequence is not None and producer_id is not None:
-                fresh.setdefault(producer_id, []).append(
-                    (sequence, 1, batch, len(batch.bodies) - 1)
-                )
+                commit.fresh.setdefault(producer_id, []).append((sequence, 1, batch, at))
         return frame
 
-    def _last_sequence(
-        self, producer_id: str, fresh: dict[str, list[tuple[int, int, _Batch, int]]]
-    ) -> int:
-        """The highest sequence of ``producer_id`` stored or in this commit."""
+    def _pending(self, commit: _Commit) -> list[_Commit]:
+        """Commits not finished: their runs are not in ``ranges`` yet."""
+        return [*self._unsynced, commit] if self._unsynced else [commit]
+
+    def _last_sequence(self, producer_id: str, commit: _Commit) -> int:
+        """The highest sequence of ``producer_id`` stored or on its way."""
         last = self.ranges.last(producer_id)
-        for first, count, _, _ in fresh.get(producer_id, ()):
-            last = max(last, first + count - 1)
+        for pending in self._pending(commit):
+            for first, count, _, _ in pending.fresh.get(producer_id, ()):
+                last = max(last, first + count - 1)
         return last
 
-    def _find(
-        self,
-        producer_id: str,
-        sequence: int,
-        fresh: dict[str, list[tuple[int, int, _Batch, int]]],
-    ) -> list[Any] | None:
-        """A duplicate piece's kind and target if ``sequence`` is stored or in this commit."""
-        for first, count, batch, at in fresh.get(producer_id, ()):
-            if first <= sequence < first + count:
-                return [_DUPLICATE_HERE, batch, at + sequence - first]
+    def _find(self, producer_id: str, sequence: int, commit: _Commit) -> list[Any] | None:
+        """A duplicate piece's kind and target if ``sequence`` is stored or on its way."""
+        for pending in self._pending(commit):
+            for first, count, batch, at in pending.fresh.get(producer_id, ()):
+                if first <= sequence < first + count:
+                    return [_DUPLICATE_HERE, batch, at + sequence - first]
         stored = self.ranges.find(producer_id, sequence)
         return None if stored is None else [_DUPLICATE, stored]
 
@@ -494,40 +666,6 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         if acks == "all" or (acks == "1" and batch.acks == "0"):
             batch.acks = acks
         return batch
-
-    @staticmethod
-    def _add_to_batch(batch: _Batch, checked: list[Checked]) -> None:
-        start = len(batch.bodies)
-        for i, item in enumerate(checked):
-            batch.bodies.append(item.body)
-            batch.keys.append(item.identity)
-            if item.identity is not None:
-                batch.keyed = True
-            if item.extra is not None:
-                if batch.extra is None:
-                    batch.extra = {}
-                batch.extra[str(start + i)] = item.extra
-
-    def _append(self, batch: _Batch) -> None:
-        topic, partition = batch.topic, batch.partition
-        try:
-            batch.written = self.store.partition_log(topic, partition).append_bodies(
-                batch.bodies, "all" if batch.acks == "all" else "1"
-            )
-        except SpoolError as exc:
-            if not isinstance(exc, StorageError):
-                logger.exception("append to %s/%d failed", topic, partition)
-            else:
-                logger.error("append to %s/%d failed: %s", topic, partition, exc)
-            batch.error = exc
-            self.stats.errors += len(batch.bodies)
-            return
-        self.stats.batches += 1
-        self.stats.messages += len(batch.bodies)
-        self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(batch.bodies)
-        written = batch.written
-        self._ends[(topic, partition)] = written.base_offset + written.records
-        self._figures_due.add((topic, partition))
 
     def _remember(self, frames: list[_Frame]) -> None:
         """Add the runs of every stored piece to the producers' ranges."""

@@ -29,6 +29,7 @@ from spoolmq.errors import (
     MessageTooLargeError,
     ProtocolError,
     SerializationError,
+    SpoolError,
     UnknownPartitionError,
 )
 from spoolmq.store.message import (
@@ -246,6 +247,74 @@ def check_record(record: Any, producer_id: str | None, now: int, max_bytes: int)
     else:
         identity = "b:" + record["key_b64"]
     return Checked(body[1:-1], key, identity, sequence, extra)
+
+
+class CheckedRecords(NamedTuple):
+    """The records of a publish frame, checked (:func:`check_records`): per record, in
+    frame order, its body, key, key identity and sequence (None for a record in
+    ``errors``), and ``extra`` by index for the records that have one."""
+
+    bodies: list[bytes | None]
+    keys: list[str | bytes | None]
+    identities: list[str | None]
+    sequences: list[int | None]
+    extras: dict[int, list[Any]] | None
+    errors: dict[int, SpoolError] | None
+
+
+def check_records(
+    records: list[Any], producer_id: str | None, now: int, max_bytes: int
+) -> CheckedRecords:
+    """Every record of a frame checked as :func:`check_record` does, the common record
+    inline (one loop, no object per record: half the cost of a call per record)."""
+    bodies: list[bytes | None] = []
+    keys: list[str | bytes | None] = []
+    identities: list[str | None] = []
+    sequences: list[int | None] = []
+    extras: dict[int, list[Any]] | None = None
+    errors: dict[int, SpoolError] | None = None
+    dumps = orjson.dumps
+    limit = max_bytes - RECORD_OVERHEAD
+    for index, record in enumerate(records):
+        if type(record) is dict and tuple(record) == _COMMON:
+            key, sequence = record["key"], record["sequence"]
+            if (
+                (key is None or type(key) is str)
+                and record["headers"] == []
+                and type(sequence) is int
+                and sequence >= 0
+                and record["producer_id"] == producer_id
+            ):
+                try:
+                    body = dumps(record)
+                except TypeError:  # a sequence past 64 bits: check_record says so
+                    body = b""
+                if body and len(body) <= limit:
+                    bodies.append(body[1:-1])
+                    keys.append(key)
+                    identities.append(None if key is None else "s:" + key)
+                    sequences.append(sequence)
+                    continue
+        try:
+            checked = check_record(record, producer_id, now, max_bytes)
+        except SpoolError as exc:
+            if errors is None:
+                errors = {}
+            errors[index] = exc
+            bodies.append(None)
+            keys.append(None)
+            identities.append(None)
+            sequences.append(None)
+            continue
+        bodies.append(checked.body)
+        keys.append(checked.key)
+        identities.append(checked.identity)
+        sequences.append(checked.sequence)
+        if checked.extra is not None:
+            if extras is None:
+                extras = {}
+            extras[index] = checked.extra
+    return CheckedRecords(bodies, keys, identities, sequences, extras, errors)
 
 
 def _extra(record: dict[str, Any]) -> list[Any] | None:
