@@ -3,7 +3,8 @@
 A Publisher numbers its messages 0, 1, 2, ... and a frame usually carries a run of
 consecutive numbers that the broker stores at consecutive offsets of one partition. So the
 PublisherBroker keeps, per producer, its highest sequence seen and a bounded, sorted list of
-runs ``(first sequence, count, topic, partition, first offset, timestamp)``: a frame whose
+runs (``spoolmq.store.state.RunRow``: first sequence, count, topic, partition, first
+offset, timestamp): a frame whose
 numbers are all above the highest is new (one comparison per frame), and a retry is looked
 up by bisection, on whichever partition its first copy went to.
 
@@ -19,17 +20,7 @@ import bisect
 from collections.abc import Iterable
 from typing import NamedTuple
 
-
-class Run(NamedTuple):
-    """Sequences ``first_sequence`` .. ``first_sequence + size - 1`` of one producer,
-    stored at offsets ``first_offset`` .. of ``topic``/``partition`` with ``timestamp``."""
-
-    first_sequence: int
-    size: int
-    topic: str
-    partition: int
-    first_offset: int
-    timestamp: int
+from spoolmq.store.state import RunRow
 
 
 class StoredAt(NamedTuple):
@@ -47,7 +38,7 @@ class _Producer:
     def __init__(self) -> None:
         self.last = -1  # the highest sequence stored
         self.firsts: list[int] = []  # runs[i].first_sequence, for bisect
-        self.runs: list[Run] = []
+        self.runs: list[RunRow] = []
 
 
 class ProducerRanges:
@@ -61,7 +52,7 @@ class ProducerRanges:
     def __init__(self, *, keep: int = 100_000) -> None:
         self.keep = keep
         self._producers: dict[str, _Producer] = {}
-        self._unsaved: list[tuple[str, Run]] = []
+        self._unsaved: list[RunRow] = []
 
     def last(self, producer_id: str) -> int:
         """The highest sequence stored for ``producer_id``, -1 if none."""
@@ -82,9 +73,10 @@ class ProducerRanges:
             return None
         return StoredAt(run.topic, run.partition, run.first_offset + delta, run.timestamp)
 
-    def add(self, producer_id: str, run: Run, *, saved: bool = False) -> None:
+    def add(self, run: RunRow, *, saved: bool = False) -> None:
         """Remember ``run`` (which no known run overlaps); ``saved`` when it comes from
         ``state.db``, so it is not written back."""
+        producer_id = run.producer_id
         producer = self._producers.get(producer_id)
         if producer is None:
             producer = self._producers[producer_id] = _Producer()
@@ -104,8 +96,8 @@ class ProducerRanges:
                 # back to back): one run, saved as one row (its key is its first sequence).
                 merged = runs[-1] = previous._replace(size=previous.size + run.size)
                 unsaved = self._unsaved
-                if not saved and unsaved and unsaved[-1] == (producer_id, previous):
-                    unsaved[-1] = (producer_id, merged)
+                if not saved and unsaved and unsaved[-1] == previous:
+                    unsaved[-1] = merged
                     saved = True  # already queued
                 run = merged
             else:
@@ -118,7 +110,7 @@ class ProducerRanges:
         if end > producer.last:
             producer.last = end
         if not saved:
-            self._unsaved.append((producer_id, run))
+            self._unsaved.append(run)
         if (
             len(runs) > 64
             and runs[0].first_sequence + runs[0].size - 1 < producer.last - 2 * self.keep
@@ -135,7 +127,7 @@ class ProducerRanges:
         del producer.runs[:cut]
         del producer.firsts[:cut]
 
-    def unsaved(self) -> list[tuple[str, Run]]:
+    def unsaved(self) -> list[RunRow]:
         """The runs added since the last call (``state.db`` must get them), oldest first."""
         runs, self._unsaved = self._unsaved, []
         return runs
@@ -143,15 +135,15 @@ class ProducerRanges:
     def unsaved_count(self) -> int:
         return len(self._unsaved)
 
-    def requeue(self, runs: list[tuple[str, Run]]) -> None:
+    def requeue(self, runs: list[RunRow]) -> None:
         """Runs ``unsaved`` gave whose save failed: they go first in the next one."""
         self._unsaved[:0] = runs
 
-    def add_all(self, rows: Iterable[tuple[str, Run]]) -> None:
+    def add_all(self, rows: Iterable[RunRow]) -> None:
         """Add runs read back from ``state.db``."""
-        for producer_id, run in rows:
-            if self.find(producer_id, run.first_sequence) is None:
-                self.add(producer_id, run, saved=True)
+        for run in rows:
+            if self.find(run.producer_id, run.first_sequence) is None:
+                self.add(run, saved=True)
 
     def __len__(self) -> int:
         return sum(len(p.runs) for p in self._producers.values())

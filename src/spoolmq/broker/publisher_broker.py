@@ -31,7 +31,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
-from spoolmq.broker.producer_ranges import ProducerRanges, Run, StoredAt
+from spoolmq.broker.producer_ranges import ProducerRanges, StoredAt
 from spoolmq.broker.sync_thread import SyncKey, SyncThread, describe
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
@@ -202,9 +202,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         """The producers' runs: those saved in state.db, and those of every record stored
         after its partition's mark (a crash between an answer and the save), read back
         from the log. Records carry their producer id and sequence."""
-        self.ranges.add_all(
-            (row.producer_id, Run(*row[1:])) for row in self.store.state.load_runs()
-        )
+        self.ranges.add_all(self.store.state.load_runs())
         marks = self.store.state.producer_marks()
         for topic, config in self.store.topics().items():
             for partition in range(config.partitions):
@@ -227,7 +225,9 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                         if pid is None or sequence is None or self.ranges.find(pid, sequence):
                             continue
                         offset, timestamp = fields["offset"], fields["timestamp"]
-                        self.ranges.add(pid, Run(sequence, 1, topic, partition, offset, timestamp))
+                        self.ranges.add(
+                            RunRow(pid, sequence, 1, topic, partition, offset, timestamp)
+                        )
                         found += 1
             if found:
                 logger.info(
@@ -682,8 +682,8 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 if written is None:
                     continue
                 ranges.add(
-                    producer_id,
-                    Run(
+                    RunRow(
+                        producer_id,
                         piece[5],
                         piece[2],
                         batch.topic,
@@ -793,9 +793,8 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         marks = dict(self._ends)
         if not unsaved and marks == self._saved_marks:
             return
-        rows = [RunRow(pid, *run) for pid, run in unsaved]
         try:
-            self.store.state.save_runs(rows, marks)
+            self.store.state.save_runs(unsaved, marks)
         except SpoolError:
             logger.exception("saving producer runs failed; will retry")
             self.ranges.requeue(unsaved)

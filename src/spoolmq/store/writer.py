@@ -10,14 +10,14 @@ active one is full or old, and skips messages whose producer sequence is already
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
-
-from filelock import FileLock, Timeout
 
 from spoolmq.clock import Clock
 from spoolmq.config import TopicConfig
@@ -61,31 +61,66 @@ class Written(NamedTuple):
 
 
 class PartitionLock:
-    """A partition's writer lock: ``.lock`` in its directory (``filelock``) keeps other
-    processes out; a thread lock, taken first, keeps this process's threads in line."""
+    """A partition's writer lock: an exclusive ``flock`` on ``.lock`` in its directory keeps
+    other processes out; a thread lock, taken first, keeps this process's threads in line.
+
+    The lock file stays open (one descriptor per partition): opening, locking, unlocking
+    and closing it per append, as ``filelock`` does, cost ~90 us of CPU per batch, which
+    one group commit pays once per partition it writes to. Other processes may still lock
+    it with ``filelock`` (it uses ``flock`` on the same file).
+    """
 
     def __init__(self, path: Path, *, timeout_s: float, name: str) -> None:
         self.threads = threading.Lock()
-        self._file = FileLock(str(path), timeout=timeout_s, mode=FILE_MODE)
+        self._path = path
+        self._fd = -1
+        self._pid = -1  # the process that opened _fd: a descriptor is never used across fork
         self._timeout_s = timeout_s
         self._name = name
 
     def __enter__(self) -> None:
         self.threads.acquire()
         try:
-            self._file.acquire()
-        except Timeout:
-            self.threads.release()
-            raise StorageError(
-                f"timed out after {self._timeout_s}s waiting for the lock of {self._name}"
-            ) from None
+            self._lock_file()
         except BaseException:
             self.threads.release()
             raise
 
+    def _lock_file(self) -> None:
+        if self._pid != os.getpid():
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            self._pid = os.getpid()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        # Another process holds it (an embedded writer, a compaction): wait, polling as
+        # filelock does, up to the timeout.
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            time.sleep(0.005)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StorageError(
+                        f"timed out after {self._timeout_s}s waiting for the lock of {self._name}"
+                    ) from None
+
     def __exit__(self, *exc: object) -> None:
-        self._file.release()
-        self.threads.release()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self.threads.release()
+
+    def close(self) -> None:
+        """Close the lock file (not held)."""
+        with self.threads:
+            if self._fd >= 0 and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd, self._pid = -1, -1
 
 
 class PartitionWriter:
@@ -130,6 +165,7 @@ class PartitionWriter:
     def close(self) -> None:
         with self.lock.threads:
             self._close_tail()
+        self.lock.close()
 
     def flush(self) -> None:
         """fsync the active segment (for appends made with acks 0 or 1)."""
