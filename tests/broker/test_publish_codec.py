@@ -229,3 +229,18 @@ def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
         assert checked.sequences[index] == one.sequence
         assert (checked.extras or {}).get(index) == one.extra
     assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]
+
+
+@pytest.mark.parametrize(
+    ("value", "options"),
+    [
+        (float("nan"), {}),
+        ({"a": [1, float("inf")]}, {}),
+        ([None, float("-inf")], {"key": "null"}),
+        (float("nan"), {"key": b"k"}),
+    ],
+)
+def test_nan_and_infinity_fail_in_the_caller(value: Any, options: PublishOptions) -> None:
+    """orjson would write them as null: the client refuses them, keyless or not."""
+    with pytest.raises(SerializationError, match="NaN or infinity"):
+        encode_publish_message("t", value, options, sequence=0, producer_id="p")

@@ -72,6 +72,7 @@ _RANK = {name: rank for rank, name in enumerate(RECORD_FIELDS)}
 # The record every Publisher sends for a plain publish: checked with one tuple comparison.
 _COMMON = ("key", "value", "headers", "sequence", "producer_id")
 _COMMON_UNNUMBERED = ("key", "value", "headers")
+_KEYLESS = b'{"key":null,'
 
 
 # -- the client's end ---------------------------------------------------------------------
@@ -108,7 +109,11 @@ def encode_publish_message(
         body = orjson.dumps(record)
     except TypeError as exc:
         raise SerializationError(f"value can't be sent as JSON: {exc}") from None
-    if b"null" in body and has_non_finite(value):
+    # orjson writes NaN and infinities as null: look for them only when a null is there
+    # besides the ``{"key":null,`` every keyless record starts with (walking the value
+    # for each message was a third of a publisher's CPU).
+    start = len(_KEYLESS) if body.startswith(_KEYLESS) else 0
+    if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError("value contains NaN or infinity, which JSON can't represent")
     return body, key, partition
 
