@@ -169,32 +169,35 @@ def raw_publisher(data_dir: Path) -> Any:
     return conn
 
 
+def record(value: Any, sequence: int | None = None, **fields: Any) -> dict[str, Any]:
+    """A record of a publish frame in the store's form, as the Publisher sends it."""
+    body: dict[str, Any] = {"key": None, "value": value, "headers": [], **fields}
+    if sequence is not None:
+        body["sequence"] = sequence
+        body["producer_id"] = "p-retry-test"
+    return body
+
+
 def test_broker_refuses_a_bad_topic_sent_past_the_client(
     broker: BrokerProcess, data_dir: Path
 ) -> None:
     conn = raw_publisher(data_dir)
     try:
+        frame = {"op": "publish", "id": 1, "acks": "all", "topic": "../../etc"}
+        protocol.send(conn, {**frame, "records": [record(1)]})
+        refused = protocol.receive(conn)
         protocol.send(
             conn,
-            {
-                "op": "publish",
-                "id": 1,
-                "acks": "all",
-                "messages": [
-                    {"topic": "../../etc", "value": 1},
-                    {"topic": "fine", "value": 2},
-                    {"topic": "fine", "value": 3, "unknown_field": 1},
-                ],
-            },
+            {**frame, "id": 2, "topic": "fine", "records": [record(2), record(3, unknown_field=1)]},
         )
         reply = protocol.receive(conn)
     finally:
         conn.close()
-    assert reply["op"] == "published" and reply["id"] == 1
-    bad, good, unknown = reply["results"]
-    assert bad["error"] == "invalid_topic"
-    assert good == {"partition": 0, "offset": 0, "timestamp": good["timestamp"]}
-    assert unknown["error"] == "protocol"
+    # A bad topic fails its whole frame; a bad record only itself.
+    assert refused["op"] == "error" and refused["code"] == "invalid_topic" and refused["id"] == 1
+    assert reply["op"] == "published" and reply["id"] == 2
+    assert reply["r"] == [[0, 0, reply["r"][0][2], 1]]
+    assert reply["errors"]["1"]["code"] == "protocol"
     assert stored_values(data_dir, "fine") == {(0, 0): 2}
     assert not any(p.name == "etc" for p in data_dir.rglob("etc"))
 
@@ -207,10 +210,8 @@ def test_a_retried_publish_is_stored_once_with_the_first_offset(
         "id": 7,
         "acks": "all",
         "producer_id": "p-retry-test",
-        "messages": [
-            {"topic": "idem", "value": {"n": 0}, "sequence": 0},
-            {"topic": "idem", "value": {"n": 1}, "sequence": 1},
-        ],
+        "topic": "idem",
+        "records": [record({"n": 0}, 0), record({"n": 1}, 1)],
     }
     answers = []
     # The retry comes on a new connection, as it does after a broker restart.
@@ -218,26 +219,43 @@ def test_a_retried_publish_is_stored_once_with_the_first_offset(
         conn = raw_publisher(data_dir)
         try:
             protocol.send(conn, frame)
-            answers.append(protocol.receive(conn)["results"])
+            answers.append(protocol.receive(conn)["r"])
         finally:
             conn.close()
     first, second = answers
-    assert [r["offset"] for r in first] == [0, 1]
-    assert not any(r.get("duplicate") for r in first)
-    assert [r["offset"] for r in second] == [0, 1]
-    assert all(r["duplicate"] is True for r in second)
+    timestamp = first[0][2]
+    assert first == [[0, 0, timestamp, 2]]
+    assert second == [[0, 0, timestamp, 2, 1]]  # duplicates of the first copies
     # A new sequence from the same producer is a new message.
     conn = raw_publisher(data_dir)
     try:
-        protocol.send(
-            conn,
-            {**frame, "id": 8, "messages": [{"topic": "idem", "value": {"n": 2}, "sequence": 2}]},
-        )
-        third = protocol.receive(conn)["results"]
+        protocol.send(conn, {**frame, "id": 8, "records": [record({"n": 2}, 2)]})
+        third = protocol.receive(conn)["r"]
     finally:
         conn.close()
-    assert third[0]["offset"] == 2
+    assert third[0][:2] == [0, 2]
     assert stored_values(data_dir, "idem") == {(0, 0): {"n": 0}, (0, 1): {"n": 1}, (0, 2): {"n": 2}}
+
+
+def test_repeats_inside_one_frame_and_one_commit_are_stored_once(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    frame = {"op": "publish", "acks": "all", "producer_id": "p-retry-test", "topic": "twice"}
+    frames = [
+        protocol.encode({**frame, "id": 1, "records": [record(s, s) for s in (0, 1, 0, 2)]}),
+        protocol.encode({**frame, "id": 2, "records": [record(s, s) for s in (2, 3)]}),
+    ]
+    conn = raw_publisher(data_dir)
+    try:
+        # Both frames in one socket write: one group commit.
+        os.write(conn.fileno(), b"".join(struct.pack("!i", len(f)) + f for f in frames))
+        replies = [protocol.receive(conn) for _ in range(2)]
+    finally:
+        conn.close()
+    timestamp = replies[0]["r"][0][2]
+    assert replies[0]["r"] == [[0, 0, timestamp, 2], [0, 0, timestamp, 1, 1], [0, 2, timestamp, 1]]
+    assert replies[1]["r"] == [[0, 2, timestamp, 1, 1], [0, 3, timestamp, 1]]
+    assert stored_values(data_dir, "twice") == {(0, 0): 0, (0, 1): 1, (0, 2): 2, (0, 3): 3}
 
 
 @pytest.mark.parametrize("role", ["publisher", "consumer"])
@@ -297,17 +315,15 @@ def test_frames_that_arrive_together_are_stored_with_one_write(
 
     conn = raw_publisher(data_dir)
     try:
-        protocol.send(
-            conn, {"op": "publish", "id": 0, "messages": [{"topic": "group", "value": "warm"}]}
-        )
-        assert protocol.receive(conn)["results"][0]["offset"] == 0
+        protocol.send(conn, {"op": "publish", "id": 0, "topic": "group", "records": [record("w")]})
+        assert protocol.receive(conn)["r"][0][:2] == [0, 0]
         before = wait_until(
             lambda: (s := publisher_stats())["frames"] == 1 and s, 30, "the first figures"
         )
         # Five frames in one socket write: they are all there when the broker wakes up.
         frames = [
             protocol.encode(
-                {"op": "publish", "id": n, "messages": [{"topic": "group", "value": n}] * 2}
+                {"op": "publish", "id": n, "topic": "group", "records": [record(n)] * 2}
             )
             for n in range(1, 6)
         ]
@@ -316,7 +332,7 @@ def test_frames_that_arrive_together_are_stored_with_one_write(
     finally:
         conn.close()
     assert [r["id"] for r in replies] == [1, 2, 3, 4, 5]
-    assert [x["offset"] for r in replies for x in r["results"]] == list(range(1, 11))
+    assert [r["r"][0][:2] + r["r"][0][3:] for r in replies] == [[0, 1 + 2 * n, 2] for n in range(5)]
     after = wait_until(
         lambda: (s := publisher_stats())["frames"] == 6 and s, 30, "the figures of five frames"
     )

@@ -12,7 +12,7 @@ import pytest
 from spoolmq.errors import InvalidArgumentError, SerializationError, SpoolError
 from spoolmq.protocol.publish import (
     check_publish_frame,
-    decode_publish_message,
+    check_record,
     encode_publish_frame,
     encode_publish_message,
 )
@@ -25,16 +25,16 @@ NOW = 1_700_000_000_000
 def through_the_wire(
     value: Any, options: PublishOptions, *, sequence: int | None = 4
 ) -> tuple[str, Any, int | None, Any]:
-    """Encode as the client does, parse as the broker does, decode; and read the record back."""
-    frame = encode_publish_frame(
-        1, "all", "p-1", [encode_publish_message("t", value, options, sequence=sequence)]
+    """Encode as the client does, parse as the broker does, check; and read the record back."""
+    body, client_key, asked = encode_publish_message(
+        "t", value, options, sequence=sequence, producer_id="p-1"
     )
-    _, producer_id, [raw] = check_publish_frame(orjson.loads(frame))
-    topic, key, partition, encoded = decode_publish_message(
-        raw, producer_id, now=NOW, max_bytes=1_000_000
-    )
-    record = decode_line(frame_record(10, NOW, encoded.body))
-    return topic, key, partition, record
+    frame = encode_publish_frame(1, "all", "p-1", "t", asked, [body])
+    _, producer_id, topic, partition, [raw] = check_publish_frame(orjson.loads(frame))
+    checked = check_record(raw, producer_id, NOW, 1_000_000)
+    assert checked.key == client_key
+    record = decode_line(frame_record(10, NOW, checked.body))
+    return topic, checked.key, partition, record
 
 
 def test_a_plain_message_arrives_as_sent() -> None:
@@ -79,16 +79,18 @@ def test_a_message_without_a_sequence_is_stored_without_a_producer_id() -> None:
 
 @pytest.mark.parametrize("producer_id", ['we"ird\\id', "line\nbreak", "é", "}]"])
 def test_any_producer_id_makes_a_valid_frame(producer_id: str) -> None:
-    frame = encode_publish_frame(7, "1", producer_id, [b'{"topic":"t","value":1}'])
+    frame = encode_publish_frame(7, "1", producer_id, "t", None, [b'{"value":1}'])
     parsed = orjson.loads(frame)
     assert parsed == {
         "op": "publish",
         "id": 7,
         "acks": "1",
         "producer_id": producer_id,
-        "messages": [{"topic": "t", "value": 1}],
+        "topic": "t",
+        "partition": None,
+        "records": [{"value": 1}],
     }
-    assert check_publish_frame(parsed) == ("1", producer_id, [{"topic": "t", "value": 1}])
+    assert check_publish_frame(parsed) == ("1", producer_id, "t", None, [{"value": 1}])
 
 
 @pytest.mark.parametrize(
@@ -110,7 +112,10 @@ def test_bad_options_fail_in_the_caller(
     options: dict[str, Any], error: type[Exception], what: str
 ) -> None:
     with pytest.raises(error, match=what):
-        encode_publish_message("t", 1, options, sequence=0)  # type: ignore[arg-type]
+        encode_publish_message("t", 1, options, sequence=0, producer_id="p")  # type: ignore[arg-type]
+
+
+BASE = {"key": None, "value": 1, "headers": []}
 
 
 @pytest.mark.parametrize(
@@ -118,18 +123,124 @@ def test_bad_options_fail_in_the_caller(
     [
         # deliver_at that is not a number, with a ttl to add to it: a TypeError once, which
         # stopped the PublisherBroker.
-        {"topic": "t", "value": 1, "deliver_at": "tomorrow", "ttl_ms": 5},
-        {"topic": "t", "value": 1, "deliver_at": True, "ttl_ms": 5},
-        {"topic": "t", "value": 1, "delay_ms": "5"},
-        {"topic": "t", "value": 1, "delay_ms": 5, "deliver_at": NOW},
-        {"topic": "t", "value": 1, "ttl_ms": 0},
-        {"topic": "t", "value": 1, "headers": [["h", "AAA", "hex"]]},
-        {"topic": "t", "value": 1, "headers": [["h", "***", "b64"]]},
-        {"topic": "t", "value": 1, "headers": "h"},
-        {"topic": "t", "key_b64": 5},
-        {"topic": "t", "value": 1, "tags": "vip", "extra": 1},
+        {**BASE, "deliver_at": "tomorrow", "ttl_ms": 5},
+        {**BASE, "deliver_at": True, "ttl_ms": 5},
+        {**BASE, "delay_ms": "5"},
+        {**BASE, "deliver_at": NOW, "delay_ms": 5},
+        {**BASE, "ttl_ms": 0},
+        {**BASE, "headers": [["h", "AAA", "hex"]]},
+        {**BASE, "headers": [["h", "***", "b64"]]},
+        {**BASE, "headers": [["h", 5]]},
+        {**BASE, "headers": [["", "v"]]},
+        {**BASE, "headers": "h"},
+        {"key_b64": 5, "value": 1, "headers": []},
+        {"key": 5, "value": 1, "headers": []},
+        {"key": None, "value_b64": "***", "headers": []},
+        {**BASE, "tags": "vip"},
+        {**BASE, "tags": []},
+        {**BASE, "tags": ["ok", ""]},
+        {**BASE, "extra": 1},
+        {"value": 1, "key": None, "headers": []},  # out of the store's order
+        {"value": 1, "headers": []},  # no key field
+        {"key": None, "value": 1, "value_b64": "AA==", "headers": []},
+        {"key": None, "value": 1},  # no headers
+        {**BASE, "sequence": 1},  # a sequence without a producer id
+        {**BASE, "sequence": -1, "producer_id": "p"},
+        {**BASE, "sequence": True, "producer_id": "p"},
+        {**BASE, "sequence": 1, "producer_id": "another"},  # not the frame's producer
+        {**BASE, "value": "x" * 2_000},  # too large
+        ["t", 1],
     ],
 )
-def test_bad_messages_are_refused_with_a_per_message_error(raw: dict[str, Any]) -> None:
+def test_bad_records_are_refused_with_a_per_record_error(raw: Any) -> None:
     with pytest.raises(SpoolError):
-        decode_publish_message(raw, "p", now=NOW, max_bytes=1_000_000)
+        check_record(raw, "p", NOW, 1_500)
+
+
+def test_what_is_stored_is_what_was_checked() -> None:
+    """The broker stores its own dump of the parsed record: duplicate keys and padding a
+    client sent do not reach the segment."""
+    frame = (
+        b'{"op":"publish","id":1,"topic":"t","records":[{"key":null, "value":1,'
+        b'"value":2,"headers":[]}]}'
+    )
+    _, producer_id, _, _, [raw] = check_publish_frame(orjson.loads(frame))
+    checked = check_record(raw, producer_id, NOW, 1_000_000)
+    assert checked.body == b'"key":null,"value":2,"headers":[]'
+
+
+def test_the_common_record_and_the_general_path_store_the_same_bytes() -> None:
+    """A record the fast check takes is stored exactly as the store's own encoder writes it."""
+    from spoolmq.store.message import Message
+    from spoolmq.store.record import encode_message
+
+    for key in (None, "customer-7"):
+        body, _, _ = encode_publish_message(
+            "t", {"id": 1, "é": [1.5, None]}, {"key": key}, sequence=9, producer_id="p"
+        )
+        checked = check_record(orjson.loads(body), "p", NOW, 1_000_000)
+        expected = encode_message(
+            Message({"id": 1, "é": [1.5, None]}, key=key, producer_id="p", sequence=9)
+        )
+        assert checked.body == expected.body
+        assert checked.identity == (None if key is None else f"s:{key}")
+
+
+def test_extras_tell_the_consumer_broker_what_a_record_has() -> None:
+    checked = check_record({**BASE, "tags": ["vip"], "delay_ms": 10}, None, NOW, 1_000_000)
+    assert checked.extra == [NOW + 10, None, ["vip"], False]
+    assert check_record({**BASE, "headers": [["a", "b"]]}, None, NOW, 10_000).extra == [
+        None,
+        None,
+        None,
+        True,
+    ]
+    assert check_record(BASE, None, NOW, 10_000).extra is None
+
+
+def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
+    """``check_records`` takes the common record inline: what it stores and refuses is what
+    ``check_record`` stores and refuses for each record."""
+    from spoolmq.protocol.publish import check_records
+
+    records: list[Any] = [
+        {"key": None, "value": {"n": 1}, "headers": [], "sequence": 1, "producer_id": "p"},
+        {"key": "k", "value": [1.5], "headers": [], "sequence": 2, "producer_id": "p"},
+        {"key": 5, "value": 1, "headers": [], "sequence": 3, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 4, "producer_id": "q"},
+        {"key": None, "value": 1, "headers": [], "sequence": 10**30, "producer_id": "p"},
+        {"key": None, "value": "x" * 3_000, "headers": [], "sequence": 6, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [["h", "v"]], "sequence": 7, "producer_id": "p"},
+        {"key_b64": "AAE=", "value": 1, "headers": [], "tags": ["t"], "delay_ms": 5},
+        "nope",
+    ]
+    checked = check_records(records, "p", NOW, 2_000)
+    for index, record in enumerate(records):
+        try:
+            one = check_record(record, "p", NOW, 2_000)
+        except SpoolError as exc:
+            assert checked.errors is not None
+            assert type(checked.errors[index]) is type(exc)
+            assert checked.bodies[index] is None
+            continue
+        assert checked.errors is None or index not in checked.errors
+        assert checked.bodies[index] == one.body
+        assert (checked.keys[index], checked.identities[index]) == (one.key, one.identity)
+        assert checked.sequences[index] == one.sequence
+        assert (checked.extras or {}).get(index) == one.extra
+    assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]
+
+
+@pytest.mark.parametrize(
+    ("value", "options"),
+    [
+        (float("nan"), {}),
+        ({"a": [1, float("inf")]}, {}),
+        ([None, float("-inf")], {"key": "null"}),
+        (float("nan"), {"key": b"k"}),
+    ],
+)
+def test_nan_and_infinity_fail_in_the_caller(value: Any, options: PublishOptions) -> None:
+    """orjson would write them as null: the client refuses them, keyless or not."""
+    with pytest.raises(SerializationError, match="NaN or infinity"):
+        encode_publish_message("t", value, options, sequence=0, producer_id="p")

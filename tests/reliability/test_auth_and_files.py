@@ -71,7 +71,15 @@ def test_wrong_or_missing_key_is_refused(
     refused.append("empty key (Admin)")
     # No key at all: the client skips the challenge and says hello; it is never welcomed.
     raw = Client(socket_path, family="AF_UNIX")
-    protocol.send(raw, {"op": "hello", "version": 1, "role": "publisher", "pid": os.getpid()})
+    protocol.send(
+        raw,
+        {
+            "op": "hello",
+            "version": protocol.PROTOCOL_VERSION,
+            "role": "publisher",
+            "pid": os.getpid(),
+        },
+    )
     answers = []
     with contextlib.suppress(EOFError, OSError):
         while raw.poll(30):

@@ -53,14 +53,15 @@ def test_state_db_runs_in_wal_mode(store: Store) -> None:
 def test_an_older_schema_is_migrated(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Store(data_dir) as store:
         store.create_topic("kept", partitions=2)
+    nxt = state_module.SCHEMA_VERSION + 1
     migrations = {
         **state_module._MIGRATIONS,
-        2: "ALTER TABLE topics ADD COLUMN description TEXT NOT NULL DEFAULT ''",
+        nxt: "ALTER TABLE topics ADD COLUMN description TEXT NOT NULL DEFAULT ''",
     }
     monkeypatch.setattr(state_module, "_MIGRATIONS", migrations)
-    monkeypatch.setattr(state_module, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(state_module, "SCHEMA_VERSION", nxt)
     with Store(data_dir) as store:
-        assert store.state.query("PRAGMA user_version") == [(2,)]
+        assert store.state.query("PRAGMA user_version") == [(nxt,)]
         assert store.state.query("SELECT name, description FROM topics") == [("kept", "")]
         assert store.topic_config("kept").partitions == 2
 

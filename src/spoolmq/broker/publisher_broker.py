@@ -1,17 +1,29 @@
 """The PublisherBroker process: receives publish frames, stores them with group commit,
-answers each publisher with its offsets only once they are stored at the asked ACK level.
+answers each publisher with its positions only once they are stored at the asked ACK level.
 
 Group commit: every frame that arrived while the previous batch was being written is read
-in the next ``loop()`` step, and each partition touched gets one write and one fsync for
-all of them.
+in the next ``loop()`` step, and each partition touched gets one write for all of them.
+The ``fdatasync`` runs in the sync thread (``spoolmq.broker.sync_thread``): while it waits
+for the disk, the loop reads, checks and writes the next commit, and each commit is
+answered (and the ConsumerBroker told) as soon as its sync and every older one returned.
+A failed sync fails its commit and every later one written meanwhile, whose data is cut off
+the log: a publisher is never told "stored" for what the disk did not take.
+
+Per message the broker does one parse (of the frame), a few type checks and a dump of each
+record (``spoolmq.protocol.publish``); idempotence is a comparison per frame against the
+producer's runs (``spoolmq.broker.producer_ranges``), which go to ``state.db`` in batches,
+after the answers, as do the partitions' figures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
+import sqlite3
 import time
-from collections import defaultdict
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -19,11 +31,15 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
+from spoolmq.broker.producer_ranges import ProducerRanges, StoredAt
+from spoolmq.broker.sync_thread import SyncKey, SyncThread, describe
 from spoolmq.clock import SYSTEM_CLOCK, Clock
-from spoolmq.errors import ProtocolError, SpoolError, StorageError
-from spoolmq.protocol.publish import check_publish_frame, decode_publish_message
+from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
+from spoolmq.protocol.publish import check_publish_frame, check_records
 from spoolmq.store.compaction import compaction_due
-from spoolmq.store.record import EncodedMessage
+from spoolmq.store.partitioner import partition_for_key
+from spoolmq.store.state import RunRow
+from spoolmq.store.writer import Written
 
 logger = logging.getLogger("spoolmq.publisher")
 
@@ -38,21 +54,82 @@ _CLEANUP_S = 5.0
 _COMPACT_SETTLE_S = 30.0
 # How often producer sequences no client can ask about any more are forgotten.
 _PRUNE_S = 30.0
+# How often the producer runs stored since are written to state.db (after the answers),
+# the partitions' figures recorded there, and its WAL checkpointed: all off the path
+# between a batch's fdatasync and its answer.
+_SAVE_S = 0.5
+_FIGURES_S = 1.0
+_CHECKPOINT_S = 1.0
 
 
-@dataclass(slots=True)
+class _Batch:
+    """What one group commit appends to one partition: the bodies of every frame's
+    records bound there, their keys and extras for the ConsumerBroker's notice."""
+
+    __slots__ = (
+        "acks",
+        "bodies",
+        "error",
+        "extra",
+        "keyed",
+        "keys",
+        "partition",
+        "topic",
+        "written",
+    )
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.bodies: list[bytes] = []
+        self.keys: list[str | None] = []
+        self.keyed = False
+        self.extra: dict[str, list[Any]] | None = None
+        self.acks = "0"
+        self.written: Written | None = None
+        self.error: SpoolError | None = None
+
+
+# A piece of a frame's answer: ``count`` records from ``start`` (index in the frame), either
+# written to a batch (at ``at`` in it, sequences from ``sequence`` or None) or duplicates of
+# a stored copy (``StoredAt``) or of a record earlier in this commit (batch, at).
+_WRITTEN, _DUPLICATE, _DUPLICATE_HERE = 0, 1, 2
+
+
 class _Frame:
-    client: ClientConnection
-    frame_id: Any
-    acks: str
-    results: list[dict[str, Any] | None]
+    __slots__ = ("acks", "client", "errors", "frame_id", "partitions", "pieces", "producer_id")
+
+    def __init__(
+        self, client: ClientConnection, frame_id: Any, acks: str, producer_id: str | None
+    ) -> None:
+        self.client, self.frame_id, self.acks, self.producer_id = (
+            client,
+            frame_id,
+            acks,
+            producer_id,
+        )
+        self.pieces: list[list[Any]] = []
+        self.errors: dict[str, dict[str, str]] | None = None
+        self.partitions = 0
+
+    def fail(self, index: int, exc: SpoolError) -> None:
+        if self.errors is None:
+            self.errors = {}
+        self.errors[str(index)] = {"code": exc.code, "message": str(exc)}
 
 
-@dataclass(slots=True)
-class _Item:
-    frame: _Frame
-    index: int
-    encoded: EncodedMessage
+class _Commit:
+    """One group commit: the frames read in one loop step, their batches (one per
+    partition), written together and synced by one job of the sync thread."""
+
+    __slots__ = ("batches", "error", "frames", "fresh", "job")
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str, int], _Batch] = {}
+        # Per producer, the sequences of this commit: (first, count, batch, index in it).
+        self.fresh: dict[str, list[tuple[int, int, _Batch, int]]] = {}
+        self.frames: list[_Frame] = []
+        self.job = 0  # its sync job; 0: nothing to sync (ACK levels 0 and 1)
+        self.error: SpoolError | None = None  # its sync, or an earlier one, failed
 
 
 @dataclass(slots=True)
@@ -79,11 +156,28 @@ class PublisherBroker(BrokerChild[ClientConnection]):
     ) -> None:
         super().__init__(data_dir, channels, store_settings=store_settings, clock=clock)
         self.notices: Connection | None = None
+        self.store.restore_sequences = False  # _rebuild_ranges reads them back instead
         self.stats = PublisherStats()
         self._cleanup_timer = Periodic(_CLEANUP_S)
         # Per compacted topic: its bytes after its last compaction, and when (monotonic).
         self._compacted: dict[str, tuple[int, float]] = {}
         self._prune_timer = Periodic(_PRUNE_S, first_at=time.monotonic() + _PRUNE_S)
+        self.ranges = ProducerRanges()
+        # Per partition appended to: the end offset of the last batch whose runs are in
+        # ``ranges``, and the marks last saved with the runs.
+        self._ends: dict[tuple[str, int], int] = {}
+        self._saved_marks: dict[tuple[str, int], int] = {}
+        self._unsaved_since: float | None = None
+        self._figures_timer = Periodic(_FIGURES_S)
+        self._figures_due: set[tuple[str, int]] = set()
+        self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        # Commits written and not finished, oldest first: each waits for its sync and
+        # for every older one (answers, runs and notices go out in commit order).
+        self._unsynced: deque[_Commit] = deque()
+        self._sync: SyncThread | None = None
+        self._jobs = itertools.count(1)
+        self._results: dict[int, OSError | None] = {}
+        self._abandoned: set[int] = set()  # jobs of failed commits, results ignored
 
     def new_client(self, conn: Connection, client_id: str) -> ClientConnection:
         return ClientConnection.open(conn, client_id)
@@ -99,9 +193,60 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                     self.store.partition_log(topic, partition).recover()
                 except SpoolError as exc:  # damage: appends there fail with it, others go on
                     logger.error("cannot recover %s/%d: %s", topic, partition, exc)
+        self._rebuild_ranges()
+        # Commits must not checkpoint the WAL on the publish path: a timer does it.
+        self.store.state.set_wal_autocheckpoint(0)
+        self._sync = SyncThread()
+
+    def _rebuild_ranges(self) -> None:
+        """The producers' runs: those saved in state.db, and those of every record stored
+        after its partition's mark (a crash between an answer and the save), read back
+        from the log. Records carry their producer id and sequence."""
+        self.ranges.add_all(self.store.state.load_runs())
+        marks = self.store.state.producer_marks()
+        for topic, config in self.store.topics().items():
+            for partition in range(config.partitions):
+                try:
+                    self._read_back(topic, partition, marks.get((topic, partition)))
+                except SpoolError as exc:
+                    logger.error("cannot read back %s/%d: %s", topic, partition, exc)
+        self._save_runs()
+
+    def _read_back(self, topic: str, partition: int, mark: int | None) -> None:
+        partition_log = self.store.partition_log(topic, partition)
+        end = partition_log.log_end_offset()
+        start = max(mark or 0, partition_log.log_start_offset())
+        if start < end:
+            found = 0
+            with self.store.reader(topic, partition, offset=start) as reader:
+                while entries := reader.read_entries(1000):
+                    for fields, _ in entries:
+                        pid, sequence = fields.get("producer_id"), fields.get("sequence")
+                        if pid is None or sequence is None or self.ranges.find(pid, sequence):
+                            continue
+                        offset, timestamp = fields["offset"], fields["timestamp"]
+                        self.ranges.add(
+                            RunRow(pid, sequence, 1, topic, partition, offset, timestamp)
+                        )
+                        found += 1
+            if found:
+                logger.info(
+                    "%s/%d: %d producer sequence(s) read back from offset %d",
+                    topic,
+                    partition,
+                    found,
+                    start,
+                )
+        if end > 0 or mark is not None:
+            self._ends[(topic, partition)] = end
+
+    def wait_timeout(self) -> float | None:
+        return 1.0 if self._unsaved_since is None else _SAVE_S
 
     def loop(self, timeout: float | None) -> None:
-        ready = self._wait_step(timeout)
+        ready = self._wait_step(timeout, [self._sync] if self._unsynced else [])
+        if self._unsynced:
+            self._settle()  # answers for what the disk synced meanwhile go out first
         frames: list[tuple[ClientConnection, dict[str, Any]]] = []
         for conn in ready:
             client = self.clients.get(conn)
@@ -112,6 +257,21 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         now = time.monotonic()
         if self._cleanup_timer.due(now):
             self._clean_up()
+        if self.ranges.unsaved_count() or self._ends != self._saved_marks:
+            # Batched: saved once the oldest unsaved run is _SAVE_S old, so a busy broker
+            # writes one transaction per _SAVE_S, and never between a sync and its answer.
+            if self._unsaved_since is None:
+                self._unsaved_since = now
+            elif now - self._unsaved_since >= _SAVE_S:
+                self._save_runs()
+                self._unsaved_since = None
+        if self._figures_timer.due(now) and self._figures_due:
+            self._record_figures()
+        if self._checkpoint_timer.due(now):
+            try:
+                self.store.state.checkpoint_wal()
+            except (SpoolError, sqlite3.Error):
+                logger.exception("checkpointing state.db failed; will retry")
         if self._prune_timer.due(now):
             try:
                 self.store.state.prune_sequences()
@@ -180,6 +340,16 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             self._read_frames(client, frames, limit=1_000_000)
         if frames:
             self._commit(frames)
+        self._settle_all()
+
+    def save(self) -> None:
+        self._settle_all()
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+        self._save_runs()
+        if self._figures_due:
+            self._record_figures()
 
     def _read_frames(
         self,
@@ -211,92 +381,433 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 return
 
     def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
-        """Validate every message, append per partition (one write + fsync), answer."""
+        """Check every frame and write each partition's batch (one write); the sync thread
+        syncs them while the loop goes on, and :meth:`_settle` answers once it has."""
         now = self.clock.now_ms()
-        # Keyed by plain (topic, partition) tuples: this runs per message, and building a
-        # TopicPartition costs several times what a tuple does.
-        batches: dict[tuple[str, int], list[_Item]] = defaultdict(list)
-        levels: dict[tuple[str, int], str] = {}
-        answered: list[_Frame] = []
+        commit = _Commit()
         for client, raw in frames:
+            frame = self._plan(client, raw, now, commit)
+            if frame is not None:
+                commit.frames.append(frame)
+        self._unsynced.append(commit)
+        self._write(commit)
+        self._settle()
+
+    def _write(self, commit: _Commit) -> None:
+        """Write each batch of ``commit`` and hand the sync thread the files to sync."""
+        files: dict[SyncKey, int] = {}
+        for (topic, partition), batch in commit.batches.items():
+            if commit.error is not None:
+                break  # a write failed in a way that fails this whole commit
+            sync_later = batch.acks == "all" and self._sync is not None
             try:
-                acks, producer_id, messages = check_publish_frame(raw)
-            except SpoolError as exc:
-                self._send(client, protocol.error_frame(exc, id=raw.get("id")))
-                continue
-            frame = _Frame(client, raw.get("id"), acks, [None] * len(messages))
-            answered.append(frame)
-            self.stats.frames += 1
-            max_bytes = self.store.config.max_message_bytes
-            for index, item in enumerate(messages):
-                try:
-                    topic, key, asked, encoded = decode_publish_message(
-                        item, producer_id, now=now, max_bytes=max_bytes
-                    )
-                    config = self.store.topic_config(topic, create=True)
-                    partition = self.store.choose_partition(topic, config, key, asked)
-                except SpoolError as exc:
-                    frame.results[index] = {"error": exc.code, "message": str(exc)}
-                    self.stats.errors += 1
-                    continue
-                batches[(topic, partition)].append(_Item(frame, index, encoded))
-                if acks == "all" or levels.get((topic, partition)) != "all":
-                    levels[(topic, partition)] = acks
-        appended: list[list[Any]] = []
-        for (topic, partition), items in batches.items():
-            level = levels[(topic, partition)]
-            try:
-                positions = self.store.append_encoded(
-                    topic,
-                    partition,
-                    [item.encoded for item in items],
-                    "all" if level == "all" else "1",
+                written = self.store.partition_log(topic, partition).append_bodies(
+                    batch.bodies, "all" if batch.acks == "all" else "1", sync_later=sync_later
                 )
             except SpoolError as exc:
                 if not isinstance(exc, StorageError):
                     logger.exception("append to %s/%d failed", topic, partition)
                 else:
                     logger.error("append to %s/%d failed: %s", topic, partition, exc)
-                for item in items:
-                    item.frame.results[item.index] = {"error": exc.code, "message": str(exc)}
-                self.stats.errors += len(items)
+                batch.error = exc
+                # A failed roll fsynced (and failed) the segment older batches still wait
+                # to sync, and an fsync error is reported once: they cannot be trusted.
+                older = next(
+                    (
+                        i
+                        for i, c in enumerate(self._unsynced)
+                        if c.job and (topic, partition) in c.batches and c is not commit
+                    ),
+                    None,
+                )
+                if older is not None and isinstance(exc, StorageError):
+                    self._fail_from(older, exc)
                 continue
+            batch.written = written
+            if written.sync_fd >= 0:
+                files[(topic, partition, written.segment_base)] = written.sync_fd
+        if commit.error is not None or not files:
+            for fd in files.values():
+                os.close(fd)
+            return
+        commit.job = next(self._jobs)
+        assert self._sync is not None
+        self._sync.submit(commit.job, files)
+
+    def _settle(self) -> None:
+        """Finish, in order, the commits whose syncs are done (or need none)."""
+        if self._sync is not None:
+            for job, error in self._sync.results():
+                if job in self._abandoned:
+                    self._abandoned.discard(job)
+                else:
+                    self._results[job] = error
+        while self._unsynced:
+            commit = self._unsynced[0]
+            if commit.error is None and commit.job:
+                if commit.job not in self._results:
+                    return
+                error = self._results.pop(commit.job)
+                if error is not None:
+                    logger.error("fdatasync failed: %s", describe(error))
+                    self._fail_from(
+                        0,
+                        StorageError(
+                            f"syncing the log to disk failed ({describe(error)}); nothing "
+                            "from this batch was stored"
+                        ),
+                    )
+            self._unsynced.popleft()
+            if commit.error is not None and commit.job and commit.job not in self._results:
+                self._abandoned.add(commit.job)
+            self._results.pop(commit.job, None)
+            self._finish(commit)
+
+    def _settle_all(self) -> None:
+        """Wait until every written commit is synced and answered (on stop)."""
+        while self._unsynced:
+            if self._sync is not None:
+                self._sync.wait(1.0)
+            self._settle()
+
+    def _fail_from(self, first: int, error: SpoolError) -> None:
+        """An fsync failed: the commit ``first`` in line and every later one fail (their
+        data may not be on disk, and may come after data that is not), and each partition
+        they wrote to is cut back to where the earliest of them began writing."""
+        earliest: dict[tuple[str, int], tuple[int, int]] = {}
+        for commit in list(self._unsynced)[first:]:
+            if commit.error is None:
+                commit.error = error
+            for key, batch in commit.batches.items():
+                written = batch.written
+                if written is None:
+                    continue
+                at = (written.segment_base, written.position)
+                if key not in earliest or at < earliest[key]:
+                    earliest[key] = at
+        for (topic, partition), (segment_base, position) in earliest.items():
+            try:
+                self.store.partition_log(topic, partition).cut_back(segment_base, position)
+            except (OSError, SpoolError):
+                logger.exception("could not cut back %s/%d after a failed sync", topic, partition)
+
+    def _finish(self, commit: _Commit) -> None:
+        """Answer a commit's frames, remember its runs and tell the ConsumerBroker."""
+        error = commit.error
+        written_batches = []
+        for (topic, partition), batch in commit.batches.items():
+            count = len(batch.bodies)
+            if error is not None and batch.error is None:
+                batch.written, batch.error = None, error
+            written = batch.written
+            if written is None:
+                self.stats.errors += count
+                continue
+            written_batches.append(batch)
             self.stats.batches += 1
-            self.stats.messages += len(items)
-            self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + len(items)
-            for item, position in zip(items, positions, strict=True):
-                result: dict[str, Any] = {
-                    "partition": position.partition,  # a repeat's first copy may be elsewhere
-                    "offset": position.offset,
-                    "timestamp": position.timestamp,
-                }
-                if position.duplicate:
-                    result["duplicate"] = True
-                item.frame.results[item.index] = result
-            written = [p.offset for p in positions if not p.duplicate]
-            if written:
-                appended.append([topic, partition, max(written) + 1])
-        if appended:
-            self._notify(appended)
-        for frame in answered:
+            self.stats.messages += count
+            self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + count
+            self._ends[(topic, partition)] = written.base_offset + written.records
+            self._figures_due.add((topic, partition))
+        self._remember(commit.frames)
+        self._notify(written_batches)
+        for frame in commit.frames:
             if frame.acks != "0":
-                self._send(
-                    frame.client,
-                    {"op": "published", "id": frame.frame_id, "results": frame.results},
+                self._send(frame.client, self._answer(frame))
+
+    def _plan(
+        self, client: ClientConnection, raw: dict[str, Any], now: int, commit: _Commit
+    ) -> _Frame | None:
+        """Check one frame's records and put them in their partitions' batches."""
+        try:
+            acks, producer_id, topic, asked, records = check_publish_frame(raw)
+            config = self.store.topic_config(topic, create=True)
+            if asked is not None and asked >= config.partitions:
+                raise UnknownPartitionError(
+                    f"topic {topic!r} has partitions 0 to {config.partitions - 1}; "
+                    f"there is no partition {asked}"
+                )
+        except SpoolError as exc:
+            self._send(client, protocol.error_frame(exc, id=raw.get("id")))
+            return None
+        frame = _Frame(client, raw.get("id"), acks, producer_id)
+        frame.partitions = partitions = config.partitions
+        self.stats.frames += 1
+        try:
+            checked = check_records(records, producer_id, now, self.store.config.max_message_bytes)
+        except Exception as exc:  # a bug must cost one frame, not every publisher
+            logger.exception("checking a publish frame failed")
+            self._send(
+                client,
+                protocol.error_frame(
+                    SpoolError(f"internal error: {exc!r}"[:300]), id=frame.frame_id
+                ),
+            )
+            return None
+        bodies, keys, sequences = checked.bodies, checked.keys, checked.sequences
+        if checked.errors is not None:
+            for index, refused in checked.errors.items():
+                frame.fail(index, refused)
+            self.stats.errors += len(checked.errors)
+        count = len(records)
+        keyless = asked
+        if checked.errors is None and checked.extras is None:
+            # The common frame: every record good, one partition, sequences consecutive
+            # and above any this producer stored: one piece, no lookup.
+            target = asked
+            if target is None:
+                if partitions == 1:
+                    target = 0
+                elif keys.count(None) == count:
+                    target = keyless = self.store.choose_partition(topic, config, None, None)
+            first = sequences[0]
+            if target is not None and (
+                (first is None and sequences.count(None) == count)
+                or (
+                    first is not None
+                    and producer_id is not None
+                    and first > self._last_sequence(producer_id, commit)
+                    and sequences == list(range(first, first + count))
+                )
+            ):
+                batch = self._batch(commit.batches, topic, target, acks)
+                start = len(batch.bodies)
+                frame.pieces.append([_WRITTEN, 0, count, batch, start, first])
+                batch.bodies += bodies  # type: ignore[arg-type]
+                batch.keys += checked.identities
+                if not batch.keyed and keys.count(None) != count:
+                    batch.keyed = True
+                if first is not None:
+                    assert producer_id is not None
+                    commit.fresh.setdefault(producer_id, []).append((first, count, batch, start))
+                return frame
+        # Any other frame: record by record.
+        piece: list[Any] | None = None
+        extras = checked.extras or {}
+        for index in range(count):
+            body = bodies[index]
+            if body is None:
+                piece = None
+                continue
+            sequence = sequences[index]
+            if sequence is not None and producer_id is not None:
+                copy = self._find(producer_id, sequence, commit)
+                if copy is not None:
+                    frame.pieces.append([*copy[:1], index, 1, *copy[1:]])
+                    piece = None
+                    continue
+            key = keys[index]
+            if asked is not None:
+                partition = asked
+            elif key is not None:
+                partition = partition_for_key(key, partitions)
+            else:
+                if keyless is None:
+                    keyless = self.store.choose_partition(topic, config, None, None)
+                partition = keyless
+            batch = self._batch(commit.batches, topic, partition, acks)
+            at = len(batch.bodies)
+            if (
+                piece is not None
+                and piece[3] is batch
+                and piece[1] + piece[2] == index
+                and piece[4] + piece[2] == at
+                and (
+                    (sequence is None and piece[5] is None)
+                    or (piece[5] is not None and sequence == piece[5] + piece[2])
+                )
+            ):
+                piece[2] += 1
+            else:
+                piece = [_WRITTEN, index, 1, batch, at, sequence]
+                frame.pieces.append(piece)
+            batch.bodies.append(body)
+            identity = checked.identities[index]
+            batch.keys.append(identity)
+            if identity is not None:
+                batch.keyed = True
+            extra = extras.get(index)
+            if extra is not None:
+                if batch.extra is None:
+                    batch.extra = {}
+                batch.extra[str(at)] = extra
+            if sequence is not None and producer_id is not None:
+                commit.fresh.setdefault(producer_id, []).append((sequence, 1, batch, at))
+        return frame
+
+    def _pending(self, commit: _Commit) -> list[_Commit]:
+        """Commits not finished: their runs are not in ``ranges`` yet."""
+        return [*self._unsynced, commit] if self._unsynced else [commit]
+
+    def _last_sequence(self, producer_id: str, commit: _Commit) -> int:
+        """The highest sequence of ``producer_id`` stored or on its way."""
+        last = self.ranges.last(producer_id)
+        for pending in self._pending(commit):
+            for first, count, _, _ in pending.fresh.get(producer_id, ()):
+                last = max(last, first + count - 1)
+        return last
+
+    def _find(self, producer_id: str, sequence: int, commit: _Commit) -> list[Any] | None:
+        """A duplicate piece's kind and target if ``sequence`` is stored or on its way."""
+        for pending in self._pending(commit):
+            for first, count, batch, at in pending.fresh.get(producer_id, ()):
+                if first <= sequence < first + count:
+                    return [_DUPLICATE_HERE, batch, at + sequence - first]
+        stored = self.ranges.find(producer_id, sequence)
+        return None if stored is None else [_DUPLICATE, stored]
+
+    @staticmethod
+    def _batch(
+        batches: dict[tuple[str, int], _Batch], topic: str, partition: int, acks: str
+    ) -> _Batch:
+        batch = batches.get((topic, partition))
+        if batch is None:
+            batch = batches[(topic, partition)] = _Batch(topic, partition)
+        if acks == "all" or (acks == "1" and batch.acks == "0"):
+            batch.acks = acks
+        return batch
+
+    def _remember(self, frames: list[_Frame]) -> None:
+        """Add the runs of every stored piece to the producers' ranges."""
+        ranges = self.ranges
+        for frame in frames:
+            producer_id = frame.producer_id
+            if producer_id is None:
+                continue
+            for piece in frame.pieces:
+                if piece[0] != _WRITTEN or piece[5] is None:
+                    continue
+                batch: _Batch = piece[3]
+                written = batch.written
+                if written is None:
+                    continue
+                ranges.add(
+                    RunRow(
+                        producer_id,
+                        piece[5],
+                        piece[2],
+                        batch.topic,
+                        batch.partition,
+                        written.base_offset + piece[4],
+                        written.timestamp,
+                    ),
                 )
 
-    def _notify(self, appended: list[list[Any]]) -> None:
-        """Tell the ConsumerBroker which partitions grew (small frames: atomic pipe writes)."""
-        if self.notices is None:
+    @staticmethod
+    def _answer(frame: _Frame) -> dict[str, Any]:
+        """The ``published`` answer: ranges in record order, errors by index."""
+        ranges: list[list[int]] = []
+        errors = frame.errors
+        for piece in frame.pieces:
+            kind = piece[0]
+            if kind == _DUPLICATE:
+                stored: StoredAt = piece[3]
+                entry = [stored.partition, stored.offset, stored.timestamp, 1, 1]
+            else:
+                batch: _Batch = piece[3]
+                if batch.error is not None:
+                    if errors is None:
+                        errors = frame.errors = {}
+                    for index in range(piece[1], piece[1] + piece[2]):
+                        errors[str(index)] = {
+                            "code": batch.error.code,
+                            "message": str(batch.error),
+                        }
+                    continue
+                written = batch.written
+                assert written is not None
+                entry = [batch.partition, written.base_offset + piece[4], written.timestamp]
+                entry += [piece[2], 1] if kind == _DUPLICATE_HERE else [piece[2]]
+            if ranges:
+                last = ranges[-1]
+                if (
+                    len(last) == len(entry)
+                    and last[0] == entry[0]
+                    and last[1] + last[3] == entry[1]
+                    and last[2] == entry[2]
+                ):
+                    last[3] += entry[3]
+                    continue
+            ranges.append(entry)
+        answer: dict[str, Any] = {
+            "op": "published",
+            "id": frame.frame_id,
+            "r": ranges,
+            "n": frame.partitions,
+        }
+        if errors:
+            answer["errors"] = errors
+        return answer
+
+    def _notify(self, batches: list[_Batch]) -> None:
+        """Tell the ConsumerBroker what was appended (interfaces.md §1): small notices,
+        each one atomic pipe write, never one batch split over two."""
+        if self.notices is None or not batches:
             return
-        for start in range(0, len(appended), 20):
+        a: list[list[Any]] = []
+        b: list[list[Any]] = []
+        size = 0
+        for batch in batches:
+            written = batch.written
+            assert written is not None
+            entry = [
+                batch.topic,
+                batch.partition,
+                written.segment_base,
+                written.position,
+                written.length,
+                written.base_offset,
+                written.records,
+                written.timestamp,
+                batch.keys if batch.keyed else None,
+                batch.extra,
+            ]
+            cost = 120 + (sum(len(k) + 3 for k in batch.keys if k) if batch.keyed else 0)
+            if batch.extra is not None:
+                cost += 4096  # rare: a notice of its own
+            if b and size + cost > 3500:
+                if not self._send_notice(a, b):
+                    return
+                a, b, size = [], [], 0
+            a.append([batch.topic, batch.partition, written.base_offset + written.records])
+            b.append(entry)
+            size += cost
+        if b:
+            self._send_notice(a, b)
+
+    def _send_notice(self, a: list[list[Any]], b: list[list[Any]]) -> bool:
+        assert self.notices is not None
+        try:
+            self.notices.send_bytes(protocol.encode({"op": "appended", "a": a, "b": b}))
+        except OSError:
+            self.notices = None  # the ConsumerBroker is restarting; it rescans on start
+            return False
+        return True
+
+    # -- off the path: producer runs, partition figures, the WAL ----------------------
+
+    def _save_runs(self) -> None:
+        """Write the runs added since the last save, and each partition's mark (every
+        record below it has its run saved), in one transaction: after the answers."""
+        unsaved = self.ranges.unsaved()
+        marks = dict(self._ends)
+        if not unsaved and marks == self._saved_marks:
+            return
+        try:
+            self.store.state.save_runs(unsaved, marks)
+        except SpoolError:
+            logger.exception("saving producer runs failed; will retry")
+            self.ranges.requeue(unsaved)
+            return
+        self._saved_marks = marks
+
+    def _record_figures(self) -> None:
+        for topic, partition in list(self._figures_due):
             try:
-                self.notices.send_bytes(
-                    protocol.encode({"op": "appended", "a": appended[start : start + 20]})
-                )
-            except OSError:
-                self.notices = None  # the ConsumerBroker is restarting; it rescans on start
-                return
+                self.store.partition_log(topic, partition).record_figures()
+            except SpoolError:
+                logger.exception("recording the figures of %s/%d failed", topic, partition)
+        self._figures_due.clear()
 
     # -- the manager ---------------------------------------------------------------------
 

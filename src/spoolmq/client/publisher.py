@@ -9,6 +9,7 @@ encode the message (so bad input fails in the caller) and queue it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -18,7 +19,6 @@ import uuid
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Unpack
 
@@ -34,18 +34,14 @@ from spoolmq.errors import (
 )
 from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
+from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
 
 
-@dataclass(slots=True)
-class _Outgoing:
-    sequence: int
-    topic: str
-    body: bytes
-    acks: str
-    future: _PublishFuture
-    deadline: float
+# Messages go out in frames of one topic, one ACK level and (when the Publisher knows it)
+# one partition: (acks, topic, partition or None).
+_Group = tuple[str, str, int | None]
 
 
 # Guards the moment a _PublishFuture gets its Condition against the moment it is resolved.
@@ -53,21 +49,42 @@ _CONDITION_LOCK = threading.Lock()
 
 
 class _PublishFuture(Future[Position]):
-    """A Future that builds its Condition only when someone waits on it or adds a callback.
+    """A Future that builds its Condition only when someone waits on it or adds a callback,
+    and its Position only when someone reads it; it is also the queued message itself.
 
     ``Future()`` builds a Condition (a lock and waiter bookkeeping) per instance, and
     resolving one takes it and notifies: together the largest per-message cost of
     ``publish_async``, whose futures are mostly never looked at. Every method of
     ``Future`` that waits or registers a callback reads ``self._condition``, which makes it
-    here (``__getattr__``); ``resolve`` finishes an untouched future without one.
+    here (``__getattr__``); ``resolve`` finishes an untouched future without one, and
+    :func:`_resolve_stored` a frame's untouched futures with the range of the answer they
+    are in (``_where``), from which ``_result`` builds the Position when it is asked for.
     """
 
-    def __init__(self) -> None:  # Future.__init__ is skipped on purpose: no Condition yet
+    def __init__(self, sequence: int = 0, body: bytes = b"", deadline: float = 0.0) -> None:
+        # Future.__init__ is skipped on purpose: no Condition yet.
         self._state = PENDING
-        self._result: Position | None = None
+        self._value: Position | None = None
+        # Where a stored message is, until someone asks: (topic, partition, timestamp,
+        # duplicate) of its range, shared by the range's futures, and its own offset.
+        self._where: tuple[str, int, int, bool] | None = None
+        self._offset = 0
         self._exception: BaseException | None = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
+        # The message: its sequence, its record's bytes, when it times out (monotonic).
+        self.sequence, self.body, self.deadline = sequence, body, deadline
+
+    @property
+    def _result(self) -> Position | None:  # what Future.result() returns
+        where = self._where
+        if where is None:
+            return self._value
+        return Position(where[0], where[1], self._offset, where[2], where[3])
+
+    @_result.setter
+    def _result(self, value: Position | None) -> None:
+        self._value, self._where = value, None
 
     def __getattr__(self, name: str) -> Any:
         if name != "_condition":
@@ -92,6 +109,27 @@ class _PublishFuture(Future[Position]):
             self.set_exception(error)
         else:
             self.set_result(result)  # type: ignore[arg-type]
+
+
+def _resolve_stored(
+    futures: list[_PublishFuture], where: tuple[str, int, int, bool], offset: int
+) -> None:
+    """Resolve ``futures`` as stored at consecutive offsets from ``offset`` of the range
+    ``where`` (topic, partition, timestamp, duplicate): one lock for them all, and no
+    Position built for a future nobody reads."""
+    waited: list[tuple[_PublishFuture, int]] = []
+    with _CONDITION_LOCK:
+        for future in futures:
+            if "_condition" in future.__dict__:
+                waited.append((future, offset))
+            elif future._state == PENDING:
+                future._where, future._offset = where, offset
+                future._state = FINISHED
+            offset += 1
+    for future, at in waited:
+        if not future.done():
+            topic, partition, timestamp, duplicate = where
+            future.set_result(Position(topic, partition, at, timestamp, duplicate))
 
 
 class Publisher:
@@ -134,10 +172,19 @@ class Publisher:
         self.delivery_timeout = delivery_timeout
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         self.name = name
-        self._sequence = 0
-        self._queue: deque[_Outgoing] = deque()
+        self._sequences = itertools.count()
+        # Queued messages by frame group, oldest group first; ``_queued`` counts them all.
+        self._groups: dict[_Group, deque[_PublishFuture]] = {}
+        self._queued = 0
+        # Each topic's partition count, from the broker's answers: keyed messages are then
+        # grouped by partition here (the broker's murmur2), so a frame has one partition.
+        self._partitions: dict[str, int] = {}
         self._urgent = False
-        self._in_flight: dict[int, list[_Outgoing]] = {}
+        self._in_flight: dict[int, tuple[_Group, list[_PublishFuture]]] = {}
+        # Taken around taking a frame from the queue and sending it, by the I/O thread or
+        # by a caller that sends its own message while the I/O thread is idle: frames go
+        # out in the order they were taken.
+        self._send_lock = threading.Lock()
         self._frame_ids = 0
         self._outstanding = 0
         self._cond = threading.Condition()
@@ -227,28 +274,64 @@ class Publisher:
         urgent: bool,
     ) -> Future[Position]:
         level = self.acks if acks is None else normalize_acks(acks)
+        if self._closed:
+            raise SpoolError("this Publisher is closed")
+        # Numbered and encoded outside the lock the I/O thread takes (next() of a count is
+        # atomic), so a caller's encoding never waits for the I/O thread or stalls it.
+        sequence = next(self._sequences)
+        body, key, partition = encode_publish_message(
+            topic, value, options, sequence=sequence, producer_id=self.producer_id
+        )
+        if partition is None and key is not None:
+            count = self._partitions.get(topic)
+            if count is not None:
+                partition = partition_for_key(key, count)
+        future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout)
+        group = (level, topic, partition)
         with self._cond:
             if self._closed:
                 raise SpoolError("this Publisher is closed")
-            sequence = self._sequence
-            body = encode_publish_message(topic, value, options, sequence=sequence)
-            self._sequence += 1
-            future = _PublishFuture()
             # The I/O thread needs a wake-up only when there is something new for it to do:
             # a first message starts its linger clock, a full batch or a blocking publish
             # ends it. Waking it per message cost a syscall and a thread switch each.
-            wake = not self._queue
-            self._queue.append(
-                _Outgoing(
-                    sequence, topic, body, level, future, time.monotonic() + self.delivery_timeout
-                )
-            )
+            wake = not self._queued
+            queue = self._groups.get(group)
+            if queue is None:
+                queue = self._groups[group] = deque()
+            queue.append(future)
+            self._queued += 1
             self._outstanding += 1
-            if not self._urgent and (urgent or len(self._queue) >= self.batch_size):
+            idle = urgent and self._queued == 1 and not self._in_flight and self._conn is not None
+            if not self._urgent and (urgent or len(queue) >= self.batch_size):
                 self._urgent = wake = True
+            if idle:
+                wake = False
             if wake:
                 self._wake()
+        if idle and not self._send_from_caller():
+            with self._cond:
+                self._wake()
         return future
+
+    def _send_from_caller(self) -> bool:
+        """Send the queue's frame from the caller's thread: a blocking ``publish`` while
+        the I/O thread has nothing in flight goes out without waking it (a thread switch
+        and a wake-up byte less on the way to the broker; the I/O thread still reads the
+        answer). False if it did not go (the I/O thread sends it then)."""
+        conn = self._conn
+        if conn is None or not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            taken = self._take_frame(force=True)
+            if taken is None:
+                return True
+            try:
+                conn.send_bytes(taken)
+            except OSError:
+                return False  # the I/O thread finds the connection gone and resends
+        finally:
+            self._send_lock.release()
+        return True
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -301,46 +384,72 @@ class Publisher:
             # Resend every unanswered frame, oldest first: same producer id and sequences,
             # so whatever the broker stored before it went away is not stored twice.
             with self._cond:
-                resend = [m for _, ms in sorted(self._in_flight.items()) for m in ms]
+                groups: dict[_Group, deque[_PublishFuture]] = {}
+                for _, (group, items) in sorted(self._in_flight.items()):  # frame order
+                    groups.setdefault(group, deque()).extend(items)
+                    self._queued += len(items)
                 self._in_flight.clear()
-                self._queue.extendleft(reversed(resend))
+                for group, queue in self._groups.items():
+                    groups.setdefault(group, deque()).extend(queue)
+                self._groups = groups
                 self._urgent = True
             return
+
+    def _oldest(self) -> float:
+        """When the first message of the oldest group was queued (monotonic)."""
+        queue = next(iter(self._groups.values()))
+        return queue[0].deadline - self.delivery_timeout
 
     def _send_ready_frames(self) -> None:
         assert self._conn is not None
         while True:
-            with self._cond:
-                if not self._queue or len(self._in_flight) >= self.max_in_flight:
+            with self._send_lock:
+                data = self._take_frame()
+                if data is None:
                     return
-                if not self._urgent and len(self._queue) < self.batch_size:
-                    oldest = self._queue[0].deadline - self.delivery_timeout
-                    if time.monotonic() - oldest < self.linger:
-                        return
-                acks = self._queue[0].acks
-                batch: list[_Outgoing] = []
-                while self._queue and len(batch) < self.batch_size and self._queue[0].acks == acks:
-                    batch.append(self._queue.popleft())
-                if not self._queue:
-                    self._urgent = False
-                self._frame_ids += 1
-                frame_id = self._frame_ids
-                if acks != "0":
-                    self._in_flight[frame_id] = batch
-            self._conn.send_bytes(
-                encode_publish_frame(frame_id, acks, self.producer_id, [m.body for m in batch])
-            )
-            if acks == "0":
-                for item in batch:
-                    item.future.resolve(Position(item.topic, -1, -1, -1), None)
-                self._done(len(batch))
+                self._conn.send_bytes(data)
+
+    def _take_frame(self, *, force: bool = False) -> bytes | None:
+        """The next frame to send, taken from the queue, if one is due (``force``: even
+        if it could linger). Caller holds the send lock."""
+        with self._cond:
+            if not self._queued or len(self._in_flight) >= self.max_in_flight:
+                return None
+            if (
+                not force
+                and not self._urgent
+                and self._queued < self.batch_size
+                and time.monotonic() - self._oldest() < self.linger
+            ):
+                return None
+            group, queue = next(iter(self._groups.items()))
+            if len(queue) <= self.batch_size:
+                batch = list(queue)
+                del self._groups[group]
+            else:
+                batch = [queue.popleft() for _ in range(self.batch_size)]
+            self._queued -= len(batch)
+            if not self._queued:
+                self._urgent = False
+            self._frame_ids += 1
+            frame_id = self._frame_ids
+            acks, topic, partition = group
+            if acks != "0":
+                self._in_flight[frame_id] = (group, batch)
+        data = encode_publish_frame(
+            frame_id, acks, self.producer_id, topic, partition, [m.body for m in batch]
+        )
+        if acks == "0":
+            for item in batch:
+                item.resolve(Position(topic, -1, -1, -1), None)
+            self._done(len(batch))
+        return data
 
     def _wait_and_read(self) -> None:
         assert self._conn is not None
         with self._cond:
-            if self._queue and not self._urgent and len(self._in_flight) < self.max_in_flight:
-                oldest = self._queue[0].deadline - self.delivery_timeout
-                timeout: float | None = max(0.0, self.linger - (time.monotonic() - oldest))
+            if self._queued and not self._urgent and len(self._in_flight) < self.max_in_flight:
+                timeout: float | None = max(0.0, self.linger - (time.monotonic() - self._oldest()))
             else:
                 timeout = 1.0
         ready = wait([self._conn, self._wake_read], timeout)
@@ -354,40 +463,52 @@ class Publisher:
     def _handle_reply(self, frame: dict[str, Any]) -> None:
         frame_id = frame.get("id")
         with self._cond:
-            batch = self._in_flight.pop(frame_id, None) if isinstance(frame_id, int) else None
+            sent = self._in_flight.pop(frame_id, None) if isinstance(frame_id, int) else None
         if frame.get("op") == "error":
             error = error_from_code(str(frame.get("code")), str(frame.get("message")))
-            if batch is None:
+            if sent is None:
                 raise OSError(f"the broker closed this connection: {error}")
-            for item in batch:
-                item.future.resolve(None, error)
-            self._done(len(batch))
+            for item in sent[1]:
+                item.resolve(None, error)
+            self._done(len(sent[1]))
             return
-        if batch is None:
+        if sent is None:
             return
-        results = frame.get("results") or []
-        answered = 0
-        for item, result in zip(batch, results, strict=False):
-            answered += 1
-            if "error" in result:
-                item.future.resolve(
-                    None, error_from_code(result["error"], result.get("message", ""))
-                )
+        (_, topic, _), batch = sent
+        total = len(batch)
+        partitions = frame.get("n")
+        if type(partitions) is int and partitions > 0:
+            self._partitions[topic] = partitions
+        errors = frame.get("errors")
+        ranges = frame.get("r") or ()
+        if errors:
+            batch = self._fail_errors(batch, errors)
+        start = 0
+        for entry in ranges:
+            count = entry[3]
+            where = (topic, entry[0], entry[2], len(entry) > 4 and entry[4] == 1)
+            _resolve_stored(batch[start : start + count], where, entry[1])
+            start += count
+        if start < len(batch):  # a broker bug; never left waiting, never ACKed
+            error = ProtocolError(f"the broker answered {start} of the {len(batch)} messages")
+            for rest in batch[start:]:
+                rest.resolve(None, error)
+        self._done(total)
+
+    @staticmethod
+    def _fail_errors(batch: list[_PublishFuture], errors: dict[str, Any]) -> list[_PublishFuture]:
+        """Fail the messages ``errors`` names (by index); the others, which the ranges
+        cover in order."""
+        left = []
+        for index, item in enumerate(batch):
+            error = errors.get(str(index))
+            if error is None:
+                left.append(item)
             else:
-                position = Position(
-                    item.topic,
-                    result["partition"],
-                    result["offset"],
-                    result.get("timestamp", -1),
-                    bool(result.get("duplicate")),
+                item.resolve(
+                    None, error_from_code(str(error.get("code")), str(error.get("message", "")))
                 )
-                item.future.resolve(position, None)
-        for item in batch[answered:]:  # a broker bug; never left waiting, never ACKed
-            item.future.resolve(
-                None,
-                ProtocolError(f"the broker answered {answered} of the {len(batch)} messages"),
-            )
-        self._done(len(batch))
+        return left
 
     def _done(self, count: int) -> None:
         """``count`` messages were answered: one lock and one notify per frame."""
@@ -398,17 +519,22 @@ class Publisher:
     def _expire(self) -> None:
         """Fail messages whose delivery timeout passed (never a false ACK: an error)."""
         now = time.monotonic()
-        expired: list[_Outgoing] = []
+        expired: list[tuple[str, _PublishFuture]] = []
         with self._cond:
-            while self._queue and self._queue[0].deadline <= now:
-                expired.append(self._queue.popleft())
-            for frame_id in [f for f, ms in self._in_flight.items() if ms[0].deadline <= now]:
-                expired.extend(self._in_flight.pop(frame_id))
-        for item in expired:
-            item.future.resolve(
+            for group, queue in list(self._groups.items()):
+                while queue and queue[0].deadline <= now:
+                    expired.append((group[1], queue.popleft()))
+                    self._queued -= 1
+                if not queue:
+                    del self._groups[group]
+            for frame_id in [f for f, (_, ms) in self._in_flight.items() if ms[0].deadline <= now]:
+                group, items = self._in_flight.pop(frame_id)
+                expired.extend((group[1], item) for item in items)
+        for topic, item in expired:
+            item.resolve(
                 None,
                 PublishTimeoutError(
-                    f"message {item.sequence} to {item.topic!r} was not acknowledged within "
+                    f"message {item.sequence} to {topic!r} was not acknowledged within "
                     f"{self.delivery_timeout:g} s (broker unreachable or overloaded); it may or "
                     "may not have been stored"
                 ),

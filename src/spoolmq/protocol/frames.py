@@ -21,7 +21,7 @@ import orjson
 
 from spoolmq.errors import ProtocolError, SpoolError, error_from_code
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 # Operations a client may send, by role. Anything else is a protocol error.

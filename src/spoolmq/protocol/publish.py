@@ -1,24 +1,39 @@
-"""The publish frame's wire form, both ways: the Publisher client encodes each message and
-the frame here, the PublisherBroker checks the frame and decodes each message here, straight
-into the store's encoded form (docs/PROTOCOL.md, "Publishing").
+"""The publish frame's wire form, both ways (protocol version 2): the Publisher client
+encodes each message here in the store's own form, and the PublisherBroker checks a frame
+and its records here (docs/PROTOCOL.md, "Publishing").
 
-A message on the wire is the store's record fields with relative timing: ``delay_ms`` and
-``ttl_ms`` instead of ``deliver_at``/``expires_at`` (the broker's clock fixes them), and no
-producer id (it is the frame's). Validation, base64 and timing rules are the store's own
-(``spoolmq.store.record``), so a message is judged the same way whichever path it takes.
+A frame carries one topic and, when the client knows it, one partition. Each record is
+the JSON object of a stored record line without ``offset``, ``timestamp``,
+``batch_records`` and ``crc``, fields in the store's order (``spoolmq.store.record``), so
+the broker adds those four around it and never builds a Message for the common record.
+Relative timing is the one thing that is not in the store's form: ``delay_ms`` and
+``ttl_ms`` stand where ``deliver_at``/``expires_at`` would, and the broker's clock fixes
+them (the slower path, :func:`_fix_timing`).
+
+The broker parses a frame once (``orjson.loads`` of the whole frame, as every frame) and
+stores ``orjson.dumps`` of each parsed record, never the bytes the client sent: a client's
+bytes could be split or padded so that they parse as the checked records yet store as
+something else (two records sharing one line, duplicate keys), and comparing them with the
+dump would cost the dump anyway.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-from spoolmq.errors import ProtocolError, SerializationError, SpoolError
+from spoolmq.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    ProtocolError,
+    SerializationError,
+    SpoolError,
+    UnknownPartitionError,
+)
 from spoolmq.store.message import (
     Acks,
-    Message,
     PublishOptions,
     check_options,
     check_timing,
@@ -29,10 +44,6 @@ from spoolmq.store.message import (
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import (
     RECORD_OVERHEAD,
-    EncodedMessage,
-    common_fields,
-    decode_headers,
-    encode_message,
     from_base64,
     has_non_finite,
     normalize_headers,
@@ -40,178 +51,358 @@ from spoolmq.store.record import (
     to_base64,
 )
 
-# Every field a message of a publish frame may have.
-WIRE_FIELDS = frozenset(
-    {
-        "topic",
-        "value",
-        "value_b64",
-        "key",
-        "key_b64",
-        "headers",
-        "tags",
-        "partition",
-        "delay_ms",
-        "deliver_at",
-        "ttl_ms",
-        "sequence",
-    }
+# Every field a record of a publish frame may have, in the order the store writes them
+# (``delay_ms``/``ttl_ms`` where ``deliver_at``/``expires_at`` go). A record's fields must
+# come in this order: what is stored is then the store's own line.
+RECORD_FIELDS = (
+    "key",
+    "key_b64",
+    "value",
+    "value_b64",
+    "headers",
+    "tags",
+    "deliver_at",
+    "delay_ms",
+    "expires_at",
+    "ttl_ms",
+    "sequence",
+    "producer_id",
 )
-
-# What the common message has: a topic, a JSON value, maybe a text key, and the sequence
-# every Publisher client sends. The broker encodes it without building a Message.
-_COMMON_FIELDS = frozenset({"topic", "value", "key", "sequence"})
+_RANK = {name: rank for rank, name in enumerate(RECORD_FIELDS)}
+# The record every Publisher sends for a plain publish: checked with one tuple comparison.
+_COMMON = ("key", "value", "headers", "sequence", "producer_id")
+_COMMON_UNNUMBERED = ("key", "value", "headers")
+_KEYLESS = b'{"key":null,'
 
 
 # -- the client's end ---------------------------------------------------------------------
 
 
 def encode_publish_message(
-    topic: str, value: Any, options: PublishOptions, *, sequence: int | None
-) -> bytes:
-    """One message of a publish frame as JSON bytes, checked here so that bad input fails
-    in the caller rather than in the broker."""
-    message: dict[str, Any] = {"topic": check_topic(topic)}
-    if isinstance(value, bytes | bytearray | memoryview):
-        message["value_b64"] = to_base64(bytes(value))
-    else:
-        message["value"] = value
+    topic: str,
+    value: Any,
+    options: PublishOptions,
+    *,
+    sequence: int | None,
+    producer_id: str | None = None,
+) -> tuple[bytes, str | bytes | None, int | None]:
+    """One record of a publish frame as JSON bytes, with its key and the partition asked
+    for (``options``' ``partition``), checked here so that bad input fails in the caller
+    rather than in the broker. ``topic`` is checked here too; the frame carries it."""
+    check_topic(topic)
+    key: Any = None
+    partition = None
+    record: dict[str, Any]
     if options:
         check_options(options)
-        _encode_options(message, options)
+        record, key, partition = _encode_options(value, options)
+    elif isinstance(value, bytes | bytearray | memoryview):
+        record = {"key": None, "value_b64": to_base64(bytes(value)), "headers": []}
+    else:
+        record = {"key": None, "value": value, "headers": []}
     if sequence is not None:
-        message["sequence"] = sequence
+        if not producer_id:
+            raise InvalidArgumentError("a numbered message needs a producer id")
+        record["sequence"] = sequence
+        record["producer_id"] = producer_id
     try:
-        body = orjson.dumps(message)
+        body = orjson.dumps(record)
     except TypeError as exc:
         raise SerializationError(f"value can't be sent as JSON: {exc}") from None
-    if b"null" in body and has_non_finite(value):
+    # orjson writes NaN and infinities as null: look for them only when a null is there
+    # besides the ``{"key":null,`` every keyless record starts with (walking the value
+    # for each message was a third of a publisher's CPU).
+    start = len(_KEYLESS) if body.startswith(_KEYLESS) else 0
+    if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError("value contains NaN or infinity, which JSON can't represent")
-    return body
+    return body, key, partition
 
 
-def _encode_options(message: dict[str, Any], options: PublishOptions) -> None:
+def _encode_options(
+    value: Any, options: PublishOptions
+) -> tuple[dict[str, Any], str | bytes | None, int | None]:
+    record: dict[str, Any] = {}
     key = options.get("key")
     if isinstance(key, bytes | bytearray):
-        message["key_b64"] = to_base64(bytes(key))
-    elif key is not None:
-        if not isinstance(key, str):
-            raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
-        message["key"] = key
-    headers = options.get("headers")
-    if headers:
-        message["headers"] = normalize_headers(headers)
+        key = bytes(key)
+        record["key_b64"] = to_base64(key)
+    elif key is None or isinstance(key, str):
+        record["key"] = key
+    else:
+        raise SerializationError(f"a key must be str, bytes or None, not {type(key).__name__}")
+    if isinstance(value, bytes | bytearray | memoryview):
+        record["value_b64"] = to_base64(bytes(value))
+    else:
+        record["value"] = value
+    record["headers"] = normalize_headers(options.get("headers"))
     tags = options.get("tags")
     if tags:
-        message["tags"] = normalize_tags(tags)
-    partition = options.get("partition")
-    if partition is not None:
-        message["partition"] = partition
+        record["tags"] = normalize_tags(tags)
     delay, deliver_at, ttl = options.get("delay"), options.get("deliver_at"), options.get("ttl")
     check_timing(delay, deliver_at, ttl)
-    if delay is not None:
-        message["delay_ms"] = seconds_to_ms(delay)
     if deliver_at is not None:
-        message["deliver_at"] = deliver_at
+        record["deliver_at"] = deliver_at
+    if delay is not None:
+        record["delay_ms"] = seconds_to_ms(delay)
     if ttl is not None:
-        message["ttl_ms"] = seconds_to_ms(ttl)
+        record["ttl_ms"] = seconds_to_ms(ttl)
+    partition = options.get("partition")
+    if partition is not None and (
+        isinstance(partition, bool) or not isinstance(partition, int) or partition < 0
+    ):
+        raise UnknownPartitionError(f"partition must be a whole number, not {partition!r}")
+    return record, key, partition
 
 
 def encode_publish_frame(
-    frame_id: int, acks: str, producer_id: str, messages: Sequence[bytes]
+    frame_id: int,
+    acks: str,
+    producer_id: str,
+    topic: str,
+    partition: int | None,
+    records: Sequence[bytes],
 ) -> bytes:
-    """A publish frame around messages already encoded by ``encode_publish_message``."""
-    head = orjson.dumps({"op": "publish", "id": frame_id, "acks": acks, "producer_id": producer_id})
-    return b'%s,"messages":[%s]}' % (head[:-1], b",".join(messages))
+    """A publish frame around records already encoded by ``encode_publish_message``."""
+    head = orjson.dumps(
+        {
+            "op": "publish",
+            "id": frame_id,
+            "acks": acks,
+            "producer_id": producer_id,
+            "topic": topic,
+            "partition": partition,
+        }
+    )
+    return b'%s,"records":[%s]}' % (head[:-1], b",".join(records))
 
 
 # -- the broker's end ---------------------------------------------------------------------
 
 
-def check_publish_frame(frame: dict[str, Any]) -> tuple[Acks, str | None, list[Any]]:
-    """The ACK level, producer id and messages of a publish frame; ProtocolError (or
-    InvalidArgumentError for the ACK level) if the frame itself is wrong."""
+def check_publish_frame(
+    frame: dict[str, Any],
+) -> tuple[Acks, str | None, str, int | None, list[Any]]:
+    """The ACK level, producer id, topic, partition asked for and records of a publish
+    frame; ProtocolError (InvalidArgumentError for the ACK level, InvalidTopicError for the
+    topic) if the frame itself is wrong: every record of it then fails alike."""
     acks = normalize_acks(frame.get("acks", "all"))
-    messages = frame.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ProtocolError("a publish frame needs a non-empty 'messages' list")
+    records = frame.get("records")
+    if not isinstance(records, list) or not records:
+        raise ProtocolError("a publish frame needs a non-empty 'records' list")
     producer_id = frame.get("producer_id")
-    if producer_id is not None and not isinstance(producer_id, str):
-        raise ProtocolError("producer_id must be a string")
-    return acks, producer_id, messages
+    if producer_id is not None and (not isinstance(producer_id, str) or not producer_id):
+        raise ProtocolError("producer_id must be a non-empty string")
+    topic = check_topic(frame.get("topic"))
+    partition = frame.get("partition")
+    if partition is not None and (type(partition) is not int or partition < 0):
+        raise UnknownPartitionError(f"partition must be a whole number, not {partition!r}")
+    return acks, producer_id, topic, partition, records
 
 
-def decode_publish_message(
-    raw: Any, producer_id: str | None, *, now: int, max_bytes: int
-) -> tuple[str, str | bytes | None, int | None, EncodedMessage]:
-    """(topic, key, partition asked for, encoded message) of one message of a publish frame,
-    validated; SpoolError (a per-message error) if it is wrong. ``now`` fixes its timing."""
-    common = encode_common_message(raw, producer_id, max_bytes)
-    if common is not None:
-        topic, key, encoded = common
-        return topic, key, None, encoded
-    topic, message = message_from_wire(raw, producer_id, now)
-    encoded = encode_message(message, max_bytes=max_bytes, parsed_json=True)
-    return topic, message.key, message.partition, encoded
+class Checked(NamedTuple):
+    """One record of a publish frame, checked: what the broker stores and tells."""
+
+    body: bytes  # the record's JSON without its braces: the stored line's middle
+    key: str | bytes | None  # for the partitioner: a text key, a raw-bytes key's bytes
+    identity: str | None  # ``spoolmq.store.record.key_identity`` of the record
+    sequence: int | None
+    # [deliver_at, expires_at, tags, has_headers] when the record has any of them
+    extra: list[Any] | None
 
 
-def encode_common_message(
-    raw: Any, producer_id: str | None, max_bytes: int
-) -> tuple[str, str | None, EncodedMessage] | None:
-    """(topic, key, encoded) for the common message of a publish frame, encoded straight
-    from the parsed frame; None for any other message and for anything wrong, which
-    ``message_from_wire`` then handles or refuses. Building a Message and checking every
-    optional field was half of the broker's work per message."""
-    if type(raw) is not dict or not _COMMON_FIELDS.issuperset(raw):
-        return None
-    topic, key, sequence = raw.get("topic"), raw.get("key"), raw.get("sequence")
-    if type(topic) is not str or (key is not None and type(key) is not str):
-        return None
-    if sequence is None:
-        producer_id = None  # as in message_from_wire: no sequence, no idempotence
-    elif type(sequence) is not int or sequence < 0 or not producer_id:
-        return None
+def check_record(record: Any, producer_id: str | None, now: int, max_bytes: int) -> Checked:
+    """One record of a publish frame, checked as the store judges a message; a SpoolError
+    (a per-record error) if it is wrong. ``now`` fixes ``delay_ms``/``ttl_ms``."""
+    if type(record) is not dict:
+        raise ProtocolError("each record must be a JSON object")
+    fields = tuple(record)
+    key = record.get("key")
+    sequence = record.get("sequence")
+    if (
+        fields == _COMMON
+        and (key is None or type(key) is str)
+        and record["headers"] == []
+        and type(sequence) is int
+        and sequence >= 0
+        and record["producer_id"] == producer_id
+    ) or (
+        fields == _COMMON_UNNUMBERED
+        and (key is None or type(key) is str)
+        and record["headers"] == []
+    ):
+        extra = None  # the common record: nothing else to check
+    else:
+        key, sequence = _check_general(record, producer_id)
+        if "delay_ms" in record or "ttl_ms" in record:
+            record = _fix_timing(record, now)
+        extra = _extra(record)
     try:
-        check_topic(topic)
-        body = orjson.dumps(common_fields(key, raw.get("value"), sequence, producer_id))
-    except (SpoolError, TypeError):
-        return None
+        body = orjson.dumps(record)
+    except TypeError as exc:  # an integer past 64 bits: JSON has it, the store does not
+        raise SerializationError(f"record can't be stored: {exc}") from None
     if len(body) + RECORD_OVERHEAD > max_bytes:
+        raise MessageTooLargeError(
+            f"message encodes to about {len(body) + RECORD_OVERHEAD} bytes, over the limit of "
+            f"{max_bytes} bytes (max_message_bytes)"
+        )
+    if key is None:
+        identity = None
+    elif type(key) is str:
+        identity = "s:" + key
+    else:
+        identity = "b:" + record["key_b64"]
+    return Checked(body[1:-1], key, identity, sequence, extra)
+
+
+class CheckedRecords(NamedTuple):
+    """The records of a publish frame, checked (:func:`check_records`): per record, in
+    frame order, its body, key, key identity and sequence (None for a record in
+    ``errors``), and ``extra`` by index for the records that have one."""
+
+    bodies: list[bytes | None]
+    keys: list[str | bytes | None]
+    identities: list[str | None]
+    sequences: list[int | None]
+    extras: dict[int, list[Any]] | None
+    errors: dict[int, SpoolError] | None
+
+
+def check_records(
+    records: list[Any], producer_id: str | None, now: int, max_bytes: int
+) -> CheckedRecords:
+    """Every record of a frame checked as :func:`check_record` does, the common record
+    inline (one loop, no object per record: half the cost of a call per record)."""
+    bodies: list[bytes | None] = []
+    keys: list[str | bytes | None] = []
+    identities: list[str | None] = []
+    sequences: list[int | None] = []
+    extras: dict[int, list[Any]] | None = None
+    errors: dict[int, SpoolError] | None = None
+    dumps = orjson.dumps
+    limit = max_bytes - RECORD_OVERHEAD
+    for index, record in enumerate(records):
+        if type(record) is dict and tuple(record) == _COMMON:
+            key, sequence = record["key"], record["sequence"]
+            if (
+                (key is None or type(key) is str)
+                and record["headers"] == []
+                and type(sequence) is int
+                and sequence >= 0
+                and record["producer_id"] == producer_id
+            ):
+                try:
+                    body = dumps(record)
+                except TypeError:  # a sequence past 64 bits: check_record says so
+                    body = b""
+                if body and len(body) <= limit:
+                    bodies.append(body[1:-1])
+                    keys.append(key)
+                    identities.append(None if key is None else "s:" + key)
+                    sequences.append(sequence)
+                    continue
+        try:
+            checked = check_record(record, producer_id, now, max_bytes)
+        except SpoolError as exc:
+            if errors is None:
+                errors = {}
+            errors[index] = exc
+            bodies.append(None)
+            keys.append(None)
+            identities.append(None)
+            sequences.append(None)
+            continue
+        bodies.append(checked.body)
+        keys.append(checked.key)
+        identities.append(checked.identity)
+        sequences.append(checked.sequence)
+        if checked.extra is not None:
+            if extras is None:
+                extras = {}
+            extras[index] = checked.extra
+    return CheckedRecords(bodies, keys, identities, sequences, extras, errors)
+
+
+def _extra(record: dict[str, Any]) -> list[Any] | None:
+    """What the ConsumerBroker needs of a record besides its key (interfaces.md §1)."""
+    deliver_at, expires_at = record.get("deliver_at"), record.get("expires_at")
+    tags, headers = record.get("tags"), bool(record.get("headers"))
+    if deliver_at is None and expires_at is None and tags is None and not headers:
         return None
-    return topic, key, EncodedMessage(body[1:-1], producer_id, sequence)
+    return [deliver_at, expires_at, tags, headers]
 
 
-def message_from_wire(raw: Any, producer_id: str | None, now: int) -> tuple[str, Message]:
-    """Validate one message of a publish frame and build the store's Message."""
-    if not isinstance(raw, dict):
-        raise ProtocolError("each message must be a JSON object")
-    if not WIRE_FIELDS.issuperset(raw):
-        unknown = set(raw) - WIRE_FIELDS
-        raise ProtocolError(f"unknown message field(s): {', '.join(sorted(unknown))[:200]}")
-    topic = check_topic(raw.get("topic"))
-    value: Any = raw.get("value")
-    if "value_b64" in raw:
-        value = from_base64(raw["value_b64"], "value_b64", SerializationError)
-    key: Any = raw.get("key")
-    if "key_b64" in raw:
-        key = from_base64(raw["key_b64"], "key_b64", SerializationError)
-    delay_ms, deliver_at, ttl_ms = raw.get("delay_ms"), raw.get("deliver_at"), raw.get("ttl_ms")
-    expires_at = None
-    if delay_ms is not None or deliver_at is not None or ttl_ms is not None:
-        delay, ttl = _ms_to_seconds(delay_ms), _ms_to_seconds(ttl_ms)
-        deliver_at, expires_at = schedule(delay, deliver_at, ttl, now)
-    sequence = raw.get("sequence")
-    return topic, Message(
-        value=value,
-        key=key,
-        headers=decode_headers(raw.get("headers"), SerializationError),
-        tags=raw.get("tags"),
-        deliver_at=deliver_at,
-        expires_at=expires_at,
-        producer_id=producer_id if sequence is not None else None,
-        sequence=sequence,
-        partition=raw.get("partition"),
-    )
+def _check_general(record: dict[str, Any], producer_id: str | None) -> tuple[Any, int | None]:
+    """Check a record field by field as the store judges a message; its key for the
+    partitioner (bytes for ``key_b64``) and its sequence."""
+    last = -1
+    for name in record:
+        rank = _RANK.get(name)
+        if rank is None:
+            raise ProtocolError(f"unknown record field {name[:40]!r}")
+        if rank <= last:
+            raise ProtocolError(f"record field {name!r} is out of the store's order")
+        last = rank
+    for pair in (("key", "key_b64"), ("value", "value_b64")):
+        if sum(name in record for name in pair) != 1:
+            raise ProtocolError(f"a record needs exactly one of {pair[0]!r} and {pair[1]!r}")
+    key: Any = record.get("key")
+    if "key_b64" in record:
+        key = from_base64(record["key_b64"], "key_b64", SerializationError)
+    elif key is not None and type(key) is not str:
+        raise SerializationError(f"a key must be a string or null, not {type(key).__name__}")
+    if "value_b64" in record:
+        from_base64(record["value_b64"], "value_b64", SerializationError)
+    _check_headers(record.get("headers"))
+    if "tags" in record:
+        tags = record["tags"]
+        if type(tags) is not list or not tags:
+            raise SerializationError("tags must be a non-empty list of strings")
+        normalize_tags(tags)
+    for name in ("deliver_at", "expires_at"):
+        number = record.get(name)
+        if number is not None and (type(number) is not int or number < 0):
+            raise InvalidArgumentError(f"{name} must be a non-negative integer, not {number!r}")
+    if ("deliver_at" in record and "delay_ms" in record) or (
+        "expires_at" in record and "ttl_ms" in record
+    ):
+        raise InvalidArgumentError("give a relative or an absolute time, not both")
+    sequence = record.get("sequence")
+    if ("sequence" in record) != ("producer_id" in record):
+        raise ProtocolError("a record has both sequence and producer_id or neither")
+    if sequence is not None:
+        if type(sequence) is not int or sequence < 0:
+            raise InvalidArgumentError(f"sequence must be a non-negative integer, not {sequence!r}")
+        if record["producer_id"] != producer_id:
+            raise ProtocolError("a record's producer_id must be its frame's")
+    return key, sequence
+
+
+def _check_headers(headers: Any) -> None:
+    if type(headers) is not list:
+        raise SerializationError("headers must be a list of [name, value] pairs")
+    for entry in headers:
+        if type(entry) is not list or len(entry) not in (2, 3):
+            raise SerializationError("each header must be [name, value] or [name, base64, 'b64']")
+        name, text = entry[0], entry[1]
+        if type(name) is not str or not name or type(text) is not str:
+            raise SerializationError("a header is a non-empty name and a string value")
+        if len(entry) == 3:
+            if entry[2] != "b64":
+                raise SerializationError("a 3-item header must end with 'b64'")
+            from_base64(text, "a header value", SerializationError)
+
+
+def _fix_timing(record: dict[str, Any], now: int) -> dict[str, Any]:
+    """The record with ``delay_ms``/``ttl_ms`` turned into absolute ``deliver_at`` and
+    ``expires_at`` by the broker's clock, in the store's field order."""
+    delay, ttl = _ms_to_seconds(record.get("delay_ms")), _ms_to_seconds(record.get("ttl_ms"))
+    deliver_at, expires_at = schedule(delay, record.get("deliver_at"), ttl, now)
+    fixed = {n: v for n, v in record.items() if n not in ("delay_ms", "ttl_ms")}
+    if deliver_at is not None:
+        fixed["deliver_at"] = deliver_at
+    if expires_at is not None:
+        fixed["expires_at"] = expires_at
+    return {name: fixed[name] for name in RECORD_FIELDS if name in fixed}
 
 
 def _ms_to_seconds(ms: Any) -> Any:

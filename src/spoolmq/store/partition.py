@@ -13,13 +13,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.errors import OffsetOutOfRangeError
-from spoolmq.files import make_private_dirs
+from spoolmq.files import fsync_dir, make_private_dirs
 from spoolmq.store import cleanup
 from spoolmq.store.message import Acks
 from spoolmq.store.metadata import PartitionMetadata
@@ -28,7 +29,7 @@ from spoolmq.store.record import EncodedMessage
 from spoolmq.store.recovery import RecoveryReport, TailRecovery
 from spoolmq.store.segment import SegmentFiles, SegmentInfo, SparseIndex
 from spoolmq.store.state import StateDB
-from spoolmq.store.writer import Appended, PartitionLock, PartitionWriter
+from spoolmq.store.writer import Appended, PartitionLock, PartitionWriter, Written
 from spoolmq.types import TopicPartition
 
 
@@ -45,6 +46,7 @@ class PartitionLog:
         reports: list[RecoveryReport],
         *,
         clock: Clock = SYSTEM_CLOCK,
+        restore_sequences: bool = True,
     ) -> None:
         self.topic, self.partition = tp
         directory = partition_dir(root, tp)
@@ -60,6 +62,7 @@ class PartitionLog:
             reports=reports,
             index_interval_bytes=store_config.index_interval_bytes,
             clock=clock,
+            restore_sequences=restore_sequences,
         )
         lock = PartitionLock(
             directory / ".lock",
@@ -102,6 +105,45 @@ class PartitionLog:
         its first offset comes back with ``duplicate=True``.
         """
         return self._writer.append(messages, acks)
+
+    def append_bodies(
+        self, bodies: Sequence[bytes], acks: Acks = "all", *, sync_later: bool = False
+    ) -> Written:
+        """Append record bodies (``EncodedMessage.body``) as one batch, with no idempotence
+        check and no ``state.db`` write: for a writer that keeps producer sequences itself
+        and calls :meth:`record_figures` on a timer (the PublisherBroker). With
+        ``sync_later`` nothing is synced: ``Written.sync_fd`` is a duplicate descriptor of
+        the segment for the caller to ``fdatasync`` and close, and if that fails, to
+        :meth:`cut_back` what it wrote."""
+        return self._writer.append_bodies(bodies, acks, sync_later=sync_later)
+
+    def cut_back(self, segment_base: int, position: int) -> None:
+        """Remove everything from byte ``position`` of segment ``segment_base`` on, newer
+        segments included: what a writer wrote and could not sync (its fdatasync failed),
+        so that nothing it was not told is stored stays readable. The tail is re-read on
+        the next append."""
+        with self._writer.lock:
+            self._writer.forget_tail()
+            newer = [base for base in self.files.bases() if base > segment_base]
+            for base in newer:
+                self.files.segment_path(base).unlink(missing_ok=True)
+                self.files.index_path(base).unlink(missing_ok=True)
+                self._metadata.forget(base)
+            try:
+                fd = os.open(self.files.segment_path(segment_base), os.O_RDWR)
+            except FileNotFoundError:
+                return
+            try:
+                os.ftruncate(fd, position)
+            finally:
+                os.close(fd)
+            self._metadata.forget(segment_base)
+            if newer:
+                fsync_dir(self.files.directory)
+
+    def record_figures(self) -> None:
+        """Record the log start and end in ``state.db`` now (``partitions``)."""
+        self._writer.record_figures(locked=False)
 
     def recover(self) -> None:
         """Bring the tail up to date now: quarantine a torn last batch and record the

@@ -92,8 +92,12 @@ class TailRecovery:
         reports: list[RecoveryReport],
         index_interval_bytes: int,
         clock: Clock,
+        restore_sequences: bool = True,
     ) -> None:
         self._tp = tp
+        # Off in a process that keeps producer sequences itself (the PublisherBroker reads
+        # them back from the log on start): then catching up parses no record.
+        self._restore_sequences_on = restore_sequences
         self._files = files
         self._quarantine = quarantine
         self._state = state
@@ -119,7 +123,7 @@ class TailRecovery:
                 os.ftruncate(tail.index_fd, tail.index_bytes)
             if tail.index:
                 tail.first_timestamp = tail.index.timestamps[0]
-            self.catch_up(tail, keep_records=True)
+            self.catch_up(tail, keep_records=self._restore_sequences_on)
             if tail.last_timestamp < 0 and len(bases) > 1:
                 # A fresh segment: timestamps must not go below the previous segment's.
                 previous = self._files.info(bases[-2])
@@ -151,7 +155,7 @@ class TailRecovery:
                 return self.open()
             # Others appended: read their new index entries, then scan from the newest.
             self._read_new_index_entries(tail, size)
-            self.catch_up(tail, keep_records=True)
+            self.catch_up(tail, keep_records=self._restore_sequences_on)
         if tail.next_offset != tail.base and os.path.exists(
             self._files.segment_path(tail.next_offset)
         ):

@@ -30,7 +30,7 @@ from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, U
 from spoolmq.files import FILE_MODE
 from spoolmq.types import TopicPartition
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -97,6 +97,43 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (producer_id, sequence)
     ) WITHOUT ROWID;
     """,
+    # Version 2: the PublisherBroker keeps producer sequences as runs (one row per run of
+    # consecutive sequences stored at consecutive offsets, not one per message), and per
+    # partition the offset below which every record's sequence is in a run or a row
+    # (``producer_marks``): after a crash it reads the log from there. Version 1's rows
+    # are converted to runs, and each partition version 1 wrote to is marked at its last
+    # recorded end (version 1 recorded every sequence as it stored it).
+    2: """
+    CREATE TABLE producer_runs (
+        producer_id TEXT NOT NULL,
+        first_sequence INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        first_offset INTEGER NOT NULL,
+        timestamp INTEGER NOT NULL,
+        PRIMARY KEY (producer_id, first_sequence)
+    ) WITHOUT ROWID;
+    CREATE TABLE producer_marks (
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        end_offset INTEGER NOT NULL,
+        PRIMARY KEY (topic, partition)
+    ) WITHOUT ROWID;
+    INSERT INTO producer_runs
+        SELECT producer_id, MIN(sequence), COUNT(*), topic, partition, MIN(offset), -1
+        FROM (
+            SELECT producer_id, sequence, topic, partition, offset,
+                sequence - ROW_NUMBER() OVER (
+                    PARTITION BY producer_id, topic, partition, offset - sequence
+                    ORDER BY sequence
+                ) AS run
+            FROM producer_sequences
+        )
+        GROUP BY producer_id, topic, partition, offset - sequence, run;
+    DELETE FROM producer_sequences;
+    INSERT INTO producer_marks SELECT topic, partition, log_end_offset FROM partitions;
+    """,
 }
 
 _TOPIC_COLUMNS = (
@@ -116,6 +153,20 @@ def _rollback(connection: sqlite3.Connection) -> None:
     if connection.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             connection.execute("ROLLBACK")
+
+
+class RunRow(NamedTuple):
+    """A row of ``producer_runs``: sequences ``first_sequence`` .. ``+ size - 1`` of one
+    producer, stored at consecutive offsets from ``first_offset`` (``timestamp`` -1 when
+    not known: runs converted from version 1)."""
+
+    producer_id: str
+    first_sequence: int
+    size: int
+    topic: str
+    partition: int
+    first_offset: int
+    timestamp: int
 
 
 class SequenceRow(NamedTuple):
@@ -349,7 +400,8 @@ class StateDB:
         with self.write() as db:
             for table in ("partitions", "group_offsets", "deliveries", "scheduled"):
                 db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
-            db.execute("DELETE FROM producer_sequences WHERE topic = ?", (name,))
+            for table in ("producer_sequences", "producer_runs", "producer_marks"):
+                db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             db.execute("DELETE FROM topics WHERE name = ?", (name,))
 
     # -- partition figures ----------------------------------------------------------
@@ -391,7 +443,74 @@ class StateDB:
                         found[(producer_id, sequence)] = SequenceRow(
                             producer_id, sequence, topic, partition, offset
                         )
+                runs = db.execute(
+                    "SELECT first_sequence, count, topic, partition, first_offset "
+                    "FROM producer_runs WHERE producer_id = ? AND first_sequence <= ? "
+                    "AND first_sequence + count > ?",
+                    (producer_id, max(sequences), min(sequences)),
+                ).fetchall()
+                for first, count, topic, partition, offset in runs:
+                    for sequence in sequences:
+                        if first <= sequence < first + count:
+                            found[(producer_id, sequence)] = SequenceRow(
+                                producer_id, sequence, topic, partition, offset + sequence - first
+                            )
         return found
+
+    # -- producer runs (the PublisherBroker's idempotence state) ----------------------
+
+    def save_runs(self, runs: Sequence[RunRow], marks: Mapping[tuple[str, int], int]) -> None:
+        """Add ``runs`` and move each partition's mark up to its offset in ``marks`` (every
+        record below it has its sequence saved), in one transaction."""
+        if not runs and not marks:
+            return
+        timestamp = self._clock.now_ms()
+        last: dict[str, int] = {}
+        for run in runs:
+            end = run.first_sequence + run.size - 1
+            if end > last.get(run.producer_id, -1):
+                last[run.producer_id] = end
+        with self.write() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO producer_runs VALUES (?, ?, ?, ?, ?, ?, ?)", runs
+            )
+            db.executemany(
+                "INSERT INTO producer_marks VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                "DO UPDATE SET end_offset = MAX(end_offset, excluded.end_offset)",
+                [(topic, partition, end) for (topic, partition), end in marks.items()],
+            )
+            db.executemany(
+                "INSERT INTO producers VALUES (?, ?, ?) ON CONFLICT (producer_id) DO UPDATE SET "
+                "last_sequence = MAX(last_sequence, excluded.last_sequence), "
+                "updated_at = excluded.updated_at",
+                [(pid, sequence, timestamp) for pid, sequence in last.items()],
+            )
+
+    def load_runs(self) -> list[RunRow]:
+        """Every saved run, and the rows of ``producer_sequences`` (embedded appends) as
+        runs of one."""
+        rows = self.query("SELECT * FROM producer_runs ORDER BY producer_id, first_sequence")
+        rows += self.query(
+            "SELECT producer_id, sequence, 1, topic, partition, offset, -1 "
+            "FROM producer_sequences ORDER BY producer_id, sequence"
+        )
+        return [RunRow(*row) for row in rows]
+
+    def producer_marks(self) -> dict[tuple[str, int], int]:
+        """Per partition, the offset below which every record's sequence is saved."""
+        return {(t, p): end for t, p, end in self.query("SELECT * FROM producer_marks")}
+
+    def set_wal_autocheckpoint(self, pages: int) -> None:
+        """SQLite checkpoints the WAL into the database file when a commit leaves it over
+        ``pages`` pages: inside that commit, on whatever path it is. 0 turns that off, for a
+        process that checkpoints on a timer instead (:meth:`checkpoint_wal`)."""
+        with self._lock:
+            self._connect().execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+
+    def checkpoint_wal(self) -> None:
+        """A PASSIVE checkpoint: copies what it can without waiting for readers or writers."""
+        with self._lock:
+            self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def record_sequences(self, rows: Sequence[SequenceRow]) -> None:
         if not rows:
@@ -423,10 +542,17 @@ class StateDB:
             removed = cursor.rowcount
             stale = self._clock.now_ms() - idle_ms
             db.execute(
-                "DELETE FROM producer_sequences WHERE producer_id IN "
-                "(SELECT producer_id FROM producers WHERE updated_at < ?)",
-                (stale,),
+                "DELETE FROM producer_runs WHERE first_sequence + count - 1 < ("
+                "SELECT p.last_sequence FROM producers p "
+                "WHERE p.producer_id = producer_runs.producer_id) - ?",
+                (keep,),
             )
+            for table in ("producer_sequences", "producer_runs"):
+                db.execute(
+                    f"DELETE FROM {table} WHERE producer_id IN "
+                    "(SELECT producer_id FROM producers WHERE updated_at < ?)",
+                    (stale,),
+                )
             db.execute("DELETE FROM producers WHERE updated_at < ?", (stale,))
         return int(removed)
 

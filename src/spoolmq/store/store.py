@@ -103,6 +103,10 @@ class Store:
         self._topics: dict[str, TopicConfig] = {}
         self._round_robin = RoundRobin()
         self._lock = threading.Lock()
+        # Whether opening a partition records the producer sequences of its last batches
+        # in state.db (a crashed writer's): off in the PublisherBroker, which reads them
+        # back from the log itself (``spoolmq.broker.producer_ranges``). Set before use.
+        self.restore_sequences = True
 
     def __enter__(self) -> Store:
         return self
@@ -197,6 +201,7 @@ class Store:
                     self.state,
                     self.recovery_reports,
                     clock=self._clock,
+                    restore_sequences=self.restore_sequences,
                 )
             return existing
 

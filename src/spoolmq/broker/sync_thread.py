@@ -1,0 +1,134 @@
+"""The PublisherBroker's disk syncs, off its loop: while one group commit waits for
+``fdatasync``, the loop reads, checks and writes the next.
+
+The loop writes a commit's batches (``write`` only) and hands the sync thread one job: a
+duplicate file descriptor per segment file it wrote to. The thread takes every job queued
+when it is free and syncs each file they name once (the files of several partitions in
+parallel, so one fsync per partition does not make many partitions slow), then reports each
+job done, with the error of the first of its files that failed, through a queue and one byte
+on a pipe the loop waits on. The loop handles the results in commit order
+(:meth:`SyncThread.results`).
+
+A duplicate descriptor shares the writer's open file description, so a sync here covers
+every byte written before it, and the writer may close or roll its own descriptor
+meanwhile. It also shares the file's error state: an fsync error is reported to one caller
+only, which is why the PublisherBroker fails every unsynced commit on a file once any
+fsync of it (here or a roll's) has failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, SimpleQueue
+from typing import Any
+
+# How many files are synced at once at most.
+_PARALLEL = 8
+
+SyncKey = tuple[str, int, int]  # (topic, partition, segment base): one segment file
+
+
+class SyncThread:
+    """Syncs the files of submitted jobs in a thread; see the module docstring."""
+
+    def __init__(self, sync: Callable[[int], None] = os.fdatasync) -> None:
+        self._sync = sync  # os.fdatasync; tests pass a failing one
+        self._jobs: deque[tuple[int, dict[SyncKey, int]]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._done: SimpleQueue[tuple[int, OSError | None]] = SimpleQueue()
+        self._ready, self._signal = os.pipe()
+        os.set_blocking(self._ready, False)
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread = threading.Thread(target=self._run, name="spoolmq-sync", daemon=True)
+        self._thread.start()
+
+    def fileno(self) -> int:
+        """Readable when results are waiting (for the loop's wait)."""
+        return self._ready
+
+    def submit(self, job: int, files: Mapping[SyncKey, int]) -> None:
+        """Sync ``files`` (descriptors the thread closes once synced) as job ``job``."""
+        with self._cond:
+            self._jobs.append((job, dict(files)))
+            self._cond.notify()
+
+    def results(self) -> list[tuple[int, OSError | None]]:
+        """The jobs finished since the last call, with their error (None: synced)."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._ready, 4096)
+        done = []
+        while True:
+            try:
+                done.append(self._done.get_nowait())
+            except Empty:
+                return done
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a result; True if one is waiting."""
+        import select
+
+        readable, _, _ = select.select([self._ready], [], [], timeout)
+        return bool(readable)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(30)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for fd in (self._ready, self._signal):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stopping:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                jobs = list(self._jobs)
+                self._jobs.clear()
+            files: dict[SyncKey, int] = {}
+            for _, job_files in jobs:
+                files.update(job_files)  # one descriptor per file is enough
+            errors = self._sync_all(files)
+            for _, job_files in jobs:
+                for fd in job_files.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            for job, job_files in jobs:
+                error = next((errors[k] for k in job_files if errors.get(k) is not None), None)
+                self._done.put((job, error))
+            with contextlib.suppress(OSError):
+                os.write(self._signal, b"s")
+
+    def _sync_all(self, files: dict[SyncKey, int]) -> dict[SyncKey, OSError | None]:
+        if len(files) == 1:
+            [(key, fd)] = files.items()
+            return {key: self._sync_one(fd)}
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="spoolmq-fsync")
+        futures = {key: self._pool.submit(self._sync_one, fd) for key, fd in files.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+    def _sync_one(self, fd: int) -> OSError | None:
+        try:
+            self._sync(fd)
+        except OSError as exc:
+            return exc
+        return None
+
+
+def describe(error: Any) -> str:
+    """An OSError's text for an answer."""
+    return str(getattr(error, "strerror", None) or error)

@@ -1,0 +1,108 @@
+"""The Publisher against a stand-in broker speaking protocol version 2: frames of one topic
+and one partition (keyed messages grouped by the key's partition once an answer gave the
+count), records in the store's form, and answers as ranges resolved without a Position
+built per message until one is asked for."""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Listener
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spoolmq import Publisher, protocol
+from spoolmq.errors import MessageTooLargeError
+from spoolmq.store.message import Position
+from spoolmq.store.partitioner import partition_for_key
+
+
+def fake_broker(listener: Listener, frames: list[dict[str, Any]]) -> None:
+    """Welcome one publisher; store every record at the next offset of its frame's
+    partition (partition 0 when the frame leaves it to the broker), except records whose
+    value is "bad"; answer ranges, with the topic's 4 partitions."""
+    ends = [0] * 4
+    with listener.accept() as conn:
+        assert protocol.receive(conn)["op"] == "hello"
+        protocol.send(conn, {"op": "welcome", "client_id": "fake"})
+        while True:
+            try:
+                frame = protocol.receive(conn)
+            except (EOFError, OSError):
+                return
+            if frame.get("op") != "publish":
+                continue
+            frames.append(frame)
+            partition = frame["partition"] or 0
+            ranges: list[list[int]] = []
+            errors = {}
+            for index, record in enumerate(frame["records"]):
+                if record.get("value") == "bad":
+                    errors[str(index)] = {"code": "message_too_large", "message": "too big"}
+                    continue
+                if ranges and ranges[-1][1] + ranges[-1][3] == ends[partition]:
+                    ranges[-1][3] += 1
+                else:
+                    ranges.append([partition, ends[partition], 1000, 1])
+                ends[partition] += 1
+            answer: dict[str, Any] = {"op": "published", "id": frame["id"], "r": ranges, "n": 4}
+            if errors:
+                answer["errors"] = errors
+            protocol.send(conn, answer)
+
+
+@pytest.fixture
+def publisher(tmp_path: Path) -> Any:
+    address, key = str(tmp_path / "fake.sock"), b"k" * 32
+    frames: list[dict[str, Any]] = []
+    with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        server = threading.Thread(target=fake_broker, args=(listener, frames), daemon=True)
+        server.start()
+        with Publisher(address=address, authkey=key, linger_ms=20, producer_id="p") as pub:
+            yield pub, frames
+        server.join(10)
+
+
+def test_answers_as_ranges_resolve_each_future(publisher: Any) -> None:
+    pub, frames = publisher
+    futures = [pub.publish_async("t", value) for value in ["a", "bad", "c", "d"]]
+    pub.flush()
+    assert futures[0].result(timeout=0) == Position("t", 0, 0, 1000)
+    with pytest.raises(MessageTooLargeError, match="too big"):
+        futures[1].result(timeout=0)
+    assert [f.result(timeout=0).offset for f in futures[2:]] == [1, 2]
+    [frame] = frames
+    assert (frame["topic"], frame["partition"], frame["producer_id"]) == ("t", None, "p")
+    assert frame["records"] == [
+        {"key": None, "value": v, "headers": [], "sequence": n, "producer_id": "p"}
+        for n, v in enumerate(["a", "bad", "c", "d"])
+    ]
+
+
+def test_a_blocking_publish_and_callbacks_see_their_position(publisher: Any) -> None:
+    pub, _ = publisher
+    assert pub.publish("t", 1) == Position("t", 0, 0, 1000)
+    seen: list[Position] = []
+    future = pub.publish_async("t", 2)
+    future.add_done_callback(lambda f: seen.append(f.result()))
+    pub.flush()
+    assert seen == [Position("t", 0, 1, 1000)]
+
+
+def test_keyed_messages_go_in_frames_of_their_keys_partition(publisher: Any) -> None:
+    pub, frames = publisher
+    pub.publish("t", "first")  # the answer tells the client the topic has 4 partitions
+    keys = [f"k{n}" for n in range(20)]
+    futures = [pub.publish_async("t", n, key=key) for n, key in enumerate(keys)]
+    pub.flush()
+    for frame in frames[1:]:
+        partitions = {partition_for_key(r["key"], 4) for r in frame["records"]}
+        assert partitions == {frame["partition"]}
+    by_partition: dict[int, list[int]] = {}
+    for key, future in zip(keys, futures, strict=True):
+        position = future.result(timeout=0)
+        assert position.partition == partition_for_key(key, 4)
+        by_partition.setdefault(position.partition, []).append(position.offset)
+    # Per partition, the messages are stored in the order they were published.
+    assert all(offsets == sorted(offsets) for offsets in by_partition.values())

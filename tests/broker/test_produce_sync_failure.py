@@ -1,0 +1,90 @@
+"""An fdatasync that fails in the PublisherBroker's sync thread fails every frame it
+covered and every frame written after it and not yet synced: none is answered "stored",
+none stays readable, and the partition goes on from where the failed data began."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from test_child_loop import pipes_for_test, step_until
+
+from spoolmq import Store, protocol
+from spoolmq.broker.publisher_broker import PublisherBroker
+from spoolmq.broker.sync_thread import SyncThread
+
+
+def frame(number: int, values: list[Any]) -> dict[str, Any]:
+    records = [
+        {"key": None, "value": v, "headers": [], "sequence": number * 10 + i, "producer_id": "p"}
+        for i, v in enumerate(values)
+    ]
+    return {"op": "publish", "id": number, "producer_id": "p", "topic": "t", "records": records}
+
+
+class FailingSync:
+    """fdatasync whose first call waits for ``release``, then fails with EIO."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.calls = 0
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.release.wait(30)
+            raise OSError(errno.EIO, "Input/output error")
+
+
+def answers(publisher: PublisherBroker, client: Connection, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def arrived() -> bool:
+        while client.poll(0):
+            found.append(protocol.decode(client.recv_bytes()))
+        return len(found) >= count
+
+    step_until(publisher, arrived, f"{count} answers")
+    return found
+
+
+def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir: Path) -> None:
+    with Store(data_dir) as store:
+        store.create_topic("t")
+    failing = FailingSync()
+    with pipes_for_test() as (manager, channels):
+        publisher = PublisherBroker(data_dir, channels)
+        publisher.start()
+        assert publisher._sync is not None
+        publisher._sync.close()
+        publisher._sync = SyncThread(sync=failing)
+        client = manager.hand_over("p1-1")
+        publisher.loop(0.5)  # the client is registered
+        protocol.send(client, frame(1, ["a", "b", "c"]))
+        step_until(publisher, failing.entered.is_set, "the first sync")
+        # Written while the first batch's sync is under way: after it in the file.
+        protocol.send(client, frame(2, ["d", "e"]))
+        step_until(publisher, lambda: len(publisher._unsynced) == 2, "the second commit")
+        failing.release.set()
+        first, second = answers(publisher, client, 2)
+        assert (first["id"], second["id"]) == (1, 2)
+        for answer, count in ((first, 3), (second, 2)):
+            assert answer["op"] == "published" and answer["r"] == []
+            assert sorted(answer["errors"]) == [str(i) for i in range(count)]
+            assert {e["code"] for e in answer["errors"].values()} == {"storage"}
+            assert all("Input/output error" in e["message"] for e in answer["errors"].values())
+        # Nothing of either is readable; the partition goes on at offset 0, and a retry
+        # of a failed frame is stored (it was never stored before).
+        protocol.send(client, frame(1, ["a", "b", "c"]))
+        [third] = answers(publisher, client, 1)
+        assert third["r"] == [[0, 0, third["r"][0][2], 3]] and "errors" not in third
+        protocol.send(client, {"op": "bye"})
+        step_until(publisher, lambda: not publisher.clients, "the bye")
+        publisher.close()
+    with Store(data_dir) as store:
+        assert [(r.offset, r.value) for r in store.reader("t", 0)] == [(0, "a"), (1, "b"), (2, "c")]
