@@ -18,7 +18,8 @@ from spoolmq.analytics import schemas
 from spoolmq.errors import SchemaVersionError, StorageError
 
 # The newest state.db schema this job understands (spoolmq.store.state.SCHEMA_VERSION).
-_STATE_SCHEMA_VERSION = 1
+# Version 2 added the producer runs; the tables read here are those of version 1.
+_STATE_SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
