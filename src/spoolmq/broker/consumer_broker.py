@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -38,7 +39,13 @@ from spoolmq.broker.consumer_frames import (
 from spoolmq.broker.dead_letter import dead_letter_message
 from spoolmq.broker.delivery import Batch, Event, Group, delivery_tag, tag_order
 from spoolmq.broker.events import EventLog
-from spoolmq.broker.group_runtime import GroupRuntime, Skip, restored_by_partition
+from spoolmq.broker.group_runtime import (
+    FreshBatch,
+    FreshLines,
+    GroupRuntime,
+    Skip,
+    restored_by_partition,
+)
 from spoolmq.broker.group_view import describe_groups
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import (
@@ -98,6 +105,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, GroupRuntime] = {}
         self.log_ends: dict[TopicPartition, int] = {}
+        # Where the newest batch a notice told of ends: (segment base, byte end, end offset).
+        self._noticed: dict[TopicPartition, tuple[int, int, int]] = {}
         self._counter = 0
         self._checkpoint_timer = Periodic(_CHECKPOINT_S)
         self._rescan_timer = Periodic(_RESCAN_S)
@@ -131,7 +140,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if self._rescan_timer.due(monotonic):
             # A safety net for notices lost while a process restarted; not the normal path.
             for key in {k for rt in self.groups.values() for k in rt.group.partitions}:
-                self.log_ends[key] = self.store.log_end_offset(*key)
+                if self._grew_unnoticed(key):
+                    self.log_ends[key] = self.store.log_end_offset(*key)
         self._pump()
         if self._checkpoint_timer.due(monotonic):
             self._checkpoint()
@@ -139,6 +149,22 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             self._record_lag()
         self._report_stats_when_due(monotonic)
         self.events.flush()
+
+    def _grew_unnoticed(self, key: TopicPartition) -> bool:
+        """Did the partition grow past what the last notice said (a notice lost while a
+        process restarted)? Two ``stat`` calls: the size of the segment it wrote to, and
+        whether a segment was started after it. True when no notice said where it wrote."""
+        noticed = self._noticed.get(key)
+        if noticed is None:
+            return True
+        base, byte_end, end = noticed
+        plog = self.store.partition_log(*key)
+        try:
+            if os.stat(plog.segment_path(base)).st_size != byte_end:
+                return True
+        except FileNotFoundError:
+            return True  # deleted by retention: let the store say where the log is
+        return os.path.exists(plog.segment_path(end))
 
     def _pump(self) -> None:
         """Timers, reading, dead-lettering and dispatch, until nothing more can move."""
@@ -404,10 +430,34 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 frame = protocol.decode(self.notices.recv_bytes(protocol.MAX_FRAME_BYTES))
             except (EOFError, OSError, SpoolError):
                 return
-            for topic, partition, end in frame.get("a", ()):
-                key = TopicPartition(topic, partition)
-                if end > self.log_ends.get(key, 0):
-                    self.log_ends[key] = end
+            fresh = frame.get("b")
+            if fresh is None:
+                # Only "these partitions grew to": their readers read it, fully verified.
+                for topic, partition, end in frame.get("a", ()):
+                    key = TopicPartition(topic, partition)
+                    if end > self.log_ends.get(key, 0):
+                        self.log_ends[key] = end
+            else:
+                self._take_fresh(fresh)
+
+    def _take_fresh(self, entries: list[Any]) -> None:
+        """Batches the PublisherBroker just wrote and synced: each group reading right
+        there takes them from the notice (CRC-checked, not parsed); the others read them
+        later through their readers."""
+        now = self.clock.now_ms()
+        lines = FreshLines()
+        for entry in entries:
+            batch = FreshBatch.from_notice(entry)
+            if batch is None:
+                logger.warning("ignoring a malformed notice entry %.200r", entry)
+                continue
+            key = TopicPartition(batch.topic, batch.partition)
+            end = batch.first + batch.size
+            if end > self.log_ends.get(key, 0):
+                self.log_ends[key] = end
+            self._noticed[key] = (batch.base, batch.position + batch.length, end)
+            for runtime in self.groups.values():
+                runtime.take_fresh(key, batch, lines, now)
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
         action = request.get("action")

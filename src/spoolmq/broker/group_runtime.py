@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 from spoolmq.broker.delivery import Extra, Group, Key, PartitionState, record_extra
 from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
 from spoolmq.store import Reader, Store
+from spoolmq.store.reader import fresh_lines
 from spoolmq.store.record import key_identity
 from spoolmq.store.state import OpenDelivery
 from spoolmq.types import TopicPartition
@@ -34,6 +35,55 @@ class Skip(NamedTuple):
     partition: int
     first: int
     begin: int
+
+
+class FreshBatch(NamedTuple):
+    """One entry ``b`` of an ``appended`` notice: a batch the PublisherBroker wrote and
+    synced, where it is, and the little the ConsumerBroker needs of its records."""
+
+    topic: str
+    partition: int
+    base: int  # the segment's base offset
+    position: int  # where the batch's lines start in the segment, and their bytes
+    length: int
+    first: int  # its offsets: first .. first + size - 1
+    size: int  # how many records
+    keys: list[Key] | None  # key_identity per record; None: no record has a key
+    extras: dict[int, Extra] | None  # by index in the batch, for the records that have any
+
+    @classmethod
+    def from_notice(cls, entry: Any) -> FreshBatch | None:
+        """An entry as the notice sends it, or None when it is not one (then the partition
+        is read the slow way, since the entry's end offset is unknown)."""
+        try:
+            topic, partition, base, position, length, first, count, _, keys, extra = entry
+            extras = (
+                None
+                if extra is None
+                else {int(i): (d, e, t, h) for i, (d, e, t, h) in extra.items()}
+            )
+        except (TypeError, ValueError, AttributeError):
+            return None
+        if keys is not None and len(keys) != count:
+            return None
+        return cls(topic, partition, base, position, length, first, count, keys, extras)
+
+
+class FreshLines:
+    """The checked lines of the fresh batches of one notice, read once for every group."""
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[str, int, int], list[bytes] | None] = {}
+
+    def get(self, reader: Reader, batch: FreshBatch) -> list[bytes] | None:
+        where = (batch.topic, batch.partition, batch.first)
+        if where not in self._lines:
+            try:
+                data = reader.read_batch(batch.base, batch.position, batch.length)
+            except OSError:
+                data = b""
+            self._lines[where] = fresh_lines(data, batch.size, batch.first)
+        return self._lines[where]
 
 
 @dataclass(slots=True)
@@ -127,6 +177,32 @@ class GroupRuntime:
             keys.append(key_identity(fields))
             lines.append(line)
         group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored)
+
+    def take_fresh(
+        self, key: TopicPartition, batch: FreshBatch, lines: FreshLines, now: int
+    ) -> bool:
+        """Take a batch the PublisherBroker has just written, from its notice, if the group
+        is reading right there (caught up, with room): its lines are checked by CRC only
+        (``lines`` reads them once for every group) and the notice's keys and extras are
+        trusted. False when it is not taken: the group's reader reads it, fully verified."""
+        group = self.group
+        state = group.partitions.get(key)
+        reader = self.readers.get(key)
+        if (
+            state is None
+            or reader is None
+            or not group.consumers
+            or state.next_fetch != batch.first
+            or state.open_count + batch.size > READ_AHEAD
+            or not reader.at(batch.base, batch.position, batch.first)
+        ):
+            return False
+        checked = lines.get(reader, batch)
+        if checked is None:
+            return False
+        group.add_batch(state, checked, batch.keys, batch.extras, now, self.restored.get(key))
+        reader.skip_batch(batch.base, batch.position + batch.length, batch.first + batch.size)
+        return True
 
     def close(self) -> None:
         for reader in self.readers.values():
