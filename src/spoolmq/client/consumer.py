@@ -29,7 +29,7 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.store.message import Headers
-from spoolmq.store.record import Record, decode_line
+from spoolmq.store.record import Record, check_line, record_from_fields, verified_fields
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -46,6 +46,7 @@ class ReceivedMessage:
         "_consumer",
         "_generation",
         "_line",
+        "_parsed",
         "_record",
         "attempt",
         "offset",
@@ -74,23 +75,38 @@ class ReceivedMessage:
         self.tag = tag
         self.attempt = attempt
         self._line = line
+        self._parsed: dict[str, Any] | None = None
         self._record: Record | None = None
         self.settled = False
+
+    def _fields(self) -> dict[str, Any]:
+        """The record's fields, its CRC checked, parsed once."""
+        fields = self._parsed
+        if fields is None:
+            fields = verified_fields(self._line)
+            if fields is None:
+                check_line(self._line)  # raises the CorruptRecordError that says what is wrong
+                raise ProtocolError("an unreadable record line")  # pragma: no cover
+            if fields["offset"] != self.offset:
+                raise ProtocolError(
+                    f"delivery {self.tag} says offset {self.offset}, its record {fields['offset']}"
+                )
+            self._parsed = fields
+            self._line = b""  # parsed: the bytes are no longer needed
+        return fields
 
     def _decoded(self) -> Record:
         record = self._record
         if record is None:
-            record = self._record = decode_line(self._line)  # raises CorruptRecordError
-            if record.offset != self.offset:
-                raise ProtocolError(
-                    f"delivery {self.tag} says offset {self.offset}, its record {record.offset}"
-                )
-            self._line = b""  # decoded: the bytes are no longer needed
+            record = self._record = record_from_fields(self._fields())
         return record
 
     @property
     def value(self) -> Any:
-        return self._decoded().value
+        fields = self._fields()
+        if "value_b64" in fields:  # raw bytes: the record decodes its base64
+            return self._decoded().value
+        return fields.get("value")
 
     @property
     def key(self) -> str | bytes | None:
@@ -132,7 +148,7 @@ class ReceivedMessage:
         self._consumer._extend(self, seconds)
 
     def __repr__(self) -> str:
-        key = repr(self.key) if self._record is not None else "<not decoded>"
+        key = repr(self.key) if self._parsed is not None else "<not decoded>"
         return (
             f"ReceivedMessage(topic={self.topic!r}, partition={self.partition}, "
             f"offset={self.offset}, attempt={self.attempt}, key={key})"
