@@ -324,3 +324,18 @@ def test_a_restored_retry_behind_its_key_waits_for_both() -> None:
     assert dispatch(group, now=10) == {}
     group.run_timers(3000)
     assert [(p.offset, p.attempt) for p in dispatch(group, now=3000)["a"]] == [(1, 2)]
+
+
+def test_messages_arriving_one_at_a_time_go_round_robin() -> None:
+    """Each dispatch starts with the consumer after the one served last, so a trickle of
+    single messages is shared, not all taken by whichever consumer joined first."""
+    group, state = make_group()
+    group.add_consumer("a", prefetch=5, topics=["orders"])
+    group.add_consumer("b", prefetch=5, topics=["orders"])
+    takers = []
+    for offset in range(6):
+        feed(group, state, [record(offset)])
+        ((consumer, [delivered]),) = dispatch(group, now=offset).items()
+        takers.append(consumer)
+        group.ack(delivered.tag, consumer, now=offset)
+    assert takers == ["a", "b"] * 3

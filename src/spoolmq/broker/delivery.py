@@ -684,8 +684,11 @@ class Group:
 
     # -- dispatch -----------------------------------------------------------------------
 
+    def _has_ready(self) -> bool:
+        return any(state.ready or state.fresh < state.next_fetch for state in self.slots)
+
     def wants_more(self) -> bool:
-        if not any(state.ready or state.fresh < state.next_fetch for state in self.slots):
+        if not self._has_ready():
             return False
         return any(self._room(slot) > 0 for slot in self.consumers.values())
 
@@ -708,6 +711,8 @@ class Group:
                 batch = self._take(slot, room, now)
                 if batch is not None:
                     out[consumer_id] = batch
+            if not self._has_ready():
+                break  # the next dispatch starts with the consumer after this one
         return out
 
     def _take(self, slot: ConsumerSlot, room: int, now: int) -> Batch | None:
