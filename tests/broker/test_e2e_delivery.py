@@ -222,7 +222,15 @@ def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
             publisher.publish("gone", n)
     key = (data_dir / protocol.AUTHKEY_FILE).read_bytes()
     conn = Client(str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key)
-    protocol.send(conn, {"op": "hello", "version": 1, "role": "consumer", "pid": os.getpid()})
+    protocol.send(
+        conn,
+        {
+            "op": "hello",
+            "version": protocol.PROTOCOL_VERSION,
+            "role": "consumer",
+            "pid": os.getpid(),
+        },
+    )
     assert protocol.receive(conn)["op"] == "welcome"
     protocol.send(
         conn, {"op": "subscribe", "id": 1, "group": "g", "topics": ["gone"], "prefetch": 5}
