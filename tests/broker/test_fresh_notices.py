@@ -5,6 +5,7 @@ in-process as in test_child_loop: the test writes with a Store and sends the not
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,4 +134,41 @@ def test_a_noticed_delay_holds_the_message_until_it_is_due(
     clock.advance(10_000)
     header, _ = protocol.split_frame(next_frame(broker, client))
     assert [run[:4] for run in header["r"]] == [["jobs", 0, 1, 1]]
+    broker.close()
+
+
+def test_deliveries_and_acks_go_on_while_another_process_holds_state_db(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    """Checkpoints are written by a thread: while another connection holds state.db's
+    write lock (as the PublisherBroker may), ACKs are answered and the next messages go
+    out; the committed offset is saved once the lock is released."""
+    broker, client, _ = started(pipes, data_dir)
+    append(data_dir, [Message(value=n) for n in range(3)])
+    pipes[0].notices.send_bytes(orjson.dumps({"op": "appended", "a": [["jobs", 0, 4]]}))
+    holder = sqlite3.connect(data_dir / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    began = time.monotonic()
+    try:
+        header, lines = protocol.split_frame(next_frame(broker, client))
+        tags = [header["r"][0][5] + n for n in range(header["r"][0][3])]
+        assert [orjson.loads(line)["value"] for line in lines] == [0, 1, 2]
+        for n, tag in enumerate(tags):
+            time.sleep(0.25)  # a checkpoint is due at every step
+            protocol.send(client, {"op": "ack", "id": 10 + n, "runs": [[tag, 1]]})
+            # The 30 s busy timeout would hold a loop that wrote to state.db itself.
+            step_until(broker, lambda: client.poll(0), "the ACK's answer", timeout=20)
+            assert protocol.decode(client.recv_bytes())["refused"] == []
+        # Not a speed: a loop that waited on the lock would have taken the whole 30 s busy
+        # timeout at the first checkpoint.
+        assert time.monotonic() - began < 25, "the loop waited for state.db's lock"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with Store(data_dir) as store:
+        step_until(
+            broker,
+            lambda: store.state.committed_offsets("g") == {("jobs", 0): 4},
+            "the committed offset in state.db",
+        )
     broker.close()

@@ -52,7 +52,7 @@ def _open_deliveries(
     for offset, (due_at, _) in state.retries.items():
         index = offset - base
         if attempts[index] > 0:
-            row = (attempts[index], due_at)
+            row = (attempts[index], due_at if due_at > now else 0)
             open_[offset] = row
             if saved.get(offset) != row:
                 write.append(index)
@@ -105,16 +105,19 @@ def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
     """Once ``checkpoint`` is in ``state.db``: remember what is saved, so the next one
     writes only what changes after it."""
     for name, offsets in checkpoint.committed.items():
-        partitions = groups[name].partitions
-        for key, position in offsets.items():
-            partitions[key].committed_persisted = position
+        if name in groups:  # (a group reset meanwhile starts afresh)
+            partitions = groups[name].partitions
+            for key, position in offsets.items():
+                partitions[key].committed_persisted = position
+    # What was written, not the state now: it may have moved on while a thread wrote.
+    due = {(s.group_name, s.topic, s.partition, s.offset): s.due_at for s in checkpoint.scheduled}
     for row in checkpoint.deliveries:
         group = groups.get(row.group_name)
         if group is None:
             continue
         state = group.partitions[TopicPartition(row.topic, row.partition)]
-        retry = state.retries.get(row.offset)
-        state.saved[row.offset] = (row.attempt, 0 if retry is None else retry[0])
+        where = (row.group_name, row.topic, row.partition, row.offset)
+        state.saved[row.offset] = (row.attempt, due.get(where, 0))
     for gone in checkpoint.finished:
         group = groups.get(gone.group_name)
         if group is not None:

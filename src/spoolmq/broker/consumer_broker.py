@@ -18,13 +18,14 @@ import contextlib
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from spoolmq import protocol
-from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
+from spoolmq.broker.checkpoint import Checkpoint, collect_checkpoint, mark_saved
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic
 from spoolmq.broker.consumer_frames import (
     expand_runs,
@@ -109,6 +110,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self._noticed: dict[TopicPartition, tuple[int, int, int]] = {}
         self._counter = 0
         self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._saving: tuple[Checkpoint, Future[None]] | None = None
         self._rescan_timer = Periodic(_RESCAN_S)
         self._lag_timer = Periodic(_LAG_EVENT_S)
         # Messages by what happened to them ("skipped": deleted by retention before their
@@ -483,7 +486,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 "stop them before resetting its offsets"
             )
         if runtime is not None:
-            self._checkpoint()
+            self._checkpoint(wait=True)
             del self.groups[name]
             runtime.close()  # the group starts afresh with new readers
         self.store.state.reset_group(name, dict(new.items()))
@@ -499,21 +502,41 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
     # -- persistence ------------------------------------------------------------------------------
 
-    def _checkpoint(self) -> None:
-        """Committed offsets and open deliveries to state.db, one transaction."""
+    def _checkpoint(self, *, wait: bool = False) -> None:
+        """Committed offsets and open deliveries to state.db, one transaction, written by a
+        thread of its own so that the loop never waits on state.db's lock (the
+        PublisherBroker and the manager write to it too): what to write is decided here, in
+        microseconds; the SQL runs beside the loop, one checkpoint at a time. ``wait``:
+        write now and return once it is saved (shutdown, a group reset)."""
+        if self._saving is not None:
+            if not wait and not self._saving[1].done():
+                return  # the last one is still being written; this one waits its turn
+            self._saved()
         groups = {name: rt.group for name, rt in self.groups.items()}
         checkpoint = collect_checkpoint(
             groups.values(), self.clock.now_ms(), min_age_ms=int(_CHECKPOINT_S * 1000)
         )
         if checkpoint.is_empty():
             return
+        self._saving = (
+            checkpoint,
+            self._saver.submit(self.store.state.checkpoint, **checkpoint._asdict()),
+        )
+        if wait:
+            self._saved()
+
+    def _saved(self) -> None:
+        """Once the thread has written a checkpoint: remember what state.db now has."""
+        assert self._saving is not None
+        checkpoint, writing = self._saving
+        self._saving = None
         try:
-            self.store.state.checkpoint(**checkpoint._asdict())
-        except SpoolError:
+            writing.result()
+        except Exception:
             # Nothing is marked saved: the next checkpoint writes it all again.
             logger.exception("checkpoint to state.db failed; will retry")
             return
-        mark_saved(checkpoint, groups)
+        mark_saved(checkpoint, {name: rt.group for name, rt in self.groups.items()})
 
     def _record_lag(self) -> None:
         for name, runtime in self.groups.items():
@@ -524,7 +547,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
     def save(self) -> None:
         try:
-            self._checkpoint()
+            self._checkpoint(wait=True)
+            self._saver.shutdown()
         finally:
             self.events.flush(sync=True)
             self.events.close()
