@@ -173,10 +173,20 @@ def test_a_consumer_broker_step_by_step_with_a_manual_clock(
         assert store.state.committed_offsets("g") == {("jobs", 0): 1}
 
 
-def subscribe(consumer_broker: ConsumerBroker, client: Connection, **settings: Any) -> None:
+def subscribe(
+    consumer_broker: ConsumerBroker, client: Connection, prefetch: int = 1, **settings: Any
+) -> None:
+    """Subscribe the client to "jobs" in group "g" with these group settings."""
     protocol.send(
         client,
-        {"op": "subscribe", "id": 1, "group": "g", "topics": ["jobs"], "settings": settings},
+        {
+            "op": "subscribe",
+            "id": 1,
+            "group": "g",
+            "topics": ["jobs"],
+            "prefetch": prefetch,
+            "settings": settings,
+        },
     )
     assert answer(consumer_broker, client)["op"] == "subscribed"
 

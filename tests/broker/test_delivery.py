@@ -339,3 +339,17 @@ def test_messages_arriving_one_at_a_time_go_round_robin() -> None:
         takers.append(consumer)
         group.ack(delivered.tag, consumer, now=offset)
     assert takers == ["a", "b"] * 3
+
+
+def test_offsets_a_compacted_log_no_longer_has_are_final() -> None:
+    group, state = make_group()
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(0, "k"), record(2), record(5, "k")])
+    sent = dispatch(group, now=0)["a"]
+    assert [d.offset for d in sent] == [0, 2]  # 5 waits behind 0 of key "k"
+    for delivered in sent:
+        group.ack(delivered.tag, "a", now=1)
+    assert state.committed() == 5
+    [last] = dispatch(group, now=1)["a"]
+    group.ack(last.tag, "a", now=2)
+    assert (last.offset, state.committed()) == (5, 6)

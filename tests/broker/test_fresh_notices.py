@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from test_child_loop import Manager, answer, next_frame, pipes_for_test, step_until
+from test_child_loop import Manager, answer, next_frame, pipes_for_test, step_until, subscribe
 
 from spoolmq import Message, Store, protocol
 from spoolmq.broker.child import ChildChannels
@@ -51,11 +51,7 @@ def started(
     clock = ManualClock(time.time_ns() // 1_000_000)
     broker = ConsumerBroker(data_dir, channels, clock=clock)
     client = manager.hand_over("c1-1")
-    broker.loop(0.5)
-    protocol.send(
-        client, {"op": "subscribe", "id": 1, "group": "g", "topics": ["jobs"], "prefetch": 10}
-    )
-    assert answer(broker, client)["op"] == "subscribed"
+    subscribe(broker, client, prefetch=10)
     header, _ = protocol.split_frame(next_frame(broker, client))
     protocol.send(client, {"op": "ack", "id": 2, "runs": [[header["r"][0][5], 1]]})
     assert answer(broker, client)["refused"] == []
