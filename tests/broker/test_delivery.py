@@ -353,3 +353,32 @@ def test_offsets_a_compacted_log_no_longer_has_are_final() -> None:
     [last] = dispatch(group, now=1)["a"]
     group.ack(last.tag, "a", now=2)
     assert (last.offset, state.committed()) == (5, 6)
+
+
+def test_one_lease_timer_per_batch_expires_only_the_unanswered() -> None:
+    group, state = make_group(lease_ms=1_000)
+    group.add_consumer("a", prefetch=3, topics=["orders"])
+    feed(group, state, [record(i) for i in range(3)])
+    acked, extended, forgotten = dispatch(group, now=0)["a"]
+    assert group.next_timer() == 1_000  # one batch: one lease timer for all of it
+    group.ack(acked.tag, "a", now=10)
+    group.extend(extended.tag, "a", now=10, seconds=5)
+    group.events.clear()
+    group.run_timers(now=1_000)
+    assert [(e.type, e.offset) for e in group.events] == [("lease_expired", forgotten.offset)]
+    assert [d.offset for d in dispatch(group, now=1_000)["a"]] == [forgotten.offset]
+    assert group.next_timer() == 2_000  # the redelivery's lease, before the extended one
+    group.ack(extended.tag, "a", now=4_000)
+    assert state.committed() == forgotten.offset
+
+
+def test_an_acked_message_is_not_held_until_its_lease_ends() -> None:
+    """The lease timer holds runs of offsets, not the stored lines: once ACKed, a line is
+    dropped at once, not 30 s later."""
+    group, state = make_group(lease_ms=30_000)
+    group.add_consumer("a", prefetch=50, topics=["orders"])
+    feed(group, state, [record(i) for i in range(50)])
+    for delivered in dispatch(group, now=0)["a"]:
+        group.ack(delivered.tag, "a", now=5)
+    assert state.lines == [None] * 50
+    assert group.next_timer() == 30_000  # the timer is still there, holding no line
