@@ -382,3 +382,12 @@ def test_an_acked_message_is_not_held_until_its_lease_ends() -> None:
         group.ack(delivered.tag, "a", now=5)
     assert state.lines == [None] * 50
     assert group.next_timer() == 30_000  # the timer is still there, holding no line
+
+
+def test_a_long_run_filtered_out_is_dropped_from_memory_and_the_next_match_delivered() -> None:
+    group, state = make_group(filter={"tags": ["vip"]})
+    group.add_consumer("a", prefetch=10, topics=["orders"])
+    feed(group, state, [record(i) for i in range(10_000)])
+    assert state.committed() == 10_000 and len(state.status) < 10_000  # the window was cut
+    feed(group, state, [record(10_000, tags=["vip"]), record(10_001)])
+    assert offsets(dispatch(group, now=0), "a") == [10_000]

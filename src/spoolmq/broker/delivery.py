@@ -378,6 +378,8 @@ class PartitionState:
         del self.keys[:count]
         del self.next_same[:count]
         self.base += count
+        # Dispatch may not have looked at what was finished without it (filtered out).
+        self.fresh = max(self.fresh, self.base)
 
     def in_flight_indexes(self) -> list[int]:
         """Indexes of the deliveries in flight (a scan in C, as long as there are any)."""
