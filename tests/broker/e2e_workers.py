@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from event_shapes import per_message
 from spoolmq import Consumer, Position, Publisher
 from spoolmq.testing import wait_until
 
@@ -178,10 +179,11 @@ def client_processes() -> Iterator[list[Any]]:
 
 
 def events_of(data_dir: Path, kind: str) -> list[dict[str, Any]]:
-    """The delivery events of one type the ConsumerBroker wrote (events/), oldest file first."""
+    """The delivery events of one type the ConsumerBroker wrote (events/), oldest file
+    first, one per message (a line of runs stands for each message of its runs)."""
     found = []
     for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
-        found += [e for e in read_lines(path) if e["type"] == kind]
+        found += [e for e in per_message(read_lines(path)) if e["type"] == kind]
     return found
 
 

@@ -151,7 +151,7 @@ def test_a_consumer_broker_step_by_step_with_a_manual_clock(
     )
     assert answer(consumer_broker, client)["op"] == "subscribed"
     header, lines = protocol.split_frame(next_frame(consumer_broker, client))
-    assert header["op"] == "deliver" and header["m"][0][3] == 1  # attempt 1
+    assert header["op"] == "deliver" and header["r"][0][4] == 1  # attempt 1
     assert b'"value":"only"' in lines[0]
     # Nothing happens while the lease runs, however many steps pass...
     for _ in range(5):
@@ -160,8 +160,8 @@ def test_a_consumer_broker_step_by_step_with_a_manual_clock(
     # ... and the message comes again once the test's clock passes it.
     clock.advance(5001)
     header, _ = protocol.split_frame(next_frame(consumer_broker, client))
-    assert header["m"][0][3] == 2
-    tag = header["m"][0][2]
+    assert header["r"][0][4] == 2
+    tag = header["r"][0][5]
     protocol.send(client, {"op": "ack", "id": 2, "tags": [tag]})
     assert answer(consumer_broker, client) == {
         "op": "ack_result",
@@ -173,10 +173,20 @@ def test_a_consumer_broker_step_by_step_with_a_manual_clock(
         assert store.state.committed_offsets("g") == {("jobs", 0): 1}
 
 
-def subscribe(consumer_broker: ConsumerBroker, client: Connection, **settings: Any) -> None:
+def subscribe(
+    consumer_broker: ConsumerBroker, client: Connection, prefetch: int = 1, **settings: Any
+) -> None:
+    """Subscribe the client to "jobs" in group "g" with these group settings."""
     protocol.send(
         client,
-        {"op": "subscribe", "id": 1, "group": "g", "topics": ["jobs"], "settings": settings},
+        {
+            "op": "subscribe",
+            "id": 1,
+            "group": "g",
+            "topics": ["jobs"],
+            "prefetch": prefetch,
+            "settings": settings,
+        },
     )
     assert answer(consumer_broker, client)["op"] == "subscribed"
 
@@ -194,8 +204,8 @@ def test_a_retry_restored_after_a_restart_waits_until_it_is_due(data_dir: Path) 
             subscribe(consumer_broker, client)
             if incarnation == "first":
                 header, _ = protocol.split_frame(next_frame(consumer_broker, client))
-                assert header["m"][0][3] == 1
-                tag = header["m"][0][2]
+                assert header["r"][0][4] == 1
+                tag = header["r"][0][5]
                 protocol.send(client, {"op": "nack", "id": 2, "tags": [tag], "delay_ms": 60_000})
                 assert answer(consumer_broker, client)["refused"] == []
             else:
@@ -205,7 +215,7 @@ def test_a_retry_restored_after_a_restart_waits_until_it_is_due(data_dir: Path) 
                 assert not client.poll(0), "delivered before its retry was due"
                 clock.advance(1_000)
                 header, _ = protocol.split_frame(next_frame(consumer_broker, client))
-                assert header["m"][0][3] == 2  # the attempt before the restart counted
+                assert header["r"][0][4] == 2  # the attempt before the restart counted
             consumer_broker.close()
             client.close()
 
@@ -247,7 +257,7 @@ def test_a_dead_letter_the_disk_refuses_is_written_later_not_lost(
     client = manager.hand_over("c1-1")
     subscribe(consumer_broker, client, max_deliveries=1)
     header, _ = protocol.split_frame(next_frame(consumer_broker, client))
-    protocol.send(client, {"op": "nack", "id": 2, "tags": [header["m"][0][2]], "reason": "bad"})
+    protocol.send(client, {"op": "nack", "id": 2, "tags": [header["r"][0][5]], "reason": "bad"})
     assert answer(consumer_broker, client)["refused"] == []
     step_until(consumer_broker, lambda: not refusals[1:], "the first refusal")
     runtime = consumer_broker.groups["g"]

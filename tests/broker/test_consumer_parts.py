@@ -12,9 +12,9 @@ from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
 from spoolmq.broker.consumer_frames import (
     parse_nack,
     parse_reset_offsets,
+    parse_runs,
     parse_seen,
     parse_subscribe,
-    parse_tags,
 )
 from spoolmq.broker.dead_letter import (
     DeadLetterHeader,
@@ -167,9 +167,13 @@ def test_a_bad_subscribe_frame_says_what_is_wrong(change: dict[str, Any], compla
 
 
 def test_settling_frames() -> None:
-    assert parse_tags("ack", {"tags": [3, 4]}) == [3, 4]
-    with pytest.raises(ProtocolError, match="'nack' needs 'tags'"):
-        parse_tags("nack", {"tags": ["3"]})
+    assert parse_runs("ack", {"tags": [3, 4]}) == [(3, 1), (4, 1)]
+    assert parse_runs("ack", {"runs": [[3, 2], [9, 1]]}) == [(3, 2), (9, 1)]
+    with pytest.raises(ProtocolError, match="'nack' needs 'runs' or 'tags'"):
+        parse_runs("nack", {"tags": ["3"]})
+    for bad in ([[3]], [[3, 0]], [[3, True]], [3, 1], "x", [[1, 2_000_000]]):
+        with pytest.raises(ProtocolError, match="'ack'"):
+            parse_runs("ack", {"runs": bad})
     assert parse_seen({}) is None  # not said: every delivery may have been processed
     assert parse_seen({"seen": []}) == []
     with pytest.raises(ProtocolError, match="'seen'"):
@@ -227,27 +231,35 @@ def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> 
     group = Group("g", GroupSettings(max_deliveries=5, retry_backoff_ms=1000))
     state = group.add_partition("orders", 0, 0)
     group.add_consumer("c1", prefetch=10, topics=["orders"])
-    for offset in range(4):
+    for offset in range(5):
         fields = {"offset": offset, "timestamp": 0, "key": None, "headers": []}
-        group.add_record(state, fields, b"line", now=0)
-    sent = {p.offset: p for p in group.dispatch(now=100)["c1"]}
-    sent[3].persisted = True  # written by an earlier checkpoint
-    group.ack(sent[0].tag, "c1", now=200)  # acked before it was ever written
-    group.ack(sent[3].tag, "c1", now=200)  # acked after it was written
-    group.nack(sent[1].tag, "c1", now=200, delay_ms=None, reason="busy")  # retry at 1200
-    checkpoint = collect_checkpoint([(group, sent.values())], now=300)
+        group.add_record(state, fields, b'{"offset":%d,"timestamp":0}\n' % offset, now=0)
+    batch = group.dispatch(now=100)["c1"]
+    tags = dict(enumerate(batch.tags()))
+    state.saved[3] = (1, 0)  # written by an earlier checkpoint
+    group.ack(tags[0], "c1", now=200)  # acked before it was ever written
+    group.ack(tags[3], "c1", now=200)  # acked after it was written
+    group.nack(tags[1], "c1", now=200, delay_ms=None, reason="busy")  # retry at 1200
+    # Offset 4 went out again just now: too young to be worth a row yet.
+    group.release(tags[4], "c1", now=250)
+    fresh = group.dispatch(now=250)["c1"]
+    assert [run[1:] for run in fresh.runs] == [[4, 1, 1]]
+    checkpoint = collect_checkpoint([group], now=300, min_age_ms=200)
     assert checkpoint == (
         {"g": {TopicPartition("orders", 0): 1}},
         [
-            DeliveryRow("g", "orders", 0, 1, "c1", 1, 100, 30_100),
             DeliveryRow("g", "orders", 0, 2, "c1", 1, 100, 30_100),
+            DeliveryRow("g", "orders", 0, 1, "c1", 1, 100, 30_100),
         ],
         [ScheduledRow("g", "orders", 0, 1, 1200, 1, "busy")],
         [DeliveryKey("g", "orders", 0, 3)],
     )
-    mark_saved(checkpoint, {"g": group}, sent.values())
-    assert [sent[n].persisted for n in range(4)] == [False, True, True, False]
-    assert collect_checkpoint([(group, [])], now=400).is_empty()
+    mark_saved(checkpoint, {"g": group})
+    assert state.saved == {1: (1, 1200), 2: (1, 0)}
+    assert collect_checkpoint([group], now=400, min_age_ms=200).is_empty()
+    # Old enough now: the redelivered offset 4 gets its row.
+    later = collect_checkpoint([group], now=500, min_age_ms=200)
+    assert later.deliveries == [DeliveryRow("g", "orders", 0, 4, "c1", 1, 250, 30_250)]
 
 
 def test_status_messages_never_block_a_child_whose_manager_is_not_reading() -> None:

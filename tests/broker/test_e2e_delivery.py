@@ -9,9 +9,12 @@ import signal
 import time
 from multiprocessing.connection import Client
 from pathlib import Path
+from typing import Any
 
+import orjson
 from e2e_workers import events_of
 
+from event_shapes import per_message
 from spoolmq import Admin, Consumer, Publisher, Store, protocol
 from spoolmq.testing import BrokerProcess, wait_until
 
@@ -219,7 +222,15 @@ def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
             publisher.publish("gone", n)
     key = (data_dir / protocol.AUTHKEY_FILE).read_bytes()
     conn = Client(str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key)
-    protocol.send(conn, {"op": "hello", "version": 1, "role": "consumer", "pid": os.getpid()})
+    protocol.send(
+        conn,
+        {
+            "op": "hello",
+            "version": protocol.PROTOCOL_VERSION,
+            "role": "consumer",
+            "pid": os.getpid(),
+        },
+    )
     assert protocol.receive(conn)["op"] == "welcome"
     protocol.send(
         conn, {"op": "subscribe", "id": 1, "group": "g", "topics": ["gone"], "prefetch": 5}
@@ -228,7 +239,7 @@ def test_a_push_that_finds_the_consumer_gone_still_honours_its_bye(
     while len(tags) < 5:
         header, _ = protocol.split_frame(conn.recv_bytes())
         if header["op"] == "deliver":
-            tags += [tag for _, _, tag, _ in header["m"]]
+            tags += [tag + step for _, _, _, count, _, tag in header["r"] for step in range(count)]
     consumer_broker = broker.child_pids()["consumer"]
     os.kill(consumer_broker, signal.SIGSTOP)
     try:
@@ -291,3 +302,42 @@ def test_damage_inside_a_segment_stops_that_partition_only(
     assert broker.stats()["restarts"] == {"publisher": 0, "consumer": 0}
     broker_log = (tmp_path / "broker.log").read_text()
     assert "group g stops reading damaged/0" in broker_log
+
+
+def test_delivered_and_acked_events_are_one_line_per_frame(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A real run writes ``delivered``/``acked`` as frame lines (runs, no offset) that
+    cover every message exactly once, with one processing time per ACKed message."""
+    with Publisher(data=data_dir) as publisher:
+        for n in range(60):
+            publisher.publish("framed", n)
+    with Consumer("framed", group="g", data=data_dir, prefetch=25) as consumer:
+        assert consumer.run(lambda m: None, max_messages=60, idle_timeout=30) == 60
+
+    def frame_lines() -> list[dict[str, Any]] | None:
+        lines = [e for e in event_lines(data_dir) if e["type"] in ("delivered", "acked")]
+        acked = sum(run[3] for e in lines if e["type"] == "acked" for run in e["runs"])
+        return lines if acked >= 60 else None
+
+    lines = wait_until(frame_lines, 30, "acked events for 60 messages")
+    for line in lines:
+        assert "offset" not in line and line["group"] == "g"
+        assert all(run[:2] == ["framed", 0] and run[3] >= 1 for run in line["runs"])
+        if line["type"] == "acked":
+            assert len(line["processing_ms"]) == sum(run[3] for run in line["runs"])
+    delivered = [e for e in lines if e["type"] == "delivered"]
+    assert len(delivered) < 60  # frames, not messages
+    for kind in ("delivered", "acked"):
+        messages = [e for e in per_message(lines) if e["type"] == kind]
+        assert sorted(e["offset"] for e in messages) == list(range(60)), kind
+        assert {e["attempt"] for e in messages} == {1}
+
+
+def event_lines(data_dir: Path) -> list[dict[str, Any]]:
+    """Every events/ line as it is written."""
+    return [
+        orjson.loads(line)
+        for path in sorted((data_dir / "events").glob("date=*/*.jsonl"))
+        for line in path.read_bytes().splitlines()
+    ]

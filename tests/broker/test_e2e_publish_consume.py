@@ -21,6 +21,7 @@ from e2e_workers import (
     start,
 )
 
+from event_shapes import per_message
 from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
 from spoolmq.errors import InvalidTopicError, MessageTooLargeError
@@ -30,7 +31,7 @@ from spoolmq.testing import BrokerProcess, wait_until
 def event_lines(data_dir: Path) -> list[dict[str, Any]]:
     events = []
     for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
-        events += read_lines(path)
+        events += per_message(read_lines(path))
     return events
 
 

@@ -82,8 +82,11 @@ def test_a_client_that_has_gone_is_reported() -> None:
 
 def test_a_frame_is_told_by_its_op_whatever_the_key_order() -> None:
     line = frame_record(5, 1_000, b'"key":"k","value":1,"headers":[]')
-    delivery = orjson.dumps({"m": [["t", 0, 9, 1]], "op": "deliver"}) + b"\n" + line
-    assert protocol.split_frame(delivery) == ({"m": [["t", 0, 9, 1]], "op": "deliver"}, [line])
+    delivery = orjson.dumps({"r": [["t", 0, 5, 1, 1, 9]], "op": "deliver"}) + b"\n" + line
+    assert protocol.split_frame(delivery) == (
+        {"r": [["t", 0, 5, 1, 1, 9]], "op": "deliver"},
+        [line],
+    )
     answer = orjson.dumps({"id": 3, "op": "ack_result", "refused": []})
     assert protocol.split_frame(answer) == ({"id": 3, "op": "ack_result", "refused": []}, [])
     with pytest.raises(ProtocolError, match="lines after its header"):
@@ -91,13 +94,15 @@ def test_a_frame_is_told_by_its_op_whatever_the_key_order() -> None:
 
 
 def broker_with_its_keys_in_another_order(listener: Listener, line: bytes) -> None:
-    """Welcome one consumer, subscribe it, push one delivery whose header starts with "m"."""
+    """Welcome one consumer, subscribe it, push one delivery whose header starts with "r"."""
     with listener.accept() as conn:
         assert protocol.receive(conn)["op"] == "hello"
         protocol.send(conn, {"client_id": "fake", "op": "welcome"})
         subscribe = protocol.receive(conn)
         protocol.send(conn, {"id": subscribe["id"], "consumer_id": "c#1", "op": "subscribed"})
-        conn.send_bytes(protocol.encode_delivery({"m": [["t", 0, 9, 1]], "op": "deliver"}, [line]))
+        conn.send_bytes(
+            protocol.encode_delivery({"r": [["t", 0, 5, 1, 1, 9]], "op": "deliver"}, [line])
+        )
         with contextlib.suppress(EOFError, OSError):
             while True:
                 conn.recv_bytes()

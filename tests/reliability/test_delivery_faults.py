@@ -13,6 +13,7 @@ import orjson
 import pytest
 from fault_checks import pid_alive, start_process, stop_processes
 
+from event_shapes import per_message
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.client.consumer import ReceivedMessage
 from spoolmq.errors import LeaseExpiredError
@@ -23,8 +24,8 @@ def delivery_events(data_dir: Path, topic: str, offset: int) -> list[dict[str, A
     """The events/ records of one message, oldest first (read after the broker stopped)."""
     events = []
     for path in sorted((data_dir / "events").rglob("*.jsonl")):
-        for line in path.read_bytes().splitlines():
-            event = orjson.loads(line)
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        for event in per_message(lines):
             if event.get("topic") == topic and event.get("offset") == offset:
                 events.append(event)
     return sorted(events, key=lambda e: e["ts"])

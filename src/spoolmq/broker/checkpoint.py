@@ -1,9 +1,12 @@
 """What a ConsumerBroker saves to ``state.db`` at a checkpoint, decided with no I/O.
 
-Per group: the committed offsets that moved, a row for each delivery still open (with its
-retry time when one is scheduled), and the rows of deliveries finished since they were
-written. A delivery settled within one checkpoint interval was never written, so the common
-case costs no SQL at all; one returned unread (attempt 0) has nothing to remember either.
+Per group: the committed offsets that moved, a row for each delivery still open that
+``state.db`` does not have as it is now (with its retry time when one is scheduled), and the
+rows of deliveries finished since they were written. A delivery younger than ``min_age_ms``
+(one checkpoint interval) that never failed is not written yet: most are settled within
+milliseconds, so the common case costs no SQL at all; if the broker dies first, that
+delivery's attempt is not counted after the restart (the message itself is redelivered,
+since the committed offset never passes an unfinished one).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from spoolmq.broker.delivery import Group, Pending
+from spoolmq.broker.delivery import Group, PartitionState
 from spoolmq.store.state import DeliveryKey, DeliveryRow, ScheduledRow
 from spoolmq.types import TopicPartition
 
@@ -28,54 +31,96 @@ class Checkpoint(NamedTuple):
         return not (self.committed or self.deliveries or self.scheduled or self.finished)
 
 
-def _keeps_a_row(pending: Pending) -> bool:
-    return not pending.finished and pending.attempt > 0
+def _open_deliveries(
+    group: Group, state: PartitionState, now: int, min_age_ms: int
+) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """The partition's open deliveries that keep a row, by offset as (attempt, retry due
+    at), and the indexes of those to write (new or changed since their row was written)."""
+    open_: dict[int, tuple[int, int]] = {}
+    write: list[int] = []
+    base = state.base
+    saved = state.saved
+    attempts = state.attempts
+    for index in state.in_flight_indexes():
+        offset = base + index
+        row = (attempts[index], 0)
+        open_[offset] = row
+        if saved.get(offset) != row and (
+            now - state.sent_at[index] >= min_age_ms or offset in saved
+        ):
+            write.append(index)
+    for offset, (due_at, _) in state.retries.items():
+        index = offset - base
+        if attempts[index] > 0:
+            row = (attempts[index], due_at if due_at > now else 0)
+            open_[offset] = row
+            if saved.get(offset) != row:
+                write.append(index)
+    return open_, write
 
 
-def collect_checkpoint(changed: Iterable[tuple[Group, Iterable[Pending]]], now: int) -> Checkpoint:
-    """The checkpoint of groups, each with the deliveries that changed since the last one
-    (``now`` decides which retries are still to come)."""
+def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -> Checkpoint:
+    """The checkpoint of ``groups`` (``now`` decides which retries are still to come and
+    which deliveries are old enough to write)."""
     checkpoint = Checkpoint({}, [], [], [])
-    for group, dirty in changed:
+    for group in groups:
         name = group.name
+        lease_ms = group.settings.lease_ms
         for key, state in group.partitions.items():
             position = state.committed()
             if position != state.committed_persisted:
                 checkpoint.committed.setdefault(name, {})[key] = position
-        for p in dirty:
-            if not _keeps_a_row(p):
-                if p.persisted:
-                    checkpoint.finished.append(DeliveryKey(name, p.topic, p.partition, p.offset))
+            if not (state.in_flight or state.retries or state.saved):
                 continue
-            checkpoint.deliveries.append(
-                DeliveryRow(
-                    name,
-                    p.topic,
-                    p.partition,
-                    p.offset,
-                    p.consumer or "",
-                    p.attempt,
-                    p.delivered_at,
-                    p.lease_expires_at,
-                )
-            )
-            if p.due_at > now:
-                checkpoint.scheduled.append(
-                    ScheduledRow(
-                        name, p.topic, p.partition, p.offset, p.due_at, p.attempt, p.last_reason
+            open_, write = _open_deliveries(group, state, now, min_age_ms)
+            for offset in state.saved.keys() - open_.keys():
+                checkpoint.finished.append(DeliveryKey(name, state.topic, state.partition, offset))
+            for index in write:
+                offset = state.base + index
+                attempt, due_at = open_[offset]
+                owner = state.owners[index]
+                checkpoint.deliveries.append(
+                    DeliveryRow(
+                        name,
+                        state.topic,
+                        state.partition,
+                        offset,
+                        owner.consumer_id if owner is not None else "",
+                        attempt,
+                        state.sent_at[index],
+                        state.lease_end(index, lease_ms),
                     )
                 )
+                if due_at > now:
+                    reason = state.retries.get(offset, (0, None))[1]
+                    checkpoint.scheduled.append(
+                        ScheduledRow(
+                            name, state.topic, state.partition, offset, due_at, attempt, reason
+                        )
+                    )
     return checkpoint
 
 
-def mark_saved(
-    checkpoint: Checkpoint, groups: Mapping[str, Group], dirty: Iterable[Pending]
-) -> None:
+def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
     """Once ``checkpoint`` is in ``state.db``: remember what is saved, so the next one
     writes only what changes after it."""
     for name, offsets in checkpoint.committed.items():
-        partitions = groups[name].partitions
-        for key, position in offsets.items():
-            partitions[key].committed_persisted = position
-    for pending in dirty:
-        pending.persisted = _keeps_a_row(pending)
+        if name in groups:  # (a group reset meanwhile starts afresh)
+            partitions = groups[name].partitions
+            for key, position in offsets.items():
+                partitions[key].committed_persisted = position
+    # What was written, not the state now: it may have moved on while a thread wrote.
+    due = {(s.group_name, s.topic, s.partition, s.offset): s.due_at for s in checkpoint.scheduled}
+    for row in checkpoint.deliveries:
+        group = groups.get(row.group_name)
+        if group is None:
+            continue
+        state = group.partitions[TopicPartition(row.topic, row.partition)]
+        where = (row.group_name, row.topic, row.partition, row.offset)
+        state.saved[row.offset] = (row.attempt, due.get(where, 0))
+    for gone in checkpoint.finished:
+        group = groups.get(gone.group_name)
+        if group is not None:
+            group.partitions[TopicPartition(gone.topic, gone.partition)].saved.pop(
+                gone.offset, None
+            )

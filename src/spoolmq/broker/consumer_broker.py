@@ -16,28 +16,37 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from spoolmq import protocol
-from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
+from spoolmq.broker.checkpoint import Checkpoint, collect_checkpoint, mark_saved
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic
 from spoolmq.broker.consumer_frames import (
+    expand_runs,
     parse_credit,
     parse_extend,
     parse_nack,
     parse_reset_offsets,
+    parse_runs,
     parse_seen,
     parse_subscribe,
-    parse_tags,
 )
 from spoolmq.broker.dead_letter import dead_letter_message
-from spoolmq.broker.delivery import Group
+from spoolmq.broker.delivery import Batch, Event, Group, delivery_tag, tag_order
 from spoolmq.broker.events import EventLog
-from spoolmq.broker.group_runtime import GroupRuntime, Skip
+from spoolmq.broker.group_runtime import (
+    FreshBatch,
+    FreshLines,
+    GroupRuntime,
+    Skip,
+    restored_by_partition,
+)
 from spoolmq.broker.group_view import describe_groups
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import (
@@ -65,16 +74,7 @@ _COUNTED = (
     EventType.SKIPPED,
 )
 _COUNTED_AS_EVENTS = frozenset(_COUNTED) - {EventType.DELIVERED, EventType.SKIPPED}
-# Events after which a delivery's row in state.db is out of date.
-_CHANGES_SAVED_STATE = frozenset(
-    {
-        EventType.ACKED,
-        EventType.NACKED,
-        EventType.LEASE_EXPIRED,
-        EventType.RELEASED,
-        EventType.EXPIRED,
-    }
-)
+_ACKED = EventType.ACKED
 
 
 @dataclass(slots=True)
@@ -106,8 +106,12 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, GroupRuntime] = {}
         self.log_ends: dict[TopicPartition, int] = {}
+        # Where the newest batch a notice told of ends: (segment base, byte end, end offset).
+        self._noticed: dict[TopicPartition, tuple[int, int, int]] = {}
         self._counter = 0
         self._checkpoint_timer = Periodic(_CHECKPOINT_S)
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._saving: tuple[Checkpoint, Future[None]] | None = None
         self._rescan_timer = Periodic(_RESCAN_S)
         self._lag_timer = Periodic(_LAG_EVENT_S)
         # Messages by what happened to them ("skipped": deleted by retention before their
@@ -125,10 +129,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             t for t in (rt.group.next_timer() for rt in self.groups.values()) if t is not None
         ]
         until = (min(timers) - now) / 1000 if timers else _RESCAN_S
-        return max(0.0, min(until, _CHECKPOINT_S if self._has_dirty() else _RESCAN_S))
-
-    def _has_dirty(self) -> bool:
-        return any(rt.dirty for rt in self.groups.values())
+        return max(0.0, min(until, _CHECKPOINT_S if self.groups else _RESCAN_S))
 
     def loop(self, timeout: float | None) -> None:
         ready = self._wait_step(timeout, [self.notices])
@@ -142,7 +143,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if self._rescan_timer.due(monotonic):
             # A safety net for notices lost while a process restarted; not the normal path.
             for key in {k for rt in self.groups.values() for k in rt.group.partitions}:
-                self.log_ends[key] = self.store.log_end_offset(*key)
+                if self._grew_unnoticed(key):
+                    self.log_ends[key] = self.store.log_end_offset(*key)
         self._pump()
         if self._checkpoint_timer.due(monotonic):
             self._checkpoint()
@@ -150,6 +152,22 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             self._record_lag()
         self._report_stats_when_due(monotonic)
         self.events.flush()
+
+    def _grew_unnoticed(self, key: TopicPartition) -> bool:
+        """Did the partition grow past what the last notice said (a notice lost while a
+        process restarted)? Two ``stat`` calls: the size of the segment it wrote to, and
+        whether a segment was started after it. True when no notice said where it wrote."""
+        noticed = self._noticed.get(key)
+        if noticed is None:
+            return True
+        base, byte_end, end = noticed
+        plog = self.store.partition_log(*key)
+        try:
+            if os.stat(plog.segment_path(base)).st_size != byte_end:
+                return True
+        except FileNotFoundError:
+            return True  # deleted by retention: let the store say where the log is
+        return os.path.exists(plog.segment_path(end))
 
     def _pump(self) -> None:
         """Timers, reading, dead-lettering and dispatch, until nothing more can move."""
@@ -190,25 +208,19 @@ class ConsumerBroker(BrokerChild[_Consumer]):
     def _dispatch(self, runtime: GroupRuntime, now: int) -> int:
         group = runtime.group
         sent = 0
-        for consumer_id, pendings in group.dispatch(now).items():
+        for consumer_id, batch in group.dispatch(now).items():
             consumer = self.by_id.get(consumer_id)
             if consumer is None:
                 continue
-            header = {
-                "op": "deliver",
-                "m": [[p.topic, p.partition, p.tag, p.attempt] for p in pendings],
-            }
-            for pending in pendings:
-                runtime.mark_dirty(pending)
             try:
-                consumer.writer.send(protocol.encode_delivery(header, [p.line for p in pendings]))
-                sent += len(pendings)
-                self.counts[EventType.DELIVERED] += len(pendings)
+                consumer.writer.send(protocol.encode_delivery(_deliver_header(batch), batch.lines))
+                sent += batch.count
+                self.counts[EventType.DELIVERED] += batch.count
             except OSError:
                 # Never handed over, so not an attempt, whatever happens to the consumer.
-                for pending in reversed(pendings):
+                for tag in reversed(batch.tags()):
                     with contextlib.suppress(SpoolError):
-                        group.release(pending.tag, consumer_id, now)
+                        group.release(tag, consumer_id, now)
                 self.connection_lost(consumer, "connection lost while delivering")
         return sent
 
@@ -241,19 +253,18 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             group.dead.pop(0)
             runtime.dead_letter_backoff_ms = 0
             group.dead_lettered(pending, now)
-            runtime.mark_dirty(pending)
 
     def _drain_events(self, runtime: GroupRuntime) -> None:
         group = runtime.group
-        dirty = runtime.dirty  # (mark_dirty inlined: this runs for every event)
+        counts = self.counts
         for event in group.events:
             self.events.add(event, group.name)
             kind = event.type
-            if kind in _COUNTED_AS_EVENTS:
-                self.counts[kind] += 1
-            if kind in _CHANGES_SAVED_STATE:
-                pending = event.pending
-                dirty[(pending.topic, pending.partition, pending.offset)] = pending
+            if isinstance(event, Event):
+                if kind in _COUNTED_AS_EVENTS:
+                    counts[kind] += 1
+            elif kind is _ACKED:
+                counts[kind] += sum(run[2] for run in event.runs)
         group.events.clear()
 
     # -- consumers ---------------------------------------------------------------------------
@@ -306,13 +317,15 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             return
         if op not in ("ack", "nack", "extend"):
             raise ProtocolError(f"a consumer connection cannot send {op!r}")
+        runs = parse_runs(op, frame)
         refused: list[dict[str, Any]] = []
         leases: dict[str, int] = {}
-        for tag in parse_tags(op, frame):
+        if op == "ack":
+            for tag, exc in group.ack_runs(runs, consumer.consumer_id, now):
+                refused.append({"tag": tag, "code": exc.code, "message": str(exc)})
+        for tag in expand_runs(runs) if op != "ack" else ():
             try:
-                if op == "ack":
-                    group.ack(tag, consumer.consumer_id, now)
-                elif op == "nack":
+                if op == "nack":
                     delay_ms, reason = parse_nack(frame)
                     group.nack(tag, consumer.consumer_id, now, delay_ms=delay_ms, reason=reason)
                 else:
@@ -340,11 +353,9 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if seen is None:
             return  # every delivery may have been processed: all count
         group = self.groups[consumer.group].group
-        slot = group.consumers.get(consumer.consumer_id)
-        if slot is None:
-            return
         now = self.clock.now_ms()
-        for tag in sorted(slot.in_flight - set(seen), reverse=True):  # each goes to the front
+        unread = set(group.in_flight_tags(consumer.consumer_id)) - set(seen)
+        for tag in sorted(unread, key=tag_order, reverse=True):  # each goes to the front
             with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
                 group.release(tag, consumer.consumer_id, now)
 
@@ -358,7 +369,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 Group(group_name, settings),
                 # Attempts of what was in flight when a broker stopped, so max_deliveries
                 # keeps counting across restarts.
-                restored=self.store.state.open_deliveries(group_name),
+                restored=restored_by_partition(self.store.state.open_deliveries(group_name)),
             )
         elif runtime.group.consumers and runtime.group.settings != settings:
             raise InvalidArgumentError(
@@ -396,10 +407,6 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self.by_id.pop(client.consumer_id, None)
         if client.group is not None:
             runtime = self.groups[client.group]
-            for tag in list(runtime.group.consumers.get(client.consumer_id, _EMPTY).in_flight):
-                pending = runtime.group.in_flight.get(tag)
-                if pending is not None:
-                    runtime.mark_dirty(pending)
             runtime.group.remove_consumer(client.consumer_id, self.clock.now_ms())
             self._drain_events(runtime)
 
@@ -426,10 +433,34 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 frame = protocol.decode(self.notices.recv_bytes(protocol.MAX_FRAME_BYTES))
             except (EOFError, OSError, SpoolError):
                 return
-            for topic, partition, end in frame.get("a", ()):
-                key = TopicPartition(topic, partition)
-                if end > self.log_ends.get(key, 0):
-                    self.log_ends[key] = end
+            fresh = frame.get("b")
+            if fresh is None:
+                # Only "these partitions grew to": their readers read it, fully verified.
+                for topic, partition, end in frame.get("a", ()):
+                    key = TopicPartition(topic, partition)
+                    if end > self.log_ends.get(key, 0):
+                        self.log_ends[key] = end
+            else:
+                self._take_fresh(fresh)
+
+    def _take_fresh(self, entries: list[Any]) -> None:
+        """Batches the PublisherBroker just wrote and synced: each group reading right
+        there takes them from the notice (CRC-checked, not parsed); the others read them
+        later through their readers."""
+        now = self.clock.now_ms()
+        lines = FreshLines()
+        for entry in entries:
+            batch = FreshBatch.from_notice(entry)
+            if batch is None:
+                logger.warning("ignoring a malformed notice entry %.200r", entry)
+                continue
+            key = TopicPartition(batch.topic, batch.partition)
+            end = batch.first + batch.size
+            if end > self.log_ends.get(key, 0):
+                self.log_ends[key] = end
+            self._noticed[key] = (batch.base, batch.position + batch.length, end)
+            for runtime in self.groups.values():
+                runtime.take_fresh(key, batch, lines, now)
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
         action = request.get("action")
@@ -455,7 +486,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 "stop them before resetting its offsets"
             )
         if runtime is not None:
-            self._checkpoint()
+            self._checkpoint(wait=True)
             del self.groups[name]
             runtime.close()  # the group starts afresh with new readers
         self.store.state.reset_group(name, dict(new.items()))
@@ -466,29 +497,46 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             **self.counts,
             "consumers": len(self.clients),
             "groups": len(self.groups),
-            "in_flight": sum(len(rt.group.in_flight) for rt in self.groups.values()),
+            "in_flight": sum(rt.group.in_flight_count() for rt in self.groups.values()),
         }
 
     # -- persistence ------------------------------------------------------------------------------
 
-    def _checkpoint(self) -> None:
-        """Committed offsets and open deliveries to state.db, one transaction."""
+    def _checkpoint(self, *, wait: bool = False) -> None:
+        """Committed offsets and open deliveries to state.db, one transaction, written by a
+        thread of its own so that the loop never waits on state.db's lock (the
+        PublisherBroker and the manager write to it too): what to write is decided here, in
+        microseconds; the SQL runs beside the loop, one checkpoint at a time. ``wait``:
+        write now and return once it is saved (shutdown, a group reset)."""
+        if self._saving is not None:
+            if not wait and not self._saving[1].done():
+                return  # the last one is still being written; this one waits its turn
+            self._saved()
+        groups = {name: rt.group for name, rt in self.groups.items()}
         checkpoint = collect_checkpoint(
-            ((rt.group, rt.dirty.values()) for rt in self.groups.values()), self.clock.now_ms()
+            groups.values(), self.clock.now_ms(), min_age_ms=int(_CHECKPOINT_S * 1000)
         )
-        if not checkpoint.is_empty():
-            try:
-                self.store.state.checkpoint(**checkpoint._asdict())
-            except SpoolError:
-                # Nothing is marked saved: the next checkpoint writes it all again.
-                logger.exception("checkpoint to state.db failed; will retry")
-                return
-            groups = {name: rt.group for name, rt in self.groups.items()}
-            mark_saved(
-                checkpoint, groups, (p for rt in self.groups.values() for p in rt.dirty.values())
-            )
-        for runtime in self.groups.values():
-            runtime.dirty.clear()
+        if checkpoint.is_empty():
+            return
+        self._saving = (
+            checkpoint,
+            self._saver.submit(self.store.state.checkpoint, **checkpoint._asdict()),
+        )
+        if wait:
+            self._saved()
+
+    def _saved(self) -> None:
+        """Once the thread has written a checkpoint: remember what state.db now has."""
+        assert self._saving is not None
+        checkpoint, writing = self._saving
+        self._saving = None
+        try:
+            writing.result()
+        except Exception:
+            # Nothing is marked saved: the next checkpoint writes it all again.
+            logger.exception("checkpoint to state.db failed; will retry")
+            return
+        mark_saved(checkpoint, {name: rt.group for name, rt in self.groups.items()})
 
     def _record_lag(self) -> None:
         for name, runtime in self.groups.items():
@@ -499,7 +547,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
     def save(self) -> None:
         try:
-            self._checkpoint()
+            self._checkpoint(wait=True)
+            self._saver.shutdown()
         finally:
             self.events.flush(sync=True)
             self.events.close()
@@ -512,8 +561,20 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         super().close()
 
 
-class _NoSlot:
-    in_flight: frozenset[int] = frozenset()
-
-
-_EMPTY = _NoSlot()
+def _deliver_header(batch: Batch) -> dict[str, Any]:
+    """A ``deliver`` frame's header: per run ``[topic, partition, first offset, count,
+    attempt, first tag]``; the run's lines follow in order (docs/PROTOCOL.md)."""
+    return {
+        "op": "deliver",
+        "r": [
+            [
+                state.topic,
+                state.partition,
+                first,
+                count,
+                attempt,
+                delivery_tag(state.slot, first, attempt),
+            ]
+            for state, first, count, attempt in batch.runs
+        ],
+    }

@@ -17,6 +17,7 @@ from spoolmq.types import TopicPartition
 _MAX_GROUP_NAME = 200
 _MAX_PREFETCH = 100_000
 _MAX_REASON = 1000
+_MAX_SETTLED = 1_000_000  # deliveries one ack/nack/extend frame may name
 
 
 class Subscription(NamedTuple):
@@ -67,12 +68,42 @@ def _is_tag_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(t, int) for t in value)
 
 
-def parse_tags(op: str, frame: dict[str, Any]) -> list[int]:
-    """The delivery tags an ``ack``, ``nack`` or ``extend`` is about."""
+def parse_runs(op: str, frame: dict[str, Any]) -> list[tuple[int, int]]:
+    """The deliveries an ``ack``, ``nack`` or ``extend`` is about, as runs of consecutive
+    tags ``(first tag, count)``: from ``runs`` (protocol 2) or a plain list of ``tags``.
+
+    >>> parse_runs("ack", {"runs": [[40, 3]], "tags": [7]})
+    [(40, 3), (7, 1)]
+    """
+    runs: list[tuple[int, int]] = []
+    raw = frame.get("runs")
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise ProtocolError(f"{op!r} 'runs' must be a list of [first tag, count]")
+        total = 0
+        for run in raw:
+            if (
+                not isinstance(run, list)
+                or len(run) != 2
+                or not all(type(n) is int for n in run)
+                or run[1] < 1
+            ):
+                raise ProtocolError(f"{op!r} 'runs' must be a list of [first tag, count]")
+            total += run[1]
+            if total > _MAX_SETTLED:
+                raise ProtocolError(f"{op!r} settles at most {_MAX_SETTLED} deliveries a frame")
+            runs.append((run[0], run[1]))
     tags = frame.get("tags")
-    if not _is_tag_list(tags):
-        raise ProtocolError(f"{op!r} needs 'tags', a list of delivery tags")
-    return tags
+    if tags is not None or raw is None:
+        if not _is_tag_list(tags):
+            raise ProtocolError(f"{op!r} needs 'runs' or 'tags', a list of delivery tags")
+        runs.extend((tag, 1) for tag in tags)
+    return runs
+
+
+def expand_runs(runs: list[tuple[int, int]]) -> list[int]:
+    """Every tag of ``runs``, for the per-delivery answers (NACK, extend, release)."""
+    return [tag for first, count in runs for tag in range(first, first + count)]
 
 
 def parse_seen(frame: dict[str, Any]) -> list[int] | None:

@@ -30,7 +30,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from spoolmq.errors import InvalidArgumentError, LeaseExpiredError, UnknownDeliveryError
+import orjson
+
+from spoolmq.errors import (
+    InvalidArgumentError,
+    LeaseExpiredError,
+    SpoolError,
+    UnknownDeliveryError,
+)
 from spoolmq.store.record import key_identity
 from spoolmq.types import EventType, TopicPartition
 
@@ -146,73 +153,276 @@ def backoff_ms(attempt: int, base_ms: int, max_ms: int) -> int:
     return int(min(max_ms, base_ms * (2 ** max(0, attempt - 1))))
 
 
+# -- delivery state ---------------------------------------------------------------------------
+#
+# A group keeps, per partition, arrays indexed by offset (a window that starts at the
+# smallest offset it may still need and grows as records are read) instead of an object per
+# message: a status byte, the attempt count, when and to whom it was last sent, the stored
+# line (dropped once the message is finished), its key and a link to the next unfinished
+# message of the same key. Common work (read a batch, send a run of it, ACK that run) is
+# slicing and comparing these arrays in C; Python runs per message only for keys, filters and
+# the exceptional cases (NACK, lease expiry, delay, TTL, dead letters), which keep small
+# dicts by offset.
+
+WAITING = 0  # read, not due: behind its key, delayed, a retry not due yet, or a dead letter
+READY = 1  # due: taken at the fresh cursor or from the partition's ready queue
+IN_FLIGHT = 2
+DONE = 3
+_READY_BYTE = bytes([READY])
+_IN_FLIGHT_BYTE = bytes([IN_FLIGHT])
+_DONE_BYTE = bytes([DONE])
+_NOT_READY = (bytes([WAITING]), _IN_FLIGHT_BYTE, _DONE_BYTE)
+_NOT_DONE = (bytes([WAITING]), _READY_BYTE, _IN_FLIGHT_BYTE)
+
+# A delivery tag is one 63-bit integer: the attempt (its low 10 bits), the partition's slot
+# in the group (13 bits) and the offset (its low 40 bits). Consecutive offsets sent at one
+# attempt have consecutive tags, so ACKs travel as runs; a tag from an earlier attempt no
+# longer matches the message's attempt, so a late ACK is refused (an attempt 1,024
+# deliveries back would match again: far past any max_deliveries in use).
+_OFFSET_BITS = 40
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+MAX_SLOTS = 1 << 13
+_SLOT_MASK = MAX_SLOTS - 1
+_ATTEMPT_SHIFT = _OFFSET_BITS + 13
+_ATTEMPT_MASK = (1 << 10) - 1
+_TRIM_AT = 4096  # finished entries at a window's start before it is cut
+
+
+def delivery_tag(slot: int, offset: int, attempt: int) -> int:
+    """The tag of ``offset`` in the partition at ``slot``, sent at ``attempt``.
+
+    >>> delivery_tag(1, 7, 1) + 1 == delivery_tag(1, 8, 1)
+    True
+    """
+    return (
+        ((attempt & _ATTEMPT_MASK) << _ATTEMPT_SHIFT)
+        | (slot << _OFFSET_BITS)
+        | (offset & _OFFSET_MASK)
+    )
+
+
+def tag_order(tag: int) -> tuple[int, int]:
+    """Sorts tags by partition slot, then offset (whatever their attempt).
+
+    >>> sorted([delivery_tag(0, 9, 1), delivery_tag(0, 8, 2)], key=tag_order) == [
+    ...     delivery_tag(0, 8, 2), delivery_tag(0, 9, 1)]
+    True
+    """
+    return (tag >> _OFFSET_BITS) & _SLOT_MASK, tag & _OFFSET_MASK
+
+
+# A run of offsets sent (or ACKed) together at one attempt: [partition, first, count,
+# attempt]. A list, so a run grows in place while contiguous offsets are added to it.
+Run = list[Any]
+# Extras of a record that has any: (deliver_at, expires_at, tags, headers), where headers is
+# the stored list, or only whether there are any (a notice says no more).
+Extra = tuple[int | None, int | None, Sequence[str] | None, Any]
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
-    """A message the group has read and not yet finished."""
+    """One message taken out of the arrays for an exceptional path: a dead letter."""
 
     topic: str
     partition: int
     offset: int
     key: Key
     line: bytes
-    published_at: int
-    deliver_at: int | None = None
-    expires_at: int | None = None
-    attempt: int = 0  # deliveries made so far
-    tag: int = 0  # current delivery tag while in flight
-    consumer: str | None = None
-    delivered_at: int = 0
-    lease_expires_at: int = 0
+    published_at: int = 0
+    attempt: int = 0
     last_reason: str | None = None
-    due_at: int = 0  # when scheduled for a retry
-    finished: bool = False
-    persisted: bool = False  # has a row in state.db's deliveries table
+    consumer: str | None = None
 
 
 @dataclass(slots=True)
 class Event:
-    """A delivery event for ``events/`` (see docs/FORMAT.md)."""
+    """A delivery event about one message (every type but ``delivered``/``acked``)."""
 
     ts: int
     type: EventType
-    pending: Pending
+    topic: str
+    partition: int
+    offset: int
+    key: Key
+    attempt: int
+    line: bytes | None
     consumer: str | None = None
     reason: str | None = None
     processing_ms: float | None = None
 
 
 @dataclass(slots=True)
-class PartitionState:
-    """A group's position in one partition."""
+class RunEvent:
+    """A ``delivered`` (one dispatched frame) or ``acked`` (one ACK frame) event: runs of
+    offsets, and for ``acked`` each message's processing time in the runs' order (None
+    with auto_ack, whose messages are ACKed as they are sent)."""
 
-    topic: str
-    partition: int
-    next_fetch: int
-    unfinished: list[int] = field(default_factory=list)
-    finished: set[int] = field(default_factory=set)
-    keys: dict[Key, deque[Pending]] = field(default_factory=dict)
-    committed_persisted: int = -1
-
-    def committed(self) -> int:
-        while self.unfinished and self.unfinished[0] in self.finished:
-            self.finished.discard(heapq.heappop(self.unfinished))
-        return self.unfinished[0] if self.unfinished else self.next_fetch
-
-    @property
-    def open_count(self) -> int:
-        return len(self.unfinished) - len(self.finished)
+    ts: int
+    type: EventType
+    consumer: str
+    runs: list[Run]
+    processing_ms: list[int] | None = None
+    reason: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ConsumerSlot:
     consumer_id: str
     prefetch: int
     topics: frozenset[str]
-    in_flight: set[int] = field(default_factory=set)
+    held: int = 0  # deliveries in flight
     credit: int = 0  # auto_ack: messages it can still take
     # Tags whose lease expired, so a late answer is told so (LeaseExpiredError) rather than
     # "unknown delivery"; the oldest are forgotten past _EXPIRED_TAGS_KEPT.
     expired: dict[int, str] = field(default_factory=dict)
+
+
+class Batch:
+    """What one dispatch sends one consumer: runs of offsets and their stored lines."""
+
+    __slots__ = ("count", "lines", "runs")
+
+    def __init__(self, runs: list[Run], lines: list[bytes]) -> None:
+        self.runs = runs
+        self.lines = lines
+        self.count = len(lines)
+
+    def tags(self) -> list[int]:
+        return [
+            delivery_tag(state.slot, offset, attempt)
+            for state, first, count, attempt in self.runs
+            for offset in range(first, first + count)
+        ]
+
+
+class PartitionState:
+    """A group's position in one partition and the delivery state of what it has read."""
+
+    __slots__ = (
+        "attempts",
+        "base",
+        "committed_persisted",
+        "delays",
+        "expires",
+        "extended",
+        "fresh",
+        "in_flight",
+        "key_tail",
+        "keys",
+        "lines",
+        "low",
+        "next_fetch",
+        "next_same",
+        "open_count",
+        "owners",
+        "partition",
+        "ready",
+        "retries",
+        "saved",
+        "sent_at",
+        "slot",
+        "status",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int, slot: int, start: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.slot = slot
+        self.base = start  # the offset at index 0 of the arrays
+        self.low = start  # no unfinished offset below this
+        self.next_fetch = start
+        self.fresh = start  # dispatch has looked at the offsets below this
+        self.status = bytearray()
+        self.attempts: list[int] = []
+        self.sent_at: list[int] = []
+        self.owners: list[ConsumerSlot | None] = []
+        self.lines: list[bytes | None] = []
+        self.keys: list[Key] = []
+        self.next_same: list[int] = []  # the key's next offset read after this one, or -1
+        self.key_tail: dict[Key, int] = {}  # a key's newest unfinished offset
+        self.ready: deque[int] = deque()  # due again (retries, a key's next), oldest first
+        self.open_count = 0  # read and not finished
+        self.in_flight = 0
+        self.committed_persisted = -1
+        # The exceptional cases, by offset: a deliver_at (or restored retry time) not yet
+        # reached; a TTL; a lease extended; a message that failed at least once and is not in
+        # flight, with its retry time (0: due) and why it failed; the row state.db has.
+        self.delays: dict[int, int] = {}
+        self.expires: dict[int, int] = {}
+        self.extended: dict[int, int] = {}
+        self.retries: dict[int, tuple[int, str | None]] = {}
+        self.saved: dict[int, tuple[int, int]] = {}
+
+    def committed(self) -> int:
+        """The smallest unfinished offset: everything below it is final."""
+        status = self.status
+        start = self.low - self.base
+        first = len(status)
+        for byte in _NOT_DONE:
+            found = status.find(byte, start, first)
+            if found >= 0:
+                first = found
+        self.low = self.base + first
+        if first >= _TRIM_AT and 2 * first >= len(status):
+            self._trim(first)
+        return self.low
+
+    def _trim(self, count: int) -> None:
+        """Drop the first ``count`` entries (all finished) of the window."""
+        del self.status[:count]
+        del self.attempts[:count]
+        del self.sent_at[:count]
+        del self.owners[:count]
+        del self.lines[:count]
+        del self.keys[:count]
+        del self.next_same[:count]
+        self.base += count
+        # Dispatch may not have looked at what was finished without it (filtered out).
+        self.fresh = max(self.fresh, self.base)
+
+    def in_flight_indexes(self) -> list[int]:
+        """Indexes of the deliveries in flight (a scan in C, as long as there are any)."""
+        found: list[int] = []
+        status = self.status
+        index = status.find(_IN_FLIGHT_BYTE)
+        while index >= 0 and len(found) < self.in_flight:
+            found.append(index)
+            index = status.find(_IN_FLIGHT_BYTE, index + 1)
+        return found
+
+    def lease_end(self, index: int, lease_ms: int) -> int:
+        if self.extended:
+            extended = self.extended.get(self.base + index)
+            if extended is not None:
+                return extended
+        return self.sent_at[index] + lease_ms
+
+    def tag(self, index: int) -> int:
+        return delivery_tag(self.slot, self.base + index, self.attempts[index])
+
+    def describe(self, offset: int) -> str:
+        return f"{self.topic}/{self.partition}@{offset}"
+
+
+def _first_of(status: bytearray, bytes_: tuple[bytes, ...], start: int, stop: int) -> int:
+    """The first index in ``[start, stop)`` holding one of ``bytes_``, else ``stop``."""
+    for byte in bytes_:
+        found = status.find(byte, start, stop)
+        if found >= 0:
+            stop = found
+    return stop
+
+
+def _extend_run(
+    runs: list[Run], state: PartitionState, offset: int, count: int, attempt: int
+) -> None:
+    if runs:
+        last = runs[-1]
+        if last[0] is state and last[1] + last[2] == offset and last[3] == attempt:
+            last[2] += count
+            return
+    runs.append([state, offset, count, attempt])
 
 
 class Group:
@@ -222,20 +432,18 @@ class Group:
         self.name = name
         self.settings = settings
         self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.slots: list[PartitionState] = []
         self.consumers: dict[str, ConsumerSlot] = {}
-        self.ready: deque[Pending] = deque()
-        self.in_flight: dict[int, Pending] = {}
-        self.events: list[Event] = []
+        self.events: list[Event | RunEvent] = []
         self.dead: list[Pending] = []
-        # When delayed messages and retries are due: (due at, tie-breaker, message).
-        self._timers: list[tuple[int, int, Pending]] = []
-        # Lease ends, one entry per dispatched batch holding delivery tags only: a message
-        # ACKed long before its lease would end must not stay in memory until then (at
-        # 50k msg/s and a 30 s lease, that held 1.5M delivered records).
-        self._leases: list[tuple[int, int, tuple[int, ...]]] = []
+        # When delayed messages and retries are due: (due at, tie-breaker, partition,
+        # offset, attempt); a stale entry (the message moved on) is ignored when it fires.
+        self._timers: list[tuple[int, int, PartitionState, int, int]] = []
+        # Lease ends, one entry per dispatched batch holding its runs only.
+        self._leases: list[tuple[int, int, list[Run]]] = []
         self._sequence = itertools.count()
-        self._tags = itertools.count(1)
         self._rotation: deque[str] = deque()
+        self._turn = 0  # the partition a dispatch looks at first, in turn
         self.filtered = 0
 
     # -- membership ----------------------------------------------------------------
@@ -244,7 +452,13 @@ class Group:
         key = TopicPartition(topic, partition)
         state = self.partitions.get(key)
         if state is None:
-            state = self.partitions[key] = PartitionState(topic, partition, start)
+            if len(self.slots) >= MAX_SLOTS:
+                raise InvalidArgumentError(
+                    f"a group reads at most {MAX_SLOTS} partitions (its delivery tags say "
+                    "which in 13 bits)"
+                )
+            state = self.partitions[key] = PartitionState(topic, partition, len(self.slots), start)
+            self.slots.append(state)
         return state
 
     def add_consumer(self, consumer_id: str, prefetch: int, topics: Iterable[str]) -> None:
@@ -259,14 +473,129 @@ class Group:
         if slot is None:
             return
         self._rotation.remove(consumer_id)
-        # Newest first: each goes to the front of the ready queue, so the oldest ends first.
-        for tag in sorted(slot.in_flight, reverse=True):
-            pending = self.in_flight.pop(tag, None)
-            if pending is not None:
-                self.events.append(Event(now, _RELEASED, pending, consumer_id, "consumer left"))
-                self._failed(pending, now, "consumer disconnected", delay_ms=0)
+        for state in self.slots:
+            # Newest first: each goes to the front of the ready queue, so the oldest ends first.
+            for index in reversed(self._held_by(state, slot)):
+                self._drop(state, index)
+                self._event(now, _RELEASED, state, index, consumer_id, "consumer left")
+                self._failed(state, state.base + index, now, "consumer disconnected", delay_ms=0)
+
+    def _held_by(self, state: PartitionState, slot: ConsumerSlot) -> list[int]:
+        owners = state.owners
+        return [index for index in state.in_flight_indexes() if owners[index] is slot]
+
+    def in_flight_tags(self, consumer_id: str) -> list[int]:
+        """The tags a consumer holds, oldest first per partition."""
+        slot = self.consumers.get(consumer_id)
+        if slot is None:
+            return []
+        return [state.tag(index) for state in self.slots for index in self._held_by(state, slot)]
 
     # -- reading ------------------------------------------------------------------------
+
+    def skip_to(self, state: PartitionState, offset: int) -> None:
+        """Offsets from ``state.next_fetch`` up to ``offset`` have no record to deliver
+        (removed by compaction or retention): they are final."""
+        gap = offset - state.next_fetch
+        if gap <= 0:
+            return
+        if state.committed() == state.next_fetch and not state.ready:
+            # Nothing unfinished: the window starts again at ``offset``.
+            state._trim(len(state.status))
+            state.base = state.low = state.fresh = state.next_fetch = offset
+            return
+        state.status += _DONE_BYTE * gap
+        state.attempts += [0] * gap
+        state.sent_at += [0] * gap
+        state.owners += [None] * gap
+        state.lines += [None] * gap
+        state.keys += [None] * gap
+        state.next_same += [-1] * gap
+        state.next_fetch = offset
+
+    def add_batch(
+        self,
+        state: PartitionState,
+        lines: list[bytes],
+        keys: list[Key] | None,
+        extras: Mapping[int, Extra] | None,
+        now: int,
+        restored: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
+        """Take in records read from the partition at ``state.next_fetch``: their stored
+        ``lines``, their ``keys`` (each a key_identity; None: no record has one), and
+        ``extras`` by index for the few records that have any. ``restored`` holds, by
+        offset, (attempts so far, retry due at ms) of deliveries open when an earlier broker
+        stopped: they keep counting, and are not delivered before their retry is due."""
+        count = len(lines)
+        if not count:
+            return
+        first = state.next_fetch
+        start = first - state.base
+        state.next_fetch = first + count
+        status = state.status
+        status += _READY_BYTE * count
+        state.attempts += [0] * count
+        state.sent_at += [0] * count
+        state.owners += [None] * count
+        state.lines += lines
+        state.keys += keys if keys is not None else [None] * count
+        state.next_same += [-1] * count
+        state.open_count += count
+        special: list[int] = []  # offsets due later than now, or restored
+        spec = self.settings.filter
+        if spec or extras:
+            plain_passes = matches(spec, (), ())
+            for index in range(count) if spec else sorted(extras or ()):
+                extra = extras.get(index) if extras else None
+                if spec and not (
+                    plain_passes if extra is None else _passes(spec, extra, lines[index])
+                ):
+                    self.filtered += 1
+                    self._finish_run(state, start + index, 1, now, link=False)
+                    state.keys[start + index] = None
+                    continue
+                if extra is None:
+                    continue
+                deliver_at, expires_at = extra[0], extra[1]
+                if expires_at is not None:
+                    state.expires[first + index] = expires_at
+                if deliver_at is not None and deliver_at > now:
+                    state.delays[first + index] = deliver_at
+                    special.append(first + index)
+        if restored:
+            for offset in [o for o in restored if first <= o < first + count]:
+                attempts, due_at = restored.pop(offset)
+                index = offset - state.base
+                state.saved[offset] = (attempts, due_at)  # the row state.db has
+                if status[index] == DONE:
+                    continue  # filtered out now: the next checkpoint deletes its row
+                state.attempts[index] = attempts
+                state.retries[offset] = (due_at, None)
+                if due_at > now:
+                    state.delays[offset] = max(due_at, state.delays.get(offset, 0))
+                special.append(offset)
+        blocked: set[int] = set()
+        if keys is not None:
+            tails = state.key_tail
+            links = state.next_same
+            base = state.base
+            for index, key in enumerate(keys):
+                if key is None or status[start + index] == DONE:
+                    continue
+                offset = first + index
+                tail = tails.get(key)
+                tails[key] = offset
+                if tail is not None:
+                    links[tail - base] = offset
+                    status[start + index] = WAITING  # behind its key's earlier messages
+                    blocked.add(offset)
+        for offset in special:
+            if offset not in blocked:
+                state.status[offset - state.base] = WAITING
+                self._make_due(state, offset, now)
+            else:
+                state.status[offset - state.base] = WAITING
 
     def add_record(
         self,
@@ -278,54 +607,39 @@ class Group:
         attempts_so_far: int = 0,
         due_at: int = 0,
     ) -> None:
-        """Take in a record the broker read from the partition at ``state.next_fetch``.
-
-        A record that was in delivery when an earlier broker stopped comes with the
-        ``attempts_so_far`` it had, and the time ``due_at`` its scheduled retry is due
-        (ms; 0: at once): it is not delivered again before then.
-        """
+        """Take in one record read at ``state.next_fetch`` (or past it, after a gap) from
+        its parsed ``fields``; one in delivery when an earlier broker stopped comes with the
+        ``attempts_so_far`` it had and when its retry is due."""
         offset: int = fields["offset"]
-        state.next_fetch = offset + 1
-        if not matches(self.settings.filter, fields.get("tags") or (), fields.get("headers") or ()):
-            self.filtered += 1
-            return
+        self.skip_to(state, offset)
         key = key_identity(fields)
-        pending = Pending(
-            topic=state.topic,
-            partition=state.partition,
-            offset=offset,
-            key=key,
-            line=line,
-            published_at=fields["timestamp"],
-            deliver_at=fields.get("deliver_at"),
-            expires_at=fields.get("expires_at"),
-            attempt=attempts_so_far,
-            due_at=due_at,
-            persisted=attempts_so_far > 0,
+        extra = record_extra(fields)
+        restored = {offset: (attempts_so_far, due_at)} if attempts_so_far else None
+        self.add_batch(
+            state,
+            [line],
+            None if key is None else [key],
+            None if extra is None else {0: extra},
+            now,
+            restored,
         )
-        heapq.heappush(state.unfinished, offset)
-        if key is None:
-            self._make_due(pending, now)
-            return
-        queue = state.keys.get(key)
-        if queue is None:
-            state.keys[key] = deque([pending])
-            self._make_due(pending, now)
-        else:
-            queue.append(pending)  # waits behind the key's earlier messages
 
-    def _make_due(self, pending: Pending, now: int) -> None:
-        """Ready now, or once its ``deliver_at`` or a retry time it was restored with."""
-        when = pending.deliver_at or 0
-        if pending.due_at > when:  # (not max(): this runs per message)
-            when = pending.due_at
-        if when > now:
-            self._schedule(when, pending)
-        else:
-            self.ready.append(pending)
+    def _make_due(self, state: PartitionState, offset: int, now: int) -> None:
+        """Ready now, or once its ``deliver_at`` or the retry time it was restored with."""
+        index = offset - state.base
+        if state.delays:
+            when = state.delays.get(offset)
+            if when is not None:
+                if when > now:
+                    state.status[index] = WAITING
+                    self._schedule(when, state, offset, state.attempts[index])
+                    return
+                del state.delays[offset]
+        state.status[index] = READY
+        state.ready.append(offset)
 
-    def _schedule(self, when: int, pending: Pending) -> None:
-        heapq.heappush(self._timers, (when, next(self._sequence), pending))
+    def _schedule(self, when: int, state: PartitionState, offset: int, attempt: int) -> None:
+        heapq.heappush(self._timers, (when, next(self._sequence), state, offset, attempt))
 
     def next_timer(self) -> int | None:
         heads = [heap[0][0] for heap in (self._timers, self._leases) if heap]
@@ -333,166 +647,329 @@ class Group:
 
     def run_timers(self, now: int) -> None:
         """Move due retries and delayed messages to ready; expire leases."""
+        lease_ms = self.settings.lease_ms
         while self._leases and self._leases[0][0] <= now:
-            _, _, tags = heapq.heappop(self._leases)
-            for tag in tags:
-                pending = self.in_flight.get(tag)
-                if pending is None:
+            _, _, runs = heapq.heappop(self._leases)
+            for state, first, count, attempt in runs:
+                start = max(first - state.base, 0)
+                stop = first + count - state.base
+                status = state.status
+                if stop <= start or status.count(_IN_FLIGHT_BYTE, start, stop) == 0:
                     continue  # answered, or expired already
-                if pending.lease_expires_at > now:  # extended meanwhile
-                    self._schedule_lease(pending.lease_expires_at, (tag,))
-                    continue
-                self._remember_expired(pending)
-                self._drop_in_flight(pending)
-                self.events.append(
-                    Event(now, _LEASE_EXPIRED, pending, pending.consumer, "lease expired")
-                )
-                self._failed(pending, now, "lease expired", delay_ms=0)
+                # Newest first: each goes to the front of the ready queue, so the oldest
+                # ends first.
+                for index in range(stop - 1, start - 1, -1):
+                    if status[index] != IN_FLIGHT or state.attempts[index] != attempt:
+                        continue
+                    lease_end = state.lease_end(index, lease_ms)
+                    offset = state.base + index
+                    if lease_end > now:  # extended meanwhile
+                        self._schedule_lease(lease_end, [[state, offset, 1, attempt]])
+                        continue
+                    owner = state.owners[index]
+                    self._remember_expired(owner, state.tag(index), state.describe(offset))
+                    self._expire(state, index, now, owner.consumer_id if owner else None)
         while self._timers and self._timers[0][0] <= now:
-            _, _, pending = heapq.heappop(self._timers)
-            if not pending.finished:
-                self.ready.append(pending)
+            _, _, state, offset, attempt = heapq.heappop(self._timers)
+            index = offset - state.base
+            if (
+                0 <= index < len(state.status)
+                and state.status[index] == WAITING
+                and state.attempts[index] == attempt
+            ):
+                state.delays.pop(offset, None)
+                state.status[index] = READY
+                state.ready.append(offset)
 
-    def _schedule_lease(self, when: int, tags: tuple[int, ...]) -> None:
-        heapq.heappush(self._leases, (when, next(self._sequence), tags))
+    def _schedule_lease(self, when: int, runs: list[Run]) -> None:
+        heapq.heappush(self._leases, (when, next(self._sequence), runs))
 
     # -- dispatch -----------------------------------------------------------------------
 
+    def _has_ready(self) -> bool:
+        return any(state.ready or state.fresh < state.next_fetch for state in self.slots)
+
     def wants_more(self) -> bool:
-        return bool(self.ready) and any(self._room(slot) > 0 for slot in self.consumers.values())
+        if not self._has_ready():
+            return False
+        return any(self._room(slot) > 0 for slot in self.consumers.values())
 
     def _room(self, slot: ConsumerSlot) -> int:
         if self.settings.auto_ack:
             return slot.credit
-        return slot.prefetch - len(slot.in_flight)
+        return slot.prefetch - slot.held
 
-    def dispatch(self, now: int) -> dict[str, list[Pending]]:
+    def dispatch(self, now: int) -> dict[str, Batch]:
         """Hand ready messages to consumers with room, round-robin. Returns what to send."""
-        out: dict[str, list[Pending]] = {}
-        if not self.ready or not self.consumers:
+        out: dict[str, Batch] = {}
+        if not self.consumers or not self.slots:
             return out
         for _ in range(len(self._rotation)):
             consumer_id = self._rotation[0]
             self._rotation.rotate(-1)
             slot = self.consumers[consumer_id]
             room = self._room(slot)
-            taken = self._take(slot, room, now) if room > 0 else []
-            if taken:
-                out.setdefault(consumer_id, []).extend(taken)
-            if not self.ready:
-                break
+            if room > 0:
+                batch = self._take(slot, room, now)
+                if batch is not None:
+                    out[consumer_id] = batch
+            if not self._has_ready():
+                break  # the next dispatch starts with the consumer after this one
         return out
 
-    def _take(self, slot: ConsumerSlot, room: int, now: int) -> list[Pending]:
-        taken: list[Pending] = []
-        skipped: list[Pending] = []
-        tags: list[int] = []
-        lease_end = now + self.settings.lease_ms
-        while self.ready and len(taken) < room:
-            pending = self.ready.popleft()
-            if pending.finished:
+    def _take(self, slot: ConsumerSlot, room: int, now: int) -> Batch | None:
+        runs: list[Run] = []
+        lines: list[bytes] = []
+        slots = self.slots
+        first = self._turn % len(slots)
+        self._turn = first + 1
+        for step in range(len(slots)):
+            if room <= 0:
+                break
+            state = slots[(first + step) % len(slots)]
+            if state.topic not in slot.topics:
                 continue
-            if pending.topic not in slot.topics:
-                skipped.append(pending)
+            ready = state.ready
+            while room > 0 and ready:
+                offset = ready.popleft()
+                index = offset - state.base
+                if index >= 0 and state.status[index] == READY:
+                    room -= self._take_one(state, index, slot, now, runs, lines)
+            if room > 0 and state.fresh < state.next_fetch:
+                room = self._take_fresh(state, slot, room, now, runs, lines)
+        if not runs:
+            return None
+        batch = Batch(runs, lines)
+        self.events.append(RunEvent(now, _DELIVERED, slot.consumer_id, runs))
+        if self.settings.auto_ack:
+            slot.credit -= batch.count
+            self.events.append(RunEvent(now, _ACKED, slot.consumer_id, runs, None, "auto_ack"))
+            for state, offset, count, _ in runs:
+                state.in_flight -= count
+                self._finish_run(state, offset - state.base, count, now)
+        else:
+            slot.held += batch.count
+            self._schedule_lease(now + self.settings.lease_ms, runs)
+        return batch
+
+    def _take_fresh(
+        self,
+        state: PartitionState,
+        slot: ConsumerSlot,
+        room: int,
+        now: int,
+        runs: list[Run],
+        lines: list[bytes],
+    ) -> int:
+        """Take up to ``room`` ready messages from the fresh cursor on; the room left."""
+        status = state.status
+        index = state.fresh - state.base
+        end = state.next_fetch - state.base
+        while room > 0 and index < end:
+            if status[index] != READY:
+                index += 1
                 continue
-            if pending.expires_at is not None and now >= pending.expires_at:
-                self.events.append(Event(now, _EXPIRED, pending, None, "ttl passed"))
-                self._finish(pending, now)
-                continue
-            pending.attempt += 1
-            pending.consumer = slot.consumer_id
-            pending.delivered_at = now
-            self.events.append(Event(now, _DELIVERED, pending, slot.consumer_id))
-            if self.settings.auto_ack:
-                slot.credit -= 1
-                self.events.append(Event(now, _ACKED, pending, slot.consumer_id, "auto_ack", 0.0))
-                self._finish(pending, now)
+            stop = _first_of(status, _NOT_READY, index, min(end, index + room))
+            count = stop - index
+            attempts = state.attempts
+            if not state.expires and attempts[index:stop].count(0) == count:
+                # The common case: a run never sent before, taken in C.
+                status[index:stop] = _IN_FLIGHT_BYTE * count
+                attempts[index:stop] = [1] * count
+                state.sent_at[index:stop] = [now] * count
+                state.owners[index:stop] = [slot] * count
+                lines += state.lines[index:stop]  # type: ignore[arg-type]
+                state.in_flight += count
+                _extend_run(runs, state, state.base + index, count, 1)
+                room -= count
             else:
-                pending.tag = next(self._tags)
-                pending.lease_expires_at = lease_end
-                self.in_flight[pending.tag] = pending
-                slot.in_flight.add(pending.tag)
-                tags.append(pending.tag)
-            taken.append(pending)
-        if tags:
-            self._schedule_lease(lease_end, tuple(tags))
-        self.ready.extendleft(reversed(skipped))
-        return taken
+                for one in range(index, stop):
+                    room -= self._take_one(state, one, slot, now, runs, lines)
+            index = stop
+        state.fresh = state.base + index
+        return room
+
+    def _take_one(
+        self,
+        state: PartitionState,
+        index: int,
+        slot: ConsumerSlot,
+        now: int,
+        runs: list[Run],
+        lines: list[bytes],
+    ) -> int:
+        offset = state.base + index
+        if state.expires:
+            expires_at = state.expires.get(offset)
+            if expires_at is not None and now >= expires_at:
+                self._event(now, _EXPIRED, state, index, None, "ttl passed")
+                self._finish_run(state, index, 1, now)
+                return 0
+        attempt = state.attempts[index] + 1
+        state.attempts[index] = attempt
+        state.status[index] = IN_FLIGHT
+        state.sent_at[index] = now
+        state.owners[index] = slot
+        state.in_flight += 1
+        if state.retries:
+            state.retries.pop(offset, None)
+        lines.append(state.lines[index])  # type: ignore[arg-type]
+        _extend_run(runs, state, offset, 1, attempt)
+        return 1
 
     # -- answers from consumers -----------------------------------------------------------
 
-    def _remember_expired(self, pending: Pending) -> None:
-        slot = self.consumers.get(pending.consumer or "")
-        if slot is None:
+    def _remember_expired(self, slot: ConsumerSlot | None, tag: int, where: str) -> None:
+        if slot is None or slot.consumer_id not in self.consumers:
             return
-        slot.expired[pending.tag] = f"{pending.topic}/{pending.partition}@{pending.offset}"
+        slot.expired[tag] = where
         if len(slot.expired) > _EXPIRED_TAGS_KEPT:
             del slot.expired[next(iter(slot.expired))]
 
-    def _lookup(self, tag: int, consumer_id: str, now: int) -> Pending:
-        pending = self.in_flight.get(tag)
+    def _find(self, tag: int) -> tuple[PartitionState, int] | None:
+        """The partition and index of the delivery ``tag`` names, if it is in flight at
+        the tag's attempt."""
+        number = (tag >> _OFFSET_BITS) & _SLOT_MASK
+        if tag < 0 or number >= len(self.slots):
+            return None
+        state = self.slots[number]
+        index = ((tag & _OFFSET_MASK) - state.base) & _OFFSET_MASK
+        if (
+            index < len(state.status)
+            and state.status[index] == IN_FLIGHT
+            and state.attempts[index] & _ATTEMPT_MASK == tag >> _ATTEMPT_SHIFT
+        ):
+            return state, index
+        return None
+
+    def _lookup(self, tag: int, consumer_id: str, now: int) -> tuple[PartitionState, int]:
+        found = self._find(tag)
         slot = self.consumers.get(consumer_id)
-        if pending is None and slot is not None and tag in slot.expired:
+        if found is None and slot is not None and tag in slot.expired:
             raise LeaseExpiredError(
                 f"delivery {tag} ({slot.expired.pop(tag)}) came back after its lease expired; "
                 "the message was or will be redelivered"
             )
-        if pending is None or pending.consumer != consumer_id:
+        if found is None or slot is None or found[0].owners[found[1]] is not slot:
             raise UnknownDeliveryError(
                 f"delivery {tag} is not in flight for this consumer: it was already "
                 "acknowledged, or its lease expired and it was redelivered"
             )
-        if now > pending.lease_expires_at:
+        state, index = found
+        if now > state.lease_end(index, self.settings.lease_ms):
             # The timer has not fired yet, but the lease is over: refuse, then expire it.
-            self._drop_in_flight(pending)
-            self.events.append(Event(now, _LEASE_EXPIRED, pending, consumer_id, "lease expired"))
-            self._failed(pending, now, "lease expired", delay_ms=0)
+            self._expire(state, index, now, consumer_id)
             raise LeaseExpiredError(
-                f"delivery {tag} ({pending.topic}/{pending.partition}@{pending.offset}) came "
-                f"back after its lease expired; the message will be redelivered"
+                f"delivery {tag} ({state.describe(state.base + index)}) came back after its "
+                "lease expired; the message will be redelivered"
             )
-        return pending
+        return state, index
+
+    def ack_runs(
+        self, runs: Iterable[tuple[int, int]], consumer_id: str, now: int
+    ) -> list[tuple[int, SpoolError]]:
+        """ACK runs of consecutive tags, ``(first tag, count)``; returns the refused tags
+        with why. One ``acked`` event covers the frame."""
+        slot = self.consumers.get(consumer_id)
+        refused: list[tuple[int, SpoolError]] = []
+        acked: list[Run] = []
+        processing: list[int] = []
+        for first_tag, total in runs:
+            tag, left = first_tag, total
+            while left > 0:
+                # A run never crosses a wrap of the tag's offset bits.
+                count = min(left, _OFFSET_MASK + 1 - (tag & _OFFSET_MASK))
+                if slot is None or not self._ack_fast(slot, tag, count, now, acked, processing):
+                    for one in range(tag, tag + count):
+                        try:
+                            state, index = self._lookup(one, consumer_id, now)
+                        except SpoolError as exc:
+                            refused.append((one, exc))
+                            continue
+                        processing.append(now - state.sent_at[index])
+                        _extend_run(acked, state, state.base + index, 1, state.attempts[index])
+                        self._drop(state, index)
+                        self._finish_run(state, index, 1, now)
+                tag += count
+                left -= count
+        if acked:
+            self.events.append(RunEvent(now, _ACKED, consumer_id, acked, processing))
+        return refused
+
+    def _ack_fast(
+        self,
+        slot: ConsumerSlot,
+        tag: int,
+        count: int,
+        now: int,
+        acked: list[Run],
+        processing: list[int],
+    ) -> bool:
+        """ACK a whole run in C when every message of it is in flight to ``slot`` at the
+        tag's attempt, within its lease; False (nothing done) otherwise."""
+        found = self._find(tag)
+        if found is None:
+            return False
+        state, index = found
+        stop = index + count
+        if stop > len(state.status) or state.status.count(_IN_FLIGHT_BYTE, index, stop) != count:
+            return False
+        attempts = state.attempts[index:stop]
+        attempt = attempts[0]
+        sent = state.sent_at[index:stop]
+        if (
+            attempts.count(attempt) != count
+            or state.owners[index:stop].count(slot) != count
+            or now > min(sent) + self.settings.lease_ms
+        ):
+            return False
+        if sent.count(sent[0]) == count:
+            processing += [now - sent[0]] * count
+        else:
+            processing += [now - at for at in sent]
+        _extend_run(acked, state, state.base + index, count, attempt)
+        slot.held -= count
+        state.in_flight -= count
+        if state.extended:
+            for offset in range(state.base + index, state.base + stop):
+                state.extended.pop(offset, None)
+        self._finish_run(state, index, count, now)
+        return True
 
     def ack(self, tag: int, consumer_id: str, now: int) -> None:
-        pending = self._lookup(tag, consumer_id, now)
-        self._drop_in_flight(pending)
-        self.events.append(
-            Event(now, _ACKED, pending, consumer_id, None, float(now - pending.delivered_at))
-        )
-        self._finish(pending, now)
+        refused = self.ack_runs([(tag, 1)], consumer_id, now)
+        if refused:
+            raise refused[0][1]
 
     def nack(
         self, tag: int, consumer_id: str, now: int, *, delay_ms: int | None, reason: str | None
     ) -> None:
-        pending = self._lookup(tag, consumer_id, now)
-        self._drop_in_flight(pending)
-        self.events.append(
-            Event(
-                now,
-                _NACKED,
-                pending,
-                consumer_id,
-                reason,
-                float(now - pending.delivered_at),
-            )
-        )
-        self._failed(pending, now, reason or "nacked", delay_ms=delay_ms)
+        state, index = self._lookup(tag, consumer_id, now)
+        self._drop(state, index)
+        processing = float(now - state.sent_at[index])
+        self._event(now, _NACKED, state, index, consumer_id, reason, processing)
+        self._failed(state, state.base + index, now, reason or "nacked", delay_ms=delay_ms)
 
     def release(self, tag: int, consumer_id: str, now: int) -> None:
         """Take back a delivery its consumer never handed to the application (prefetched,
         not yet read when it closed): not an attempt, and due again at once."""
-        pending = self._lookup(tag, consumer_id, now)
-        self._drop_in_flight(pending)
-        pending.attempt -= 1
-        self.events.append(Event(now, _RELEASED, pending, consumer_id, "returned unread"))
-        self.ready.appendleft(pending)  # it is the oldest work: first again
+        state, index = self._lookup(tag, consumer_id, now)
+        self._drop(state, index)
+        state.attempts[index] -= 1
+        offset = state.base + index
+        self._event(now, _RELEASED, state, index, consumer_id, "returned unread")
+        if state.attempts[index]:  # an earlier attempt failed: it keeps its row
+            state.retries[offset] = (0, state.retries.get(offset, (0, None))[1])
+        state.status[index] = READY
+        state.ready.appendleft(offset)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
         if seconds <= 0:
             raise InvalidArgumentError(f"a lease extension must be positive, not {seconds}")
-        pending = self._lookup(tag, consumer_id, now)
-        pending.lease_expires_at = max(pending.lease_expires_at, now + int(seconds * 1000))
-        return pending.lease_expires_at
+        state, index = self._lookup(tag, consumer_id, now)
+        lease_end = max(state.lease_end(index, self.settings.lease_ms), now + int(seconds * 1000))
+        state.extended[state.base + index] = lease_end
+        return lease_end
 
     def add_credit(self, consumer_id: str, count: int) -> None:
         slot = self.consumers.get(consumer_id)
@@ -501,69 +978,157 @@ class Group:
 
     # -- outcomes -------------------------------------------------------------------------
 
-    def _drop_in_flight(self, pending: Pending) -> None:
-        self.in_flight.pop(pending.tag, None)
-        if pending.consumer is not None:
-            slot = self.consumers.get(pending.consumer)
-            if slot is not None:
-                slot.in_flight.discard(pending.tag)
-        pending.tag = 0
+    def _event(
+        self,
+        now: int,
+        kind: EventType,
+        state: PartitionState,
+        index: int,
+        consumer: str | None,
+        reason: str | None,
+        processing_ms: float | None = None,
+    ) -> None:
+        self.events.append(
+            Event(
+                now,
+                kind,
+                state.topic,
+                state.partition,
+                state.base + index,
+                state.keys[index],
+                state.attempts[index],
+                state.lines[index],
+                consumer,
+                reason,
+                processing_ms,
+            )
+        )
 
-    def _failed(self, pending: Pending, now: int, reason: str, *, delay_ms: int | None) -> None:
-        pending.last_reason = reason
-        if pending.attempt >= self.settings.max_deliveries:
-            self.dead.append(pending)  # the broker writes it to the DLQ, then calls dead_lettered
+    def _drop(self, state: PartitionState, index: int) -> None:
+        """No longer in flight (the caller says what it is now); its owner is kept, as the
+        last consumer it went to."""
+        owner = state.owners[index]
+        if owner is not None:
+            owner.held -= 1
+        state.in_flight -= 1
+        if state.extended:
+            state.extended.pop(state.base + index, None)
+
+    def _expire(self, state: PartitionState, index: int, now: int, consumer: str | None) -> None:
+        self._drop(state, index)
+        self._event(now, _LEASE_EXPIRED, state, index, consumer, "lease expired")
+        self._failed(state, state.base + index, now, "lease expired", delay_ms=0)
+
+    def _failed(
+        self, state: PartitionState, offset: int, now: int, reason: str, *, delay_ms: int | None
+    ) -> None:
+        index = offset - state.base
+        attempt = state.attempts[index]
+        if attempt >= self.settings.max_deliveries:
+            state.status[index] = WAITING
+            state.retries[offset] = (0, reason)  # its row stays until the DLQ has it
+            owner = state.owners[index]
+            # The broker writes it to the DLQ, then calls dead_lettered.
+            self.dead.append(
+                Pending(
+                    state.topic,
+                    state.partition,
+                    offset,
+                    state.keys[index],
+                    state.lines[index] or b"",
+                    attempt=attempt,
+                    last_reason=reason,
+                    consumer=owner.consumer_id if owner else None,
+                )
+            )
             return
         if delay_ms is None:
             delay_ms = backoff_ms(
-                pending.attempt, self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms
+                attempt, self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms
             )
         if delay_ms > 0:
-            pending.due_at = now + delay_ms
-            self._schedule(pending.due_at, pending)
+            due_at = now + delay_ms
+            state.status[index] = WAITING
+            state.retries[offset] = (due_at, reason)
+            self._schedule(due_at, state, offset, attempt)
         else:
-            self.ready.appendleft(pending)  # it is the oldest work: first again
+            state.status[index] = READY
+            state.retries[offset] = (0, reason)
+            state.ready.appendleft(offset)  # it is the oldest work: first again
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
-        self.events.append(
-            Event(now, _DEAD_LETTERED, pending, pending.consumer, pending.last_reason)
-        )
-        self._finish(pending, now)
-
-    def _finish(self, pending: Pending, now: int) -> None:
-        pending.finished = True
-        # Runs per message: a plain tuple finds the TopicPartition key (equal and of equal
-        # hash) without building a NamedTuple, which costs several times more.
         state = self.partitions[cast(TopicPartition, (pending.topic, pending.partition))]
-        state.finished.add(pending.offset)
-        if pending.key is None:
-            return
-        queue = state.keys.get(pending.key)
-        if not queue:
-            return
-        if queue[0] is pending:
-            queue.popleft()
-        else:  # pragma: no cover - only a key's head can be in delivery
-            queue.remove(pending)
-        if queue:
-            self._make_due(queue[0], now)
+        index = pending.offset - state.base
+        self._event(now, _DEAD_LETTERED, state, index, pending.consumer, pending.last_reason)
+        self._finish_run(state, index, 1, now)
+
+    def _finish_run(
+        self, state: PartitionState, index: int, count: int, now: int, *, link: bool = True
+    ) -> None:
+        """Offsets ``index .. index + count - 1`` are final; their keys' next messages
+        become due."""
+        stop = index + count
+        state.status[index:stop] = _DONE_BYTE * count
+        state.open_count -= count
+        if count == 1:
+            state.lines[index] = None
         else:
-            del state.keys[pending.key]
+            state.lines[index:stop] = [None] * count
+        offset = state.base + index
+        for table in (state.retries, state.expires, state.delays):
+            if table:
+                if count <= len(table):
+                    for one in range(offset, offset + count):
+                        table.pop(one, None)
+                else:
+                    for one in [o for o in table if offset <= o < offset + count]:
+                        del table[one]
+        if not link:
+            return
+        keys = state.keys[index:stop]
+        if keys.count(None) == count:
+            return
+        for position, key in enumerate(keys, index):
+            if key is None:
+                continue
+            following = state.next_same[position]
+            if following >= 0:
+                self._make_due(state, following, now)
+            elif state.key_tail.get(key) == state.base + position:
+                del state.key_tail[key]
 
     # -- reporting ----------------------------------------------------------------------------
 
+    def in_flight_count(self) -> int:
+        return sum(state.in_flight for state in self.slots)
+
     def in_flight_by_partition(self) -> dict[TopicPartition, int]:
-        counts: dict[TopicPartition, int] = {}
-        for pending in self.in_flight.values():
-            key = TopicPartition(pending.topic, pending.partition)
-            counts[key] = counts.get(key, 0) + 1
-        return counts
+        return {key: state.in_flight for key, state in self.partitions.items() if state.in_flight}
 
     def consumers_by_partition(self) -> dict[TopicPartition, set[str]]:
         """The consumers holding deliveries of each partition."""
         owners: dict[TopicPartition, set[str]] = {}
-        for pending in self.in_flight.values():
-            if pending.consumer:
-                key = TopicPartition(pending.topic, pending.partition)
-                owners.setdefault(key, set()).add(pending.consumer)
+        for key, state in self.partitions.items():
+            for index in state.in_flight_indexes():
+                owner = state.owners[index]
+                if owner is not None:
+                    owners.setdefault(key, set()).add(owner.consumer_id)
         return owners
+
+
+def record_extra(fields: Mapping[str, Any]) -> Extra | None:
+    """A parsed record's extras (deliver_at, expires_at, tags, headers), None without any."""
+    deliver_at = fields.get("deliver_at")
+    expires_at = fields.get("expires_at")
+    tags = fields.get("tags")
+    headers = fields.get("headers")
+    if deliver_at is None and expires_at is None and not tags and not headers:
+        return None
+    return (deliver_at, expires_at, tags, headers or [])
+
+
+def _passes(spec: Mapping[str, Any], extra: Extra, line: bytes) -> bool:
+    headers = extra[3]
+    if headers is True:  # a notice says only that there are headers: read them
+        headers = orjson.loads(line).get("headers") or []
+    return matches(spec, extra[2] or (), headers or ())

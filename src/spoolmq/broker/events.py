@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 
-from spoolmq.broker.delivery import Event
+from spoolmq.broker.delivery import Event, RunEvent
 from spoolmq.broker.group_view import lag
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.files import FILE_MODE, make_private_dirs, write_all
-from spoolmq.store.record import key_fields
+from spoolmq.store.record import key_fields, record_offset_and_timestamp
 from spoolmq.types import EventType
 
 _ROLL_BYTES = 64 * 1024 * 1024
@@ -37,23 +37,46 @@ class EventLog:
         self._failing = False
         self.dropped = 0
 
-    def add(self, event: Event, group: str) -> None:
-        pending = event.pending
+    def add(self, event: Event | RunEvent, group: str) -> None:
+        if type(event) is RunEvent:
+            self.add_runs(event, group)
+            return
+        assert isinstance(event, Event)
+        line = event.line
         record: dict[str, Any] = {
             "ts": event.ts,
             "type": event.type,
             "group": group,
-            "topic": pending.topic,
-            "partition": pending.partition,
-            "offset": pending.offset,
-            **key_fields(pending.key),
+            "topic": event.topic,
+            "partition": event.partition,
+            "offset": event.offset,
+            **key_fields(event.key),
             "consumer": event.consumer,
-            "attempt": pending.attempt,
-            "published_at": pending.published_at,
-            "bytes": len(pending.line),
+            "attempt": event.attempt,
+            "published_at": None if line is None else record_offset_and_timestamp(line)[1],
+            "bytes": None if line is None else len(line),
             "processing_ms": event.processing_ms,
             "reason": event.reason,
         }
+        self._buffer.append(orjson.dumps(record) + b"\n")
+
+    def add_runs(self, event: RunEvent, group: str) -> None:
+        """One line for a dispatched frame (``delivered``) or an ACK frame (``acked``):
+        runs of ``[topic, partition, first offset, count, attempt]`` (docs/FORMAT.md)."""
+        record: dict[str, Any] = {
+            "ts": event.ts,
+            "type": event.type,
+            "group": group,
+            "consumer": event.consumer,
+            "runs": [
+                [state.topic, state.partition, first, count, attempt]
+                for state, first, count, attempt in event.runs
+            ],
+        }
+        if event.processing_ms is not None:
+            record["processing_ms"] = event.processing_ms
+        if event.reason is not None:
+            record["reason"] = event.reason
         self._buffer.append(orjson.dumps(record) + b"\n")
 
     def add_lag(self, group: str, topic: str, partition: int, committed: int, end: int) -> None:

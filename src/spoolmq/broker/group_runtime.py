@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from spoolmq.broker.delivery import Group, PartitionState, Pending
+from spoolmq.broker.delivery import Extra, Group, Key, PartitionState, record_extra
 from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
 from spoolmq.store import Reader, Store
+from spoolmq.store.reader import fresh_lines
+from spoolmq.store.record import key_identity
 from spoolmq.store.state import OpenDelivery
 from spoolmq.types import TopicPartition
 
@@ -23,7 +25,6 @@ logger = logging.getLogger("spoolmq.consumer")
 
 READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
 _READ_BATCH = 1000
-_NOT_OPEN = OpenDelivery(attempt=0, due_at=0)
 
 
 class Skip(NamedTuple):
@@ -36,22 +37,66 @@ class Skip(NamedTuple):
     begin: int
 
 
+class FreshBatch(NamedTuple):
+    """One entry ``b`` of an ``appended`` notice: a batch the PublisherBroker wrote and
+    synced, where it is, and the little the ConsumerBroker needs of its records."""
+
+    topic: str
+    partition: int
+    base: int  # the segment's base offset
+    position: int  # where the batch's lines start in the segment, and their bytes
+    length: int
+    first: int  # its offsets: first .. first + size - 1
+    size: int  # how many records
+    keys: list[Key] | None  # key_identity per record; None: no record has a key
+    extras: dict[int, Extra] | None  # by index in the batch, for the records that have any
+
+    @classmethod
+    def from_notice(cls, entry: Any) -> FreshBatch | None:
+        """An entry as the notice sends it, or None when it is not one (then the partition
+        is read the slow way, since the entry's end offset is unknown)."""
+        try:
+            topic, partition, base, position, length, first, count, _, keys, extra = entry
+            extras = (
+                None
+                if extra is None
+                else {int(i): (d, e, t, h) for i, (d, e, t, h) in extra.items()}
+            )
+        except (TypeError, ValueError, AttributeError):
+            return None
+        if keys is not None and len(keys) != count:
+            return None
+        return cls(topic, partition, base, position, length, first, count, keys, extras)
+
+
+class FreshLines:
+    """The checked lines of the fresh batches of one notice, read once for every group."""
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[str, int, int], list[bytes] | None] = {}
+
+    def get(self, reader: Reader, batch: FreshBatch) -> list[bytes] | None:
+        where = (batch.topic, batch.partition, batch.first)
+        if where not in self._lines:
+            try:
+                data = reader.read_batch(batch.base, batch.position, batch.length)
+            except OSError:
+                data = b""
+            self._lines[where] = fresh_lines(data, batch.size, batch.first)
+        return self._lines[where]
+
+
 @dataclass(slots=True)
 class GroupRuntime:
     group: Group
     readers: dict[TopicPartition, Reader] = field(default_factory=dict)
-    # Deliveries open at the last checkpoint of an earlier broker, by (topic, partition,
-    # offset): taken up as their records are read again.
-    restored: dict[tuple[str, int, int], OpenDelivery] = field(default_factory=dict)
-    # Deliveries changed since the last checkpoint, by (topic, partition, offset).
-    dirty: dict[tuple[str, int, int], Pending] = field(default_factory=dict)
+    # Deliveries open at the last checkpoint of an earlier broker, per partition by
+    # offset, as (attempts so far, retry due at): taken up as their records are read again.
+    restored: dict[TopicPartition, dict[int, tuple[int, int]]] = field(default_factory=dict)
     # A dead letter that could not be written (disk full, say) is tried again from then
     # (ms), after a backoff that doubles while it keeps failing.
     dead_letter_retry_at: int = 0
     dead_letter_backoff_ms: int = 0
-
-    def mark_dirty(self, pending: Pending) -> None:
-        self.dirty[(pending.topic, pending.partition, pending.offset)] = pending
 
     def open_partition(
         self,
@@ -71,7 +116,7 @@ class GroupRuntime:
             position = end if start == "latest" else begin
         state = self.group.add_partition(key.topic, key.partition, min(position, end))
         state.committed_persisted = -1 if committed is None else committed
-        skip = _skip_to(state, begin)
+        skip = _skip_to(self.group, state, begin)
         self.readers[key] = Reader(plog, state.next_fetch)
         return end, skip
 
@@ -93,7 +138,7 @@ class GroupRuntime:
                 # Retention deleted records this group had not read yet (it lagged more
                 # than the topic keeps): go on from the log start, and say so.
                 begin = store.partition_log(*key).log_start_offset()
-                if (skip := _skip_to(state, begin)) is not None:
+                if (skip := _skip_to(group, state, begin)) is not None:
                     skips.append(skip)
                 with contextlib.suppress(OffsetOutOfRangeError):  # moved again: next time
                     reader.seek(begin)
@@ -104,22 +149,80 @@ class GroupRuntime:
                 logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
                 del self.readers[key]
                 continue
-            for fields, line in entries:
-                attempts, due_at = self.restored.pop(
-                    (key.topic, key.partition, fields["offset"]), _NOT_OPEN
-                )
-                group.add_record(state, fields, line, now, attempts_so_far=attempts, due_at=due_at)
+            self._add_entries(state, entries, now)
+            if len(state.status) > READ_AHEAD:
+                state.committed()  # lets the window drop what is finished
         return skips
+
+    def _add_entries(
+        self, state: PartitionState, entries: list[tuple[dict[str, Any], bytes]], now: int
+    ) -> None:
+        """Hand fully parsed records to the group as batches of contiguous offsets (a
+        compacted log has gaps)."""
+        group = self.group
+        restored = self.restored.get(TopicPartition(state.topic, state.partition))
+        lines: list[bytes] = []
+        keys: list[Key] = []
+        extras: dict[int, Extra] = {}
+        expected = state.next_fetch
+        for fields, line in entries:
+            offset = fields["offset"]
+            if offset != expected + len(lines):
+                group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored)
+                group.skip_to(state, offset)
+                lines, keys, extras, expected = [], [], {}, offset
+            extra = record_extra(fields)
+            if extra is not None:
+                extras[len(lines)] = extra
+            keys.append(key_identity(fields))
+            lines.append(line)
+        group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored)
+
+    def take_fresh(
+        self, key: TopicPartition, batch: FreshBatch, lines: FreshLines, now: int
+    ) -> bool:
+        """Take a batch the PublisherBroker has just written, from its notice, if the group
+        is reading right there (caught up, with room): its lines are checked by CRC only
+        (``lines`` reads them once for every group) and the notice's keys and extras are
+        trusted. False when it is not taken: the group's reader reads it, fully verified."""
+        group = self.group
+        state = group.partitions.get(key)
+        reader = self.readers.get(key)
+        if (
+            state is None
+            or reader is None
+            or not group.consumers
+            or state.next_fetch != batch.first
+            or state.open_count + batch.size > READ_AHEAD
+            or not reader.at(batch.base, batch.position, batch.first)
+        ):
+            return False
+        checked = lines.get(reader, batch)
+        if checked is None:
+            return False
+        group.add_batch(state, checked, batch.keys, batch.extras, now, self.restored.get(key))
+        reader.skip_batch(batch.base, batch.position + batch.length, batch.first + batch.size)
+        return True
 
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()
 
 
-def _skip_to(state: PartitionState, begin: int) -> Skip | None:
+def _skip_to(group: Group, state: PartitionState, begin: int) -> Skip | None:
     """Move a group's reading position up to the log start ``begin`` if it was below."""
     first = state.next_fetch
     if begin <= first:
         return None
-    state.next_fetch = begin
+    group.skip_to(state, begin)
     return Skip(state.topic, state.partition, first, begin)
+
+
+def restored_by_partition(
+    rows: dict[tuple[str, int, int], OpenDelivery],
+) -> dict[TopicPartition, dict[int, tuple[int, int]]]:
+    """``StateDB.open_deliveries`` grouped per partition, as a GroupRuntime keeps them."""
+    grouped: dict[TopicPartition, dict[int, tuple[int, int]]] = {}
+    for (topic, partition, offset), (attempt, due_at) in rows.items():
+        grouped.setdefault(TopicPartition(topic, partition), {})[offset] = (attempt, due_at)
+    return grouped

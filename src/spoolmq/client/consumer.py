@@ -29,30 +29,31 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.store.message import Headers
-from spoolmq.store.record import decode_line
+from spoolmq.store.record import Record, check_line, record_from_fields, verified_fields
 
 logger = logging.getLogger("spoolmq.client")
 
 
 class ReceivedMessage:
-    """A delivered message: the stored record plus its delivery (attempt, lease)."""
+    """A delivered message: the stored record plus its delivery (attempt, lease).
+
+    The stored line is checked (CRC) and decoded once, on the first access to a field of
+    the record (``value``, ``key``, ``headers``, ``tags``, ``timestamp``, ...): a handler
+    that looks only at some messages, or ACKs them unread, pays for no JSON parse.
+    """
 
     __slots__ = (
         "_consumer",
         "_generation",
+        "_line",
+        "_parsed",
+        "_record",
         "attempt",
-        "deliver_at",
-        "expires_at",
-        "headers",
-        "key",
         "offset",
         "partition",
         "settled",
         "tag",
-        "tags",
-        "timestamp",
         "topic",
-        "value",
     )
 
     def __init__(
@@ -61,26 +62,75 @@ class ReceivedMessage:
         generation: int,
         topic: str,
         partition: int,
+        offset: int,
         tag: int,
         attempt: int,
         line: bytes,
     ) -> None:
-        record = decode_line(line)
         self._consumer = consumer
         self._generation = generation
         self.topic = topic
         self.partition = partition
+        self.offset = offset
         self.tag = tag
         self.attempt = attempt
-        self.offset: int = record.offset
-        self.timestamp: int = record.timestamp
-        self.key: str | bytes | None = record.key
-        self.value: Any = record.value
-        self.headers: Headers = record.headers
-        self.tags: tuple[str, ...] = record.tags
-        self.deliver_at: int | None = record.deliver_at
-        self.expires_at: int | None = record.expires_at
+        self._line = line
+        self._parsed: dict[str, Any] | None = None
+        self._record: Record | None = None
         self.settled = False
+
+    def _fields(self) -> dict[str, Any]:
+        """The record's fields, its CRC checked, parsed once."""
+        fields = self._parsed
+        if fields is None:
+            fields = verified_fields(self._line)
+            if fields is None:
+                check_line(self._line)  # raises the CorruptRecordError that says what is wrong
+                raise ProtocolError("an unreadable record line")  # pragma: no cover
+            if fields["offset"] != self.offset:
+                raise ProtocolError(
+                    f"delivery {self.tag} says offset {self.offset}, its record {fields['offset']}"
+                )
+            self._parsed = fields
+            self._line = b""  # parsed: the bytes are no longer needed
+        return fields
+
+    def _decoded(self) -> Record:
+        record = self._record
+        if record is None:
+            record = self._record = record_from_fields(self._fields())
+        return record
+
+    @property
+    def value(self) -> Any:
+        fields = self._fields()
+        if "value_b64" in fields:  # raw bytes: the record decodes its base64
+            return self._decoded().value
+        return fields.get("value")
+
+    @property
+    def key(self) -> str | bytes | None:
+        return self._decoded().key
+
+    @property
+    def headers(self) -> Headers:
+        return self._decoded().headers
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self._decoded().tags
+
+    @property
+    def timestamp(self) -> int:
+        return self._decoded().timestamp
+
+    @property
+    def deliver_at(self) -> int | None:
+        return self._decoded().deliver_at
+
+    @property
+    def expires_at(self) -> int | None:
+        return self._decoded().expires_at
 
     def ack(self, *, wait: bool = True) -> None:
         """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer
@@ -98,9 +148,10 @@ class ReceivedMessage:
         self._consumer._extend(self, seconds)
 
     def __repr__(self) -> str:
+        key = repr(self.key) if self._parsed is not None else "<not decoded>"
         return (
             f"ReceivedMessage(topic={self.topic!r}, partition={self.partition}, "
-            f"offset={self.offset}, attempt={self.attempt}, key={self.key!r})"
+            f"offset={self.offset}, attempt={self.attempt}, key={key})"
         )
 
 
@@ -167,7 +218,7 @@ class Consumer:
         self._closed = False
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
-        self._acks: list[int] = []  # ACKs made with wait=False, sent 100 to a frame
+        self._acks: list[int] = []  # ACKs made with wait=False, sent as runs 100 to a frame
         self._unsettled: set[int] = set()  # tags handed to the application, not settled
         self._conn: Connection | None = None
         # Connect once in the caller, as Publisher does, so a missing broker or a wrong key
@@ -240,13 +291,7 @@ class Consumer:
         frame, lines = protocol.split_frame(self._conn.recv_bytes(protocol.MAX_FRAME_BYTES))
         op = frame["op"]
         if op == "deliver":
-            items = frame.get("m") or []
-            if len(items) != len(lines):
-                raise ProtocolError("a deliver frame's header and records do not match")
-            for (topic, partition, tag, attempt), line in zip(items, lines, strict=True):
-                self._buffer.append(
-                    ReceivedMessage(self, self._generation, topic, partition, tag, attempt, line)
-                )
+            self._take_delivery(frame, lines)
             return None
         if op == "closing":
             raise EOFError("the broker is shutting down")
@@ -260,6 +305,34 @@ class Consumer:
         if op == "error" and frame.get("id") is None:
             raise error_from_code(str(frame.get("code")), str(frame.get("message")))
         return frame
+
+    def _take_delivery(self, frame: dict[str, Any], lines: list[bytes]) -> None:
+        """Buffer a ``deliver`` frame's messages: its header has runs ``[topic, partition,
+        first offset, count, attempt, first tag]``, its lines follow in the runs' order."""
+        runs = frame.get("r")
+        try:
+            if sum(run[3] for run in runs) != len(lines):  # type: ignore[union-attr]
+                raise ProtocolError("a deliver frame's header and records do not match")
+        except (TypeError, IndexError):
+            raise ProtocolError("a deliver frame's header has no valid runs") from None
+        append = self._buffer.append
+        generation = self._generation
+        position = 0
+        for topic, partition, first, count, attempt, tag in runs:  # type: ignore[union-attr]
+            for step in range(count):
+                append(
+                    ReceivedMessage(
+                        self,
+                        generation,
+                        topic,
+                        partition,
+                        first + step,
+                        tag + step,
+                        attempt,
+                        lines[position + step],
+                    )
+                )
+            position += count
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -346,6 +419,26 @@ class Consumer:
         delay: float | None = None,
         reason: str | None = None,
     ) -> None:
+        if (
+            op == "ack"
+            and not wait
+            and not message.settled
+            and not self.auto_ack
+            and message._generation == self._generation
+            and self._conn is not None
+        ):
+            # The common case, kept short: the tag joins the next ACK frame's runs.
+            self._acks.append(message.tag)
+            message.settled = True
+            self._unsettled.discard(message.tag)
+            if len(self._acks) >= 100:
+                try:
+                    self._flush_acks()
+                except (EOFError, OSError):
+                    raise UnknownDeliveryError(
+                        "lost the broker before it confirmed; the message will be redelivered"
+                    ) from None
+            return
         if self.auto_ack:
             raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
         if message.settled:
@@ -366,10 +459,6 @@ class Consumer:
                 refused = reply.get("refused") or []
                 if refused:
                     raise error_from_code(refused[0]["code"], refused[0]["message"])
-            elif op == "ack":
-                self._acks.append(message.tag)
-                if len(self._acks) >= 100:
-                    self._flush_acks()
             else:
                 self._send(frame)
         except (EOFError, OSError):
@@ -390,7 +479,7 @@ class Consumer:
     def _flush_acks(self) -> None:
         if self._acks and self._conn is not None:
             tags, self._acks = self._acks, []
-            protocol.send(self._conn, {"op": "ack", "tags": tags})
+            protocol.send(self._conn, {"op": "ack", "runs": tag_runs(tags)})
 
     def _send(self, frame: dict[str, Any]) -> None:
         if self._conn is not None:
@@ -415,3 +504,21 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def tag_runs(tags: list[int]) -> list[list[int]]:
+    """Delivery tags as runs ``[first tag, count]`` of consecutive ones (protocol 2): the
+    tags of one delivered run are consecutive, so 100 ACKs are usually one or two runs.
+
+    >>> tag_runs([5, 6, 7, 9, 3])
+    [[5, 3], [9, 1], [3, 1]]
+    """
+    runs: list[list[int]] = []
+    first = previous = tags[0]
+    for tag in tags[1:]:
+        if tag != previous + 1:
+            runs.append([first, previous - first + 1])
+            first = tag
+        previous = tag
+    runs.append([first, previous - first + 1])
+    return runs

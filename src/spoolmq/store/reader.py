@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from spoolmq.store.record import (
     Record,
     check_line,
     record_from_fields,
+    record_offset,
     record_offset_and_timestamp,
     verified_fields,
 )
@@ -207,6 +209,37 @@ class Reader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- fresh batches the writer described ------------------------------------------------
+
+    def at(self, base: int, byte_position: int, offset: int) -> bool:
+        """Is the reader exactly at ``offset``, which starts at ``byte_position`` of segment
+        ``base`` (or starts that new segment, after the reader read all of the one before),
+        with nothing read ahead? Then a batch written there can be taken without reading
+        through the reader (:meth:`skip_batch`)."""
+        if self._pending or self.position != offset:
+            return False
+        if base == self._base:
+            return self._byte_position == byte_position
+        return byte_position == 0 and base == offset and (self._fd < 0 or base > self._base)
+
+    def read_batch(self, base: int, byte_position: int, byte_length: int) -> bytes:
+        """The bytes of a batch the writer said it wrote there (its notice)."""
+        if base == self._base and self._fd >= 0:
+            return pread_all(self._fd, byte_length, byte_position)
+        fd = os.open(self._partition.segment_path(base), os.O_RDONLY)
+        try:
+            return pread_all(fd, byte_length, byte_position)
+        finally:
+            os.close(fd)
+
+    def skip_batch(self, base: int, byte_end: int, next_offset: int) -> None:
+        """Move past a batch that was taken without this reader (see :meth:`at`)."""
+        if base != self._base or self._fd < 0:
+            self._open(base, byte_end)
+        self._byte_position = byte_end
+        self._whole_until = max(self._whole_until, byte_end)
+        self.position = next_offset
+
     # -- reading -----------------------------------------------------------------------
 
     def poll(self) -> Record | None:
@@ -341,3 +374,31 @@ class Reader:
                 pending.extend(entry for entry in batch if entry[0]["offset"] >= wanted)
                 batch = []
                 consumed = position
+
+
+_CRC_MARK = b',"crc":'
+
+
+def fresh_lines(data: bytes, count: int, first: int) -> list[bytes] | None:
+    """The lines of a batch the writer has just described (offsets ``first`` ..
+    ``first + count - 1``), checked by count, CRC and first and last offset only, with no
+    JSON parse: the writer made them, so only damage between its write and this read is
+    looked for. None if anything does not match: the caller reads them the slow way, where
+    full verification says what is wrong."""
+    if not data.endswith(b"\n"):
+        return None
+    # Split on newlines only: JSON may hold a raw \r as whitespace; it never holds a raw \n.
+    lines = [part + b"\n" for part in data[:-1].split(b"\n")]
+    if len(lines) != count:
+        return None
+    crc32 = zlib.crc32
+    try:
+        for line in lines:
+            mark = line.rfind(_CRC_MARK)
+            if mark < 0 or crc32(line[:mark]) != int(line[mark + 7 : -2]):
+                return None
+        if record_offset(lines[0]) != first or record_offset(lines[-1]) != first + count - 1:
+            return None
+    except ValueError:
+        return None
+    return lines
