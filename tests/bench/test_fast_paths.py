@@ -6,18 +6,14 @@ or checks that input the fast path must refuse still is refused.
 
 from __future__ import annotations
 
-import gc
 import threading
 from concurrent.futures import FIRST_COMPLETED, as_completed, wait
-from typing import Any
 
 import orjson
 import pytest
 
-from spoolmq.broker.delivery import Group, GroupSettings, Pending
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
-from spoolmq.protocol.publish import encode_common_message, message_from_wire
 from spoolmq.store.message import Message, Position
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import encode_message, message_fields
@@ -142,80 +138,3 @@ def test_topic_check_remembers_only_valid_names() -> None:
             check_topic(bad)
         with pytest.raises(InvalidTopicError):
             check_topic(bad)
-
-
-def _delivered_batch(count: int, lease_ms: int) -> tuple[Group, Any, list[Pending]]:
-    group = Group("g", GroupSettings(lease_ms=lease_ms))
-    state = group.add_partition("orders", 0, 0)
-    group.add_consumer("a", prefetch=count, topics=["orders"])
-    for offset in range(count):
-        group.add_record(
-            state, {"offset": offset, "timestamp": 1, "key": None, "headers": []}, b"line", 0
-        )
-    sent = group.dispatch(now=0)["a"]
-    assert len(sent) == count  # one batch: one lease timer for all of it
-    return group, state, sent
-
-
-def test_one_lease_timer_per_batch_expires_only_the_unanswered() -> None:
-    group, state, (acked, extended, forgotten) = _delivered_batch(3, lease_ms=1_000)
-    group.ack(acked.tag, "a", now=10)
-    group.extend(extended.tag, "a", now=10, seconds=5)
-    group.events.clear()
-    group.run_timers(now=1_000)
-    assert [(e.type, e.pending.offset) for e in group.events] == [
-        ("lease_expired", forgotten.offset)
-    ]
-    assert [p.offset for p in group.dispatch(now=1_000)["a"]] == [forgotten.offset]
-    assert group.next_timer() == 2_000  # the redelivery's lease, before the extended one
-    group.ack(extended.tag, "a", now=4_000)
-    assert extended.finished and state.committed() == forgotten.offset
-
-
-def test_an_acked_message_is_not_held_until_its_lease_ends() -> None:
-    group, _, sent = _delivered_batch(50, lease_ms=30_000)
-    for pending in sent:
-        group.ack(pending.tag, "a", now=5)
-    group.events.clear()
-    for pending in sent:
-        # Only this test's list still refers to it: no timer keeps it for 30 s.
-        assert all(referrer is sent for referrer in gc.get_referrers(pending))
-
-
-COMMON_MESSAGES = [
-    {"topic": "orders", "value": {"id": 1, "p": "x" * 50}, "sequence": 0},
-    {"topic": "orders", "value": [1, 2.5, None, "é"], "key": "customer-7", "sequence": 9},
-    {"topic": "orders", "value": "text"},  # no sequence: stored without a producer id
-    {"topic": "orders", "key": "k", "sequence": 3},  # no value: stored as null
-    {"topic": "orders.v2", "value": {"nested": {"deep": [True, False]}}, "key": None},
-]
-
-
-@pytest.mark.parametrize("raw", COMMON_MESSAGES)
-def test_common_wire_message_is_stored_like_the_general_path(raw: dict[str, Any]) -> None:
-    fast = encode_common_message(raw, "p-1", 1_000_000)
-    assert fast is not None
-    topic, message = message_from_wire(raw, "p-1", now=0)
-    general = encode_message(message, max_bytes=1_000_000)
-    assert fast == (topic, message.key, general)
-
-
-@pytest.mark.parametrize(
-    ("raw", "producer_id"),
-    [
-        ({"topic": "orders", "value": 1, "sequence": 1}, ""),  # refused: empty producer id
-        ({"topic": "orders", "value": 1, "sequence": True}, "p"),  # refused: not a number
-        ({"topic": "orders", "value": 1, "sequence": -1}, "p"),
-        ({"topic": "a/b", "value": 1}, "p"),  # refused: bad topic
-        ({"topic": "orders", "value": 1, "key": 5}, "p"),  # refused: key not text
-        ({"topic": "orders", "value": "x" * 2_000}, "p"),  # refused: too large
-        ({"topic": "orders", "value": 1, "key_b64": "AA=="}, "p"),  # general path: bytes key
-        ({"topic": "orders", "value": 1, "headers": [["h", "v"]]}, "p"),  # general path
-        ({"topic": "orders", "value": 1, "delay_ms": 5}, "p"),  # general path
-        ({"topic": "orders", "value": 1, "partition": 0}, "p"),  # general path
-        ({"topic": "orders", "value": 1, "bogus": 1}, "p"),  # refused: unknown field
-        (["orders", 1], "p"),  # refused: not an object
-    ],
-)
-def test_other_wire_messages_are_left_to_the_general_path(raw: Any, producer_id: str) -> None:
-    assert encode_common_message(raw, producer_id, 1_000) is None

@@ -113,13 +113,17 @@ def test_a_publisher_broker_step_by_step(
     client = manager.hand_over("p1-7")
     publisher.loop(0.5)  # the control frame: the client is registered
     assert [c.client_id for c in publisher.clients.values()] == ["p1-7"]
-    protocol.send(
-        client,
-        {"op": "publish", "id": 3, "messages": [{"topic": "t", "value": "a"}, {"topic": "t"}]},
-    )
+    records = [
+        {"key": None, "value": "a", "headers": []},
+        {"key": None, "value": None, "headers": []},
+    ]
+    protocol.send(client, {"op": "publish", "id": 3, "topic": "t", "records": records})
+    # The publish step's answer waits for the sync thread's fdatasync: later steps send it.
     reply = answer(publisher, client)
     assert reply["op"] == "published" and reply["id"] == 3
-    assert [(r["partition"], r["offset"]) for r in reply["results"]] == [(0, 0), (0, 1)]
+    # One range: partition 0, offsets 0 and 1 (partition, first offset, timestamp, count).
+    [(partition, first, _timestamp, count)] = reply["r"]
+    assert (partition, first, count) == (0, 0, 2)
     protocol.send(client, {"op": "bye"})
     step_until(publisher, lambda: not publisher.clients, "drop after bye")
     assert Disconnected("p1-7") in manager.wait_for(Disconnected("p1-7"))

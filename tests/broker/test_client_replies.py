@@ -25,8 +25,8 @@ def short_answering_broker(listener: Listener) -> None:
                 return
             if frame.get("op") != "publish":
                 continue
-            first = {"partition": 0, "offset": 0, "timestamp": 1}
-            protocol.send(conn, {"op": "publish_result", "id": frame["id"], "results": [first]})
+            # One range of one message: partition 0, offset 0, timestamp 1, count 1.
+            protocol.send(conn, {"op": "published", "id": frame["id"], "r": [[0, 0, 1, 1]]})
 
 
 def test_messages_a_reply_leaves_out_fail_instead_of_waiting(tmp_path: Path) -> None:

@@ -435,7 +435,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 return
             fresh = frame.get("b")
             if fresh is None:
-                # Only "these partitions grew to": their readers read it, fully verified.
+                # The bare form, "these partitions grew to" (no metadata: a writer that
+                # does not describe its batches): their readers read it, fully verified.
                 for topic, partition, end in frame.get("a", ()):
                     key = TopicPartition(topic, partition)
                     if end > self.log_ends.get(key, 0):

@@ -744,7 +744,6 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         each one atomic pipe write, never one batch split over two."""
         if self.notices is None or not batches:
             return
-        a: list[list[Any]] = []
         b: list[list[Any]] = []
         size = 0
         for batch in batches:
@@ -766,19 +765,18 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             if batch.extra is not None:
                 cost += 4096  # rare: a notice of its own
             if b and size + cost > 3500:
-                if not self._send_notice(a, b):
+                if not self._send_notice(b):
                     return
-                a, b, size = [], [], 0
-            a.append([batch.topic, batch.partition, written.base_offset + written.records])
+                b, size = [], 0
             b.append(entry)
             size += cost
         if b:
-            self._send_notice(a, b)
+            self._send_notice(b)
 
-    def _send_notice(self, a: list[list[Any]], b: list[list[Any]]) -> bool:
+    def _send_notice(self, b: list[list[Any]]) -> bool:
         assert self.notices is not None
         try:
-            self.notices.send_bytes(protocol.encode({"op": "appended", "a": a, "b": b}))
+            self.notices.send_bytes(protocol.encode({"op": "appended", "b": b}))
         except OSError:
             self.notices = None  # the ConsumerBroker is restarting; it rescans on start
             return False
