@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 
 from spoolmq import Publisher, protocol
-from spoolmq.errors import MessageTooLargeError
+from spoolmq.errors import MessageTooLargeError, PublishTimeoutError
 from spoolmq.store.message import Position
 from spoolmq.store.partitioner import partition_for_key
 
 
-def fake_broker(listener: Listener, frames: list[dict[str, Any]]) -> None:
+def fake_broker(
+    listener: Listener, frames: list[dict[str, Any]], gate: threading.Event | None = None
+) -> None:
     """Welcome one publisher; store every record at the next offset of its frame's
     partition (partition 0 when the frame leaves it to the broker), except records whose
-    value is "bad"; answer ranges, with the topic's 4 partitions."""
+    value is "bad"; answer ranges, with the topic's 4 partitions (once ``gate`` is set,
+    when there is one)."""
     ends = [0] * 4
     with listener.accept() as conn:
         assert protocol.receive(conn)["op"] == "hello"
@@ -49,6 +52,8 @@ def fake_broker(listener: Listener, frames: list[dict[str, Any]]) -> None:
             answer: dict[str, Any] = {"op": "published", "id": frame["id"], "r": ranges, "n": 4}
             if errors:
                 answer["errors"] = errors
+            if gate is not None:
+                gate.wait(60)
             protocol.send(conn, answer)
 
 
@@ -106,3 +111,44 @@ def test_keyed_messages_go_in_frames_of_their_keys_partition(publisher: Any) -> 
         by_partition.setdefault(position.partition, []).append(position.offset)
     # Per partition, the messages are stored in the order they were published.
     assert all(offsets == sorted(offsets) for offsets in by_partition.values())
+
+
+def test_publish_async_waits_for_room_when_the_buffer_is_full(tmp_path: Path) -> None:
+    address, key = str(tmp_path / "fake.sock"), b"k" * 32
+    frames: list[dict[str, Any]] = []
+    gate = threading.Event()
+    with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        server = threading.Thread(target=fake_broker, args=(listener, frames, gate), daemon=True)
+        server.start()
+        with Publisher(address=address, authkey=key, max_buffered=5, linger_ms=1) as pub:
+            futures = [pub.publish_async("t", n) for n in range(5)]
+            sixth: list[Any] = []
+            caller = threading.Thread(target=lambda: sixth.append(pub.publish_async("t", 5)))
+            caller.start()
+            caller.join(1.0)
+            # No answer yet, so no room: the sixth call is still waiting.
+            assert caller.is_alive() and not sixth
+            gate.set()
+            caller.join(30)
+            assert not caller.is_alive()
+            pub.flush(30)
+            assert [f.result(timeout=0).offset for f in [*futures, *sixth]] == list(range(6))
+        server.join(10)
+
+
+def test_a_full_buffer_fails_the_caller_after_the_delivery_timeout(tmp_path: Path) -> None:
+    address, key = str(tmp_path / "fake.sock"), b"k" * 32
+    gate = threading.Event()  # never set while the publisher waits: no answer comes
+    with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        server = threading.Thread(target=fake_broker, args=(listener, [], gate), daemon=True)
+        server.start()
+        pub = Publisher(address=address, authkey=key, max_buffered=2, delivery_timeout=1.0)
+        try:
+            pub.publish_async("t", 0)
+            pub.publish_async("t", 1)
+            with pytest.raises(PublishTimeoutError, match="max_buffered"):
+                pub.publish_async("t", 2)
+        finally:
+            gate.set()
+            pub.close()
+        server.join(10)

@@ -143,6 +143,9 @@ class Publisher:
         linger_ms: how long ``publish_async`` messages may wait to fill a frame.
         batch_size: messages per frame at most.
         max_in_flight: frames sent and not yet answered at most.
+        max_buffered: messages queued or unanswered at most; ``publish_async`` waits for
+            room beyond it (up to ``delivery_timeout``, then ``PublishTimeoutError``), so
+            a caller faster than the broker is slowed down instead of filling memory.
         delivery_timeout: seconds a message may take, reconnects included, before
             ``PublishTimeoutError``.
         producer_id: idempotence id (default: a random one per Publisher).
@@ -158,17 +161,21 @@ class Publisher:
         linger_ms: float = 1.0,
         batch_size: int = 100,
         max_in_flight: int = 8,
+        max_buffered: int = 20_000,
         delivery_timeout: float = 120.0,
         producer_id: str | None = None,
         name: str = "",
     ) -> None:
-        if batch_size < 1 or max_in_flight < 1:
-            raise InvalidArgumentError("batch_size and max_in_flight must be at least 1")
+        if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
+            raise InvalidArgumentError(
+                "batch_size, max_in_flight and max_buffered must be at least 1"
+            )
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self.acks = normalize_acks(acks)
         self.linger = linger_ms / 1000
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
+        self.max_buffered = max_buffered
         self.delivery_timeout = delivery_timeout
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         self.name = name
@@ -289,6 +296,8 @@ class Publisher:
         future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout)
         group = (level, topic, partition)
         with self._cond:
+            if self._outstanding >= self.max_buffered:
+                self._wait_for_room()
             if self._closed:
                 raise SpoolError("this Publisher is closed")
             # The I/O thread needs a wake-up only when there is something new for it to do:
@@ -312,6 +321,26 @@ class Publisher:
             with self._cond:
                 self._wake()
         return future
+
+    def _wait_for_room(self) -> None:
+        """Called with the condition held while the buffer is full: wait until answers
+        make room. Besides bounding memory, this keeps the objects a fast caller has
+        queued few, which is what the garbage collector walks (an unbounded queue made
+        it a fifth of a publishing process's CPU). Never waits in the I/O thread (a done
+        callback that publishes), which is what makes the room."""
+        if threading.current_thread() is self._thread:
+            return
+        deadline = time.monotonic() + self.delivery_timeout
+        self._urgent = True  # what is queued goes out now rather than after its linger
+        self._wake()
+        while self._outstanding >= self.max_buffered and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishTimeoutError(
+                    f"no room for another message for {self.delivery_timeout} s: "
+                    f"{self._outstanding} queued or unanswered (max_buffered)"
+                )
+            self._cond.wait(remaining)
 
     def _send_from_caller(self) -> bool:
         """Send the queue's frame from the caller's thread: a blocking ``publish`` while
