@@ -275,3 +275,22 @@ def test_a_dead_letter_the_disk_refuses_is_written_later_not_lost(
         [letter] = list(store.reader("jobs.dlq", 0))
         assert letter.value == "poison"
         assert store.state.committed_offsets("g") == {("jobs", 0): 1}
+
+
+def test_a_waitable_is_watched_only_in_the_steps_that_pass_it(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    """The loop's selector lives as long as the child; what a step passes besides the
+    clients (the sync thread's pipe) must not keep waking later steps that do not read it."""
+    _, channels = pipes
+    publisher = PublisherBroker(data_dir, channels)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"x")  # readable, and nobody reads it
+        waitable = Connection(read_end, writable=False)
+        assert waitable in publisher._wait_step(5.0, [waitable])
+        assert waitable not in publisher._wait_step(0.05)
+        assert waitable in publisher._wait_step(5.0, [waitable])
+    finally:
+        os.close(write_end)
+        publisher.close()

@@ -263,6 +263,7 @@ class BrokerChild(Generic[ClientT]):
         self.logger = logging.getLogger(f"spoolmq.{self.role}")
         self._stats_timer = Periodic(1.0)
         self._waiter = Waiter()
+        self._others: set[Any] = set()  # what the last step watched besides clients
         self._waiter.watch(self.control)
         self._waiter.watch(self.parent_watch)
 
@@ -326,8 +327,15 @@ class BrokerChild(Generic[ClientT]):
         something to read (writing out what clients can take meanwhile), handle the
         manager's frames, and return what else can be read."""
         waiter = self._waiter
-        for obj in others:
-            waiter.watch(obj)
+        # ``others`` are watched for this step only, as with a selector built per step: an
+        # object left registered while its owner no longer reads it would wake every step.
+        if others or self._others:
+            current = set(others)
+            for obj in self._others - current:
+                waiter.forget(obj)
+            for obj in current - self._others:
+                waiter.watch(obj)
+            self._others = current
         waiter.want_writes({conn for conn, c in self.clients.items() if c.writer.waiting})
         ready, writable = waiter.wait(timeout)
         for conn in writable:
