@@ -8,25 +8,18 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 
 import pytest
+from fake_publish_broker import serve_one_publisher
 
-from spoolmq import Publisher, protocol
+from spoolmq import Publisher
 from spoolmq.errors import ProtocolError
 
 
 def short_answering_broker(listener: Listener) -> None:
     """Welcome one publisher, then answer each publish frame for its first message only."""
-    with listener.accept() as conn:
-        assert protocol.receive(conn)["op"] == "hello"
-        protocol.send(conn, {"op": "welcome", "client_id": "fake"})
-        while True:
-            try:
-                frame = protocol.receive(conn)
-            except (EOFError, OSError):
-                return
-            if frame.get("op") != "publish":
-                continue
-            # One range of one message: partition 0, offset 0, timestamp 1, count 1.
-            protocol.send(conn, {"op": "published", "id": frame["id"], "r": [[0, 0, 1, 1]]})
+    # One range of one message: partition 0, offset 0, timestamp 1, count 1.
+    serve_one_publisher(
+        listener, lambda frame: {"op": "published", "id": frame["id"], "r": [[0, 0, 1, 1]]}
+    )
 
 
 def test_messages_a_reply_leaves_out_fail_instead_of_waiting(tmp_path: Path) -> None:

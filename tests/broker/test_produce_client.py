@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_publish_broker import serve_one_publisher
 
-from spoolmq import Publisher, protocol
+from spoolmq import Publisher
 from spoolmq.errors import MessageTooLargeError, PublishTimeoutError
 from spoolmq.store.message import Position
 from spoolmq.store.partitioner import partition_for_key
@@ -26,35 +27,29 @@ def fake_broker(
     value is "bad"; answer ranges, with the topic's 4 partitions (once ``gate`` is set,
     when there is one)."""
     ends = [0] * 4
-    with listener.accept() as conn:
-        assert protocol.receive(conn)["op"] == "hello"
-        protocol.send(conn, {"op": "welcome", "client_id": "fake"})
-        while True:
-            try:
-                frame = protocol.receive(conn)
-            except (EOFError, OSError):
-                return
-            if frame.get("op") != "publish":
+
+    def answer(frame: dict[str, Any]) -> dict[str, Any]:
+        frames.append(frame)
+        partition = frame["partition"] or 0
+        ranges: list[list[int]] = []
+        errors = {}
+        for index, record in enumerate(frame["records"]):
+            if record.get("value") == "bad":
+                errors[str(index)] = {"code": "message_too_large", "message": "too big"}
                 continue
-            frames.append(frame)
-            partition = frame["partition"] or 0
-            ranges: list[list[int]] = []
-            errors = {}
-            for index, record in enumerate(frame["records"]):
-                if record.get("value") == "bad":
-                    errors[str(index)] = {"code": "message_too_large", "message": "too big"}
-                    continue
-                if ranges and ranges[-1][1] + ranges[-1][3] == ends[partition]:
-                    ranges[-1][3] += 1
-                else:
-                    ranges.append([partition, ends[partition], 1000, 1])
-                ends[partition] += 1
-            answer: dict[str, Any] = {"op": "published", "id": frame["id"], "r": ranges, "n": 4}
-            if errors:
-                answer["errors"] = errors
-            if gate is not None:
-                gate.wait(60)
-            protocol.send(conn, answer)
+            if ranges and ranges[-1][1] + ranges[-1][3] == ends[partition]:
+                ranges[-1][3] += 1
+            else:
+                ranges.append([partition, ends[partition], 1000, 1])
+            ends[partition] += 1
+        reply: dict[str, Any] = {"op": "published", "id": frame["id"], "r": ranges, "n": 4}
+        if errors:
+            reply["errors"] = errors
+        if gate is not None:
+            gate.wait(60)
+        return reply
+
+    serve_one_publisher(listener, answer)
 
 
 @pytest.fixture
