@@ -168,3 +168,25 @@ def test_deliveries_and_acks_go_on_while_another_process_holds_state_db(
             "the committed offset in state.db",
         )
     broker.close()
+
+
+def test_the_rescan_leaves_a_noticed_partition_to_its_notices(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    """While notices flow, the file is often ahead of the last one (the PublisherBroker
+    writes the next batch while the last one syncs): the 1-second rescan must not read that
+    unsynced batch. Only a partition with no notice since the last rescan is re-read."""
+    broker, client, _ = started(pipes, data_dir)
+    broker._rescan_timer.seconds = 0.0  # every step is a rescan step in this test
+    position, length, timestamp = append(data_dir, [Message(value=1)])
+    append(data_dir, [Message(value=2)])  # written, not noticed: its sync has not returned
+    pipes[0].notices.send_bytes(
+        notice(["jobs", 0, 0, position, length, 1, 1, timestamp, None, None])
+    )
+    # The step that takes the notice rescans too, and leaves the noticed partition alone.
+    _, lines = protocol.split_frame(next_frame(broker, client))
+    assert [orjson.loads(line)["value"] for line in lines] == [1]
+    # The next rescans (no notice since) find it grown and read the rest.
+    _, lines = protocol.split_frame(next_frame(broker, client))
+    assert [orjson.loads(line)["value"] for line in lines] == [2]
+    broker.close()
