@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spoolmq import Store
+from spoolmq import Message, Store
 
 
 def test_round_robin_then_key_then_read(store: Store) -> None:
@@ -15,3 +15,16 @@ def test_round_robin_then_key_then_read(store: Store) -> None:
     first = reader.poll()
     assert first is not None
     assert (first.offset, first.value) == (0, {"order_id": 0})
+
+
+def test_read_entries_stops_below_the_end_it_is_given(store: Store) -> None:
+    """The ConsumerBroker reads only what a notice said is durable: records the reader
+    has already read past ``end`` wait for a later call, in order."""
+    store.append_batch("jobs", [Message(value=n) for n in range(3)])
+    store.append_batch("jobs", [Message(value=n) for n in range(3, 5)])
+    with store.reader("jobs", 0) as reader:
+        first = reader.read_entries(100, end=3)
+        assert [fields["value"] for fields, _ in first] == [0, 1, 2]
+        assert reader.read_entries(100, end=3) == []
+        rest = reader.read_entries(100, end=5)
+        assert [fields["value"] for fields, _ in rest] == [3, 4]

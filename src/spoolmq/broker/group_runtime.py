@@ -127,13 +127,18 @@ class GroupRuntime:
         if not group.consumers:
             return skips
         for key, state in group.partitions.items():
-            if state.next_fetch >= log_ends.get(key, 0) or state.open_count >= READ_AHEAD:
+            end = log_ends.get(key, 0)
+            if state.next_fetch >= end or state.open_count >= READ_AHEAD:
                 continue
             reader = self.readers.get(key)
             if reader is None:
                 continue
             try:
-                entries = reader.read_entries(min(READ_AHEAD - state.open_count, _READ_BATCH))
+                # Never past `end`: the file may already hold the next batch while its
+                # fdatasync runs, and a failed sync cuts it off the log.
+                entries = reader.read_entries(
+                    min(READ_AHEAD - state.open_count, _READ_BATCH), end=end
+                )
             except OffsetOutOfRangeError:
                 # Retention deleted records this group had not read yet (it lagged more
                 # than the topic keeps): go on from the log start, and say so.

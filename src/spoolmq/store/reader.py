@@ -258,14 +258,20 @@ class Reader:
                 return
             yield from batch
 
-    def read_entries(self, max_records: int) -> list[tuple[dict[str, Any], bytes]]:
+    def read_entries(
+        self, max_records: int, *, end: int | None = None
+    ) -> list[tuple[dict[str, Any], bytes]]:
         """Up to ``max_records`` as (parsed fields, stored line): the broker forwards the
-        stored line as it is, without re-encoding."""
+        stored line as it is, without re-encoding. ``end``: only offsets below it (what
+        is known to be durable); records read past it wait for a later call."""
         if not self._pending:
             self._fill()
         taken: list[tuple[dict[str, Any], bytes]] = []
-        while self._pending and len(taken) < max_records:
-            taken.append(self._pending.popleft())
+        pending = self._pending
+        while pending and len(taken) < max_records:
+            if end is not None and pending[0][0]["offset"] >= end:
+                break
+            taken.append(pending.popleft())
         if taken:
             self.position = taken[-1][0]["offset"] + 1
         return taken
