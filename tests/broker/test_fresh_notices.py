@@ -140,6 +140,7 @@ def test_deliveries_and_acks_go_on_while_another_process_holds_state_db(
     write lock (as the PublisherBroker may), ACKs are answered and the next messages go
     out; the committed offset is saved once the lock is released."""
     broker, client, _ = started(pipes, data_dir)
+    broker._checkpoint_timer.seconds = 0.0  # a checkpoint is due at every step
     append(data_dir, [Message(value=n) for n in range(3)])
     pipes[0].notices.send_bytes(orjson.dumps({"op": "appended", "a": [["jobs", 0, 4]]}))
     holder = sqlite3.connect(data_dir / "state.db", isolation_level=None)
@@ -150,7 +151,6 @@ def test_deliveries_and_acks_go_on_while_another_process_holds_state_db(
         tags = [header["r"][0][5] + n for n in range(header["r"][0][3])]
         assert [orjson.loads(line)["value"] for line in lines] == [0, 1, 2]
         for n, tag in enumerate(tags):
-            time.sleep(0.25)  # a checkpoint is due at every step
             protocol.send(client, {"op": "ack", "id": 10 + n, "runs": [[tag, 1]]})
             # The 30 s busy timeout would hold a loop that wrote to state.db itself.
             step_until(broker, lambda: client.poll(0), "the ACK's answer", timeout=20)

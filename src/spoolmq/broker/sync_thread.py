@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -71,8 +72,6 @@ class SyncThread:
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a result; True if one is waiting."""
-        import select
-
         readable, _, _ = select.select([self._ready], [], [], timeout)
         return bool(readable)
 
