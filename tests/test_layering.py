@@ -5,7 +5,8 @@ Each module belongs to one layer, and a layer imports only the layers below it:
     foundation (errors, config, clock, files, types, allocator)
       <- store
       <- protocol                (with the clients: only the store's message and record forms)
-      <- broker, client          (neither imports the other)
+      <- broker, client          (neither imports the other; the Kafka front is broker)
+      <- tasks                   (the task layer: the public client API only)
       <- analytics               (the files only: foundation, never the store code or Spark
                                   outside it)
       <- the application layer (cli, demo, bench, testing, ...), which may import anything
@@ -30,6 +31,12 @@ LAYER_OF_PACKAGE = {
     "broker": "broker",
     "client": "client",
     "analytics": "analytics",
+    # The Kafka front is a broker process of its own (a child of the BrokerManager).
+    "kafka": "broker",
+    # The task layer is built on the public client API only.
+    "tasks": "tasks",
+    "ui": "application",
+    "commands": "application",
 }
 LAYER_OF_MODULE = {
     **dict.fromkeys(FOUNDATION, "foundation"),
@@ -47,7 +54,9 @@ ALLOWED = {
     "broker": {"foundation", "store", "protocol"},
     "client": {"foundation", "store", "protocol"},
     "analytics": {"foundation"},
+    "tasks": {"foundation", "store", "protocol", "client"},
     "application": {
+        "tasks",
         "foundation",
         "store",
         "protocol",

@@ -13,44 +13,22 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
 
-from spoolmq.config import TopicConfig, parse_duration_ms, resolve_data_dir
-from spoolmq.errors import ConfigError, GroupActiveError, InvalidArgumentError, SpoolError
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console().print(table)
-
-
-def _data(args: argparse.Namespace, *, must_exist: bool = False) -> Path:
-    """The data directory; ``must_exist`` for commands that only look at a store, so that a
-    mistyped ``--data`` is an error instead of a new empty store."""
-    data = resolve_data_dir(args.data)
-    if must_exist and not data.is_dir():
-        raise ConfigError(f"no queue data directory at {data} (pass --data or set SPOOLMQ_DATA)")
-    return data
-
+from spoolmq.commands import COMMAND_MODULES
+from spoolmq.commands.common import Handler
+from spoolmq.commands.common import data_dir as _data
+from spoolmq.commands.common import print_json as _print_json
+from spoolmq.commands.common import print_table as _table
+from spoolmq.config import TopicConfig, parse_duration_ms
+from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
 
 # -- broker -------------------------------------------------------------------------------
 
@@ -410,25 +388,6 @@ def _hex_bytes(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else value
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    from spoolmq.client import Admin
-
-    with Admin(args.data) as admin:
-        stats = admin.stats()
-    stats.pop("id", None)
-    stats.pop("op", None)
-    if args.json:
-        _print_json(stats)
-    else:
-        rows = [["broker pid", stats["pid"]]]
-        rows += [[f"{k} clients", v] for k, v in stats["clients"].items()]
-        rows += [[f"published {k}", v] for k, v in stats["publisher"].items() if k != "by_topic"]
-        rows += [[f"consumer {k}", v] for k, v in stats["consumer"].items()]
-        rows += [[f"{k} restarts", v] for k, v in stats["restarts"].items()]
-        _table("broker", ["figure", "value"], rows)
-    return 0
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     from spoolmq.store import Store
 
@@ -550,9 +509,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("--json", action="store_true")
 
-    p = command("stats", cmd_stats, "a running broker's figures")
-    p.add_argument("--json", action="store_true")
-
     p = command("check", cmd_check, "verify every record's checksum and offsets")
     p.add_argument("topic", nargs="?")
     p.add_argument("--json", action="store_true")
@@ -573,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="output directory (default: analytics_out next to the data directory)"
     )
     p.add_argument("--master", help="Spark master URL (default: local[*])")
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(command)
     return parser
 
 
