@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,24 +28,6 @@ from spoolmq.commands.common import print_json as _print_json
 from spoolmq.commands.common import print_table as _table
 from spoolmq.config import TopicConfig, parse_duration_ms
 from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
-
-# -- broker -------------------------------------------------------------------------------
-
-
-def cmd_broker(args: argparse.Namespace) -> int:
-    from spoolmq.broker import BrokerManager, BrokerSettings
-    from spoolmq.client.connection import parse_address
-
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s manager[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
-    listen = parse_address(args.listen) if args.listen else None
-    manager = BrokerManager(
-        BrokerSettings(data_dir=_data(args), listen=listen, log_level=args.log_level)
-    )
-    return manager.run()
-
 
 # -- publish and consume ------------------------------------------------------------------------
 
@@ -459,10 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--data", help="data directory (default: $SPOOLMQ_DATA or ./queue_data)")
         p.set_defaults(handler=handler)
         return p
-
-    p = command("broker", cmd_broker, "run a broker in the foreground")
-    p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     p = command("publish", cmd_publish, "publish messages (VALUE, or one JSON per stdin line)")
     p.add_argument("topic")

@@ -8,4 +8,7 @@ A feature's commands stay beside each other, and adding one touches one line her
 
 from __future__ import annotations
 
-COMMAND_MODULES: tuple[str, ...] = ("spoolmq.commands.stats",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "spoolmq.commands.broker",
+    "spoolmq.commands.stats",
+)

@@ -1,0 +1,29 @@
+"""``spoolmq broker``: run a broker (the BrokerManager and its children) in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from spoolmq.commands.common import CommandFactory, data_dir
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from spoolmq.broker import BrokerManager, BrokerSettings
+    from spoolmq.client.connection import parse_address
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s manager[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    listen = parse_address(args.listen) if args.listen else None
+    manager = BrokerManager(
+        BrokerSettings(data_dir=data_dir(args), listen=listen, log_level=args.log_level)
+    )
+    return manager.run()
+
+
+def register(command: CommandFactory) -> None:
+    p = command("broker", cmd_broker, "run a broker in the foreground")
+    p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
