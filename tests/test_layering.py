@@ -42,7 +42,17 @@ LAYER_OF_MODULE = {
     **dict.fromkeys(FOUNDATION, "foundation"),
     "protocol": "protocol",
     **dict.fromkeys(
-        ["__init__", "__main__", "cli", "demo", "bench", "testing", "stats", "operations"],
+        [
+            "__init__",
+            "__main__",
+            "cli",
+            "demo",
+            "bench",
+            "testing",
+            "stats",
+            "operations",
+            "browse",
+        ],
         "application",
     ),
 }
