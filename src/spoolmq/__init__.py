@@ -5,6 +5,7 @@ from spoolmq.allocator import tune_allocator
 from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage, run_workers
 from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.store import Message, Position, Reader, Record, Store
+from spoolmq.tasks import Tasks
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "Record",
     "Store",
     "StoreConfig",
+    "Tasks",
     "TopicConfig",
     "__version__",
     "errors",

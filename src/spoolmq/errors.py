@@ -169,6 +169,32 @@ class GroupActiveError(SpoolError):
     code = "group_active"
 
 
+# --- tasks ---------------------------------------------------------------------
+
+
+class TaskFailed(SpoolError):
+    """A task ended without a value: ``error`` is the remote exception as text
+    (``"ValueError: bad address"``), ``traceback`` its traceback text, ``state`` the
+    task's final state (``failed`` or ``cancelled``)."""
+
+    code = "task_failed"
+
+    def __init__(
+        self, message: str, *, error: str = "", traceback: str = "", state: str = "failed"
+    ) -> None:
+        super().__init__(message)
+        self.error = error or message
+        self.traceback = traceback
+        self.state = state
+
+
+class ResultTimeoutError(SpoolError, TimeoutError):
+    """A task's result was not there within the time asked for (it may come later)."""
+
+    code = "result_timeout"
+    retriable = True
+
+
 def _all_error_classes() -> dict[str, type[SpoolError]]:
     found: dict[str, type[SpoolError]] = {}
     pending: list[type[SpoolError]] = [SpoolError]

@@ -1,0 +1,432 @@
+"""``Tasks``: declare functions as tasks, send them, read their results.
+
+A task is a message on a topic whose value names the task and carries its JSON arguments
+(``{"task": ..., "id": ..., "args": [...], "kwargs": {...}}``); ``spoolmq worker`` runs it
+(spoolmq.tasks.worker). Sending publishes through the ordinary :class:`Publisher` (ACK
+level ``all``: ``send`` returns once the message is fsynced), and the task's row in
+``tasks.db`` (spoolmq.tasks.results) records its state and, later, its result. Delivery,
+leases, retries with backoff, delays, per-key order and the DLQ are the broker's, exactly
+as for any consumer: the task layer adds no second delivery engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+import orjson
+
+from spoolmq.client import Publisher
+from spoolmq.client.connection import Address
+from spoolmq.config import resolve_data_dir
+from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, TaskFailed
+from spoolmq.store.names import check_topic
+from spoolmq.tasks.codec import check_json
+from spoolmq.tasks.results import CANCELLED, FAILED, SUCCEEDED, ResultStore, TaskRow
+from spoolmq.tasks.schedule import Periodic
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_TOPIC = "tasks"
+DEFAULT_GROUP = "spoolmq-tasks"
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate(text: str) -> float:
+    """``"50/s"`` -> 50.0 per second (also ``/m``, ``/h``)."""
+    match = _RATE.match(text) if isinstance(text, str) else None
+    if match is None or float(match.group(1)) <= 0:
+        raise InvalidArgumentError(f"rate_limit must look like '50/s', '10/m' or '100/h': {text!r}")
+    return float(match.group(1)) / _RATE_UNITS[match.group(2)]
+
+
+def _seconds(value: float | timedelta | None, what: str) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 0:
+        raise InvalidArgumentError(f"{what} must not be negative: {value!r}")
+    return seconds
+
+
+def _check_priority(priority: int) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidArgumentError(f"priority must be an integer 0-9: {priority!r}")
+    return priority
+
+
+class TaskHandle:
+    """A sent task: its id, and a way to wait for its result or cancel it."""
+
+    def __init__(self, tasks: Tasks, task_id: str, *, created: bool = True) -> None:
+        self.tasks = tasks
+        self.id = task_id
+        self.created = created  # False: a unique task's earlier send, returned again
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's return value, waiting up to ``timeout`` seconds (None: forever).
+        TaskFailed if it failed (its ``error`` and ``traceback`` say why) or was
+        cancelled; ResultTimeoutError if it has not finished in time."""
+        return self.tasks.result(self.id, timeout=timeout)
+
+    def cancel(self) -> bool:
+        """Cancel the task if it has not started: True if it will never run."""
+        return self.tasks.cancel(self.id)
+
+    def state(self) -> str | None:
+        row = self.tasks.get(self.id)
+        return None if row is None else row.state
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.id!r})"
+
+
+class Task(Generic[P, R]):
+    """A function declared with ``@tasks.task``. Calling it runs it here, now;
+    ``send`` enqueues it for a worker."""
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        topic: str,
+        max_deliveries: int,
+        retry_backoff: float,
+        retry_backoff_max: float,
+        time_limit: float | None,
+        rate_limit: str | None,
+        priority: int,
+        result_ttl: float | None,
+    ) -> None:
+        self.tasks = tasks
+        self.fn = fn
+        self.name = name
+        self.topic = topic
+        self.max_deliveries = max_deliveries
+        self.retry_backoff = retry_backoff
+        self.retry_backoff_max = retry_backoff_max
+        self.time_limit = time_limit
+        # Stored and checked, not enforced yet: a rate limit that holds across every
+        # worker belongs in the broker (issue 13, point 8).
+        self.rate_limit = rate_limit
+        self.rate_per_second = None if rate_limit is None else parse_rate(rate_limit)
+        self.priority = priority
+        self.result_ttl = result_ttl
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
+        """Enqueue a run with these arguments; returns once the message is stored."""
+        return self.send_with(args=args, kwargs=kwargs)
+
+    def send_with(
+        self,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        delay: float | timedelta | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        unique_for: float | timedelta | None = None,
+        unique_key: str | None = None,
+    ) -> TaskHandle:
+        """Enqueue with options: ``delay`` (seconds or timedelta), ``key`` (runs of one
+        key go in order, one at a time), ``priority`` 0-9 (stored; see the README),
+        ``unique_for`` (seconds: a second send of the same task and arguments, or of the
+        same ``unique_key``, within that window returns the first one's handle)."""
+        return self.tasks._send(
+            self,
+            list(args),
+            dict(kwargs or {}),
+            delay=_seconds(delay, "delay"),
+            key=key,
+            priority=self.priority if priority is None else _check_priority(priority),
+            unique_for=_seconds(unique_for, "unique_for"),
+            unique_key=unique_key,
+        )
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, topic={self.topic!r})"
+
+
+class Tasks:
+    """The registry of a program's tasks and its way to the queue.
+
+    Args:
+        data: the data directory (default ``$SPOOLMQ_DATA`` or ``./queue_data``); results
+            are kept in ``<data>/tasks.db``.
+        group: the consumer group the workers share.
+        lease: seconds a worker holds a task before the broker would redeliver it; a worker
+            renews it every third of that while the task runs (the heartbeat).
+        address, authkey: a broker's TCP listener instead of the Unix socket.
+    """
+
+    def __init__(
+        self,
+        data: str | os.PathLike[str] | None = None,
+        *,
+        group: str = DEFAULT_GROUP,
+        lease: float = 30.0,
+        address: Address | None = None,
+        authkey: bytes | None = None,
+    ) -> None:
+        if lease <= 0:
+            raise InvalidArgumentError("lease must be positive")
+        self.data: Path = resolve_data_dir(data)
+        self.group = group
+        self.lease = lease
+        self.address = address
+        self.authkey = authkey
+        self.registry: dict[str, Task[Any, Any]] = {}
+        self.periodics: dict[str, Periodic] = {}
+        self.store = ResultStore(self.data)
+        self._publisher: Publisher | None = None
+        self._publisher_pid = -1
+        self._lock = threading.Lock()
+
+    # -- declaring ----------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        topic: str = DEFAULT_TOPIC,
+        max_deliveries: int = 5,
+        retry_backoff: float = 1.0,
+        retry_backoff_max: float = 300.0,
+        time_limit: float | None = None,
+        rate_limit: str | None = None,
+        priority: int = 0,
+        result_ttl: float | None = 86400.0,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        topic: str = DEFAULT_TOPIC,
+        max_deliveries: int = 5,
+        retry_backoff: float = 1.0,
+        retry_backoff_max: float = 300.0,
+        time_limit: float | None = None,
+        rate_limit: str | None = None,
+        priority: int = 0,
+        result_ttl: float | None = 86400.0,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Declare a task (``@tasks.task`` or ``@tasks.task(topic=..., ...)``).
+
+        ``max_deliveries`` attempts in all (a worker's death counts as one);
+        ``retry_backoff`` seconds before the first retry, doubling up to
+        ``retry_backoff_max``; ``time_limit`` seconds per attempt; ``result_ttl`` seconds
+        a finished task's result is kept (None: forever); ``rate_limit`` (``"50/s"``)
+        is stored but not enforced yet; ``priority`` 0-9 is the default of its sends.
+        """
+        check_topic(topic)
+        if max_deliveries < 1:
+            raise InvalidArgumentError("max_deliveries must be at least 1")
+        if time_limit is not None and time_limit <= 0:
+            raise InvalidArgumentError("time_limit must be positive")
+        if rate_limit is not None:
+            parse_rate(rate_limit)
+        _check_priority(priority)
+
+        def declare(function: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{function.__module__}.{function.__qualname__}"
+            if task_name in self.registry:
+                raise InvalidArgumentError(f"a task named {task_name!r} is already declared")
+            declared = Task(
+                self,
+                function,
+                name=task_name,
+                topic=topic,
+                max_deliveries=max_deliveries,
+                retry_backoff=float(retry_backoff),
+                retry_backoff_max=float(retry_backoff_max),
+                time_limit=time_limit,
+                rate_limit=rate_limit,
+                priority=priority,
+                result_ttl=_seconds(result_ttl, "result_ttl"),
+            )
+            self.registry[task_name] = declared
+            return declared
+
+        return declare(fn) if fn is not None else declare
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        fn: Task[Any, Any] | None = None,
+        *,
+        every: timedelta | float | None = None,
+        tz: str | None = None,
+        catch_up: bool = True,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Periodic:
+        """Send ``fn`` on a schedule: a cron expression (``"*/5 * * * *"``, in time zone
+        ``tz``, default UTC) or ``every`` (a timedelta or seconds). Each tick is sent
+        once across every worker that runs the scheduler; ticks missed while nothing ran
+        are sent once on return (``catch_up=False``: skipped)."""
+        if not isinstance(fn, Task) or self.registry.get(fn.name) is not fn:
+            raise InvalidArgumentError("periodic() needs a task declared on these Tasks")
+        check_json(list(args), "args")
+        check_json(dict(kwargs or {}), "kwargs")
+        job = Periodic.build(
+            fn.name,
+            cron=cron,
+            every=_seconds(every, "every"),
+            tz=tz,
+            catch_up=catch_up,
+            args=list(args),
+            kwargs=dict(kwargs or {}),
+            name=name,
+        )
+        if job.name in self.periodics:
+            raise InvalidArgumentError(f"a periodic job named {job.name!r} is already declared")
+        self.periodics[job.name] = job
+        return job
+
+    # -- sending ------------------------------------------------------------------------
+
+    def publisher(self) -> Publisher:
+        """This process's Publisher, opened on first use (a forked child opens its own)."""
+        with self._lock:
+            if self._publisher is None or self._publisher_pid != os.getpid():
+                self._publisher = Publisher(
+                    self.data, address=self.address, authkey=self.authkey, name="tasks"
+                )
+                self._publisher_pid = os.getpid()
+            return self._publisher
+
+    def _send(
+        self,
+        task: Task[Any, Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        delay: float | None,
+        key: str | None,
+        priority: int,
+        unique_for: float | None,
+        unique_key: str | None,
+        task_id: str | None = None,
+    ) -> TaskHandle:
+        check_json(args, "args")
+        check_json(kwargs, "kwargs")
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgumentError("a task's key must be text")
+        if unique_key is not None and unique_for is None:
+            raise InvalidArgumentError("unique_key needs unique_for (the window, in seconds)")
+        if unique_for is not None and unique_key is None:
+            # The same task with the same arguments: canonical JSON (sorted keys), hashed.
+            canonical = orjson.dumps([task.name, args, kwargs], option=orjson.OPT_SORT_KEYS)
+            unique_key = f"{task.name}:{hashlib.sha256(canonical).hexdigest()}"
+        task_id = task_id or uuid.uuid4().hex
+        eta_ms = None if not delay else time.time_ns() // 1_000_000 + int(delay * 1000)
+        task_id, created = self.store.add(
+            task_id,
+            name=task.name,
+            topic=task.topic,
+            args={"args": args, "kwargs": kwargs},
+            key=key,
+            priority=priority,
+            eta_ms=eta_ms,
+            result_ttl_ms=None if task.result_ttl is None else int(task.result_ttl * 1000),
+            unique_key=unique_key,
+            unique_for_ms=None if unique_for is None else int(unique_for * 1000),
+        )
+        if not created and unique_key is not None:
+            return TaskHandle(self, task_id, created=False)
+        try:
+            self.publisher().publish(
+                task.topic,
+                task_message(task, task_id, args, kwargs, priority),
+                key=key,
+                delay=delay or None,
+            )
+        except BaseException:
+            self.store.forget(task_id)  # never a row for a task that was not stored
+            raise
+        return TaskHandle(self, task_id)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskRow | None:
+        """The task's row (state, attempts, result or error), None if unknown or expired."""
+        return self.store.get(task_id)
+
+    def handle(self, task_id: str) -> TaskHandle:
+        return TaskHandle(self, task_id)
+
+    def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """The result of task ``task_id``, from any process (see TaskHandle.result)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            row = self.store.get(task_id)
+            if row is not None and row.state == SUCCEEDED:
+                return row.result
+            if row is not None and row.state in (FAILED, CANCELLED):
+                raise TaskFailed(
+                    f"task {task_id} {row.state}: {row.error}",
+                    error=row.error or row.state,
+                    traceback=row.traceback or "",
+                    state=row.state,
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                state = "unknown (or its result expired)" if row is None else row.state
+                raise ResultTimeoutError(f"task {task_id} is {state} after {timeout:g} s")
+            # tasks.db is another process's file: nothing to wait on but the file itself.
+            time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
+            pause = min(pause * 2, 0.25)
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a task that has not started; True if it will never run. A worker that
+        receives it later acknowledges it without running it."""
+        return self.store.cancel(task_id)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._publisher is not None and self._publisher_pid == os.getpid():
+                self._publisher.close()
+            self._publisher = None
+        self.store.close()
+
+    def __enter__(self) -> Tasks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def task_message(
+    task: Task[Any, Any], task_id: str, args: list[Any], kwargs: dict[str, Any], priority: int
+) -> dict[str, Any]:
+    """The message value a worker runs: the task's name, id, arguments, priority."""
+    return {"task": task.name, "id": task_id, "args": args, "kwargs": kwargs, "priority": priority}

@@ -1,0 +1,114 @@
+"""Periodic jobs: when each one is due, and its ticks numbered so that each is sent once.
+
+A job's ticks are numbered: with ``every`` the tick at epoch time ``t`` is ``t // every``
+(in milliseconds); with a cron expression it is the tick's epoch second. The scheduler
+(spoolmq.tasks.scheduler) publishes a tick with the job's own producer id and the tick
+number as the message's sequence, so the broker's idempotent publishing stores it once
+even when two schedulers race or one retries after a broker restart; the tick's task id is
+derived from the same number, so ``tasks.db`` holds one row for it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from spoolmq.errors import InvalidArgumentError
+
+# A tick noticed later than this (seconds) after its time was missed: with
+# ``catch_up=False`` it is skipped. Short jobs get half their interval.
+MISFIRE_GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """One periodic job: send task ``task`` with ``args``/``kwargs`` on a schedule."""
+
+    name: str
+    task: str
+    cron: str | None
+    every: float | None
+    tz: str | None
+    catch_up: bool
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        task: str,
+        *,
+        cron: str | None,
+        every: float | None,
+        tz: str | None,
+        catch_up: bool,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        name: str | None,
+    ) -> Periodic:
+        from croniter import croniter
+
+        if (cron is None) == (every is None):
+            raise InvalidArgumentError("a periodic job needs either a cron expression or every=")
+        if cron is not None and not croniter.is_valid(cron):
+            raise InvalidArgumentError(f"not a cron expression: {cron!r}")
+        if every is not None and every < 0.001:
+            raise InvalidArgumentError("every= must be at least a millisecond")
+        if tz is not None:
+            if every is not None:
+                raise InvalidArgumentError("tz= goes with a cron expression, not every=")
+            try:
+                ZoneInfo(tz)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise InvalidArgumentError(f"unknown time zone: {tz!r}") from None
+        job = cls("", task, cron, every, tz, catch_up, args, kwargs)
+        return cls(name or f"{task}@{job.schedule}", task, cron, every, tz, catch_up, args, kwargs)
+
+    @property
+    def schedule(self) -> str:
+        if self.cron is not None:
+            return f"cron {self.cron}" + (f" {self.tz}" if self.tz else "")
+        return f"every {self.every:g}s"
+
+    @property
+    def producer_id(self) -> str:
+        """The job's producer id: the same in every process, unique per job name."""
+        return "periodic-" + hashlib.sha256(self.name.encode()).hexdigest()[:24]
+
+    def task_id(self, tick: int) -> str:
+        return f"{self.producer_id}-{tick}"
+
+    @property
+    def grace(self) -> float:
+        return MISFIRE_GRACE if self.every is None else min(MISFIRE_GRACE, self.every / 2)
+
+    def latest_tick(self, now: float) -> tuple[int, float]:
+        """The last tick at or before epoch time ``now``: (its number, its epoch time)."""
+        if self.every is not None:
+            every_ms = int(self.every * 1000)
+            tick = int(now * 1000) // every_ms
+            return tick, tick * every_ms / 1000
+        from croniter import croniter
+
+        zone = ZoneInfo(self.tz) if self.tz else UTC
+        # From a second later: croniter's previous tick of an exact tick time is the one
+        # before it.
+        start = datetime.fromtimestamp(now, zone) + timedelta(seconds=1)
+        when = croniter(self.cron, start).get_prev(datetime)
+        seconds = int(when.timestamp())
+        if seconds > now:  # the tick in that extra second is not due yet
+            when = croniter(self.cron, when).get_prev(datetime)
+            seconds = int(when.timestamp())
+        return seconds, float(seconds)
+
+    def next_time(self, now: float) -> float:
+        """The epoch time of the first tick after ``now``."""
+        if self.every is not None:
+            return (self.latest_tick(now)[0] + 1) * int(self.every * 1000) / 1000
+        from croniter import croniter
+
+        zone = ZoneInfo(self.tz) if self.tz else UTC
+        return float(croniter(self.cron, datetime.fromtimestamp(now, zone)).get_next(float))

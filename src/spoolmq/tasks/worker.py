@@ -1,0 +1,427 @@
+"""``spoolmq worker``: run tasks in N processes, M at a time each.
+
+The supervisor (the process ``spoolmq worker`` starts) spawns N worker processes, runs the
+periodic scheduler in a thread, replaces a worker that exits (a crash, or one that had to
+be replaced after a time limit), and on SIGTERM/SIGINT asks every worker to stop.
+
+A worker process owns one :class:`Consumer` of the tasks' topics (prefetch M) in its main
+thread; it runs plain functions in a pool of M threads and ``async def`` tasks on an event
+loop in one more thread. The main thread alone talks to the broker (the Consumer is not
+thread-safe), and between waits it:
+
+- settles what finished: the result goes to ``tasks.db`` first, then the ACK (a worker
+  that dies in between leaves a redelivery that finds the result and does not run again);
+  a failure NACKs with the task's backoff until its last attempt, which is recorded
+  ``failed`` and ACKed (the result says why, with the traceback);
+- renews the lease of every running task every third of the lease (the heartbeat), so a
+  long task is never redelivered while its worker lives, and a dead worker's tasks are
+  redelivered at once by the broker (its connection closes);
+- stops a task past its ``time_limit``: an ``async def`` one is cancelled; a thread cannot
+  be stopped, so the attempt is recorded as failed, the worker takes no more work, and
+  exits (code 75) once its other tasks are done, and the supervisor starts a new one.
+
+A stop (SIGTERM) lets running tasks finish for ``shutdown_timeout`` seconds, then hands back
+the rest (NACK) and closes; messages pushed ahead and never started go back unattempted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spoolmq.client import Consumer, ReceivedMessage
+from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.tasks.app import Task, Tasks
+from spoolmq.tasks.codec import check_json
+from spoolmq.tasks.results import FAILED, FINAL_STATES, RETRYING, SUCCEEDED
+from spoolmq.tasks.scheduler import Scheduler
+
+logger = logging.getLogger("spoolmq.tasks")
+
+EXIT_REPLACE = 75  # EX_TEMPFAIL: "start another one in my place"
+PURGE_EVERY = 60.0  # seconds between deletions of expired results
+
+
+def load_tasks(spec: str) -> Tasks:
+    """``"package.module:tasks"`` -> that module's Tasks object (the current directory is
+    importable, as with ``python -m``)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidArgumentError(f"expected MODULE:TASKS (e.g. myapp.jobs:tasks), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"cannot import {module_name!r}: {exc}") from None
+    tasks = getattr(module, attribute, None)
+    if not isinstance(tasks, Tasks):
+        raise InvalidArgumentError(f"{spec} is not a spoolmq Tasks object")
+    return tasks
+
+
+def topics_of(tasks: Tasks, only: Sequence[str] | None = None) -> list[str]:
+    topics = sorted({task.topic for task in tasks.registry.values()})
+    if only:
+        unknown = set(only) - set(topics)
+        if unknown:
+            raise InvalidArgumentError(f"no task uses topic(s): {', '.join(sorted(unknown))}")
+        topics = [topic for topic in topics if topic in only]
+    if not topics:
+        raise InvalidArgumentError("there are no tasks to run")
+    return topics
+
+
+@dataclass
+class _Running:
+    message: ReceivedMessage
+    task: Task[Any, Any]
+    task_id: str
+    future: concurrent.futures.Future[Any]
+    started: float
+    deadline: float | None
+    abandoned: bool = field(default=False)
+
+
+class WorkerProcess:
+    """One worker process's loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        tasks: Tasks,
+        topics: Sequence[str],
+        *,
+        concurrency: int = 1,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidArgumentError("concurrency must be at least 1")
+        self.tasks = tasks
+        self.topics = list(topics)
+        self.concurrency = concurrency
+        self.shutdown_timeout = shutdown_timeout
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.stopping = threading.Event()
+        self.replace = False
+        self._running: dict[int, _Running] = {}
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            concurrency, thread_name_prefix="spoolmq-task"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.handled = 0
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=self._loop.run_forever, name="spoolmq-async", daemon=True
+            ).start()
+        return self._loop
+
+    def run(self, max_tasks: int | None = None) -> int:
+        """Serve until stopped (or ``max_tasks`` handled); the process's exit code."""
+        served = [t for t in self.tasks.registry.values() if t.topic in self.topics]
+        consumer = Consumer(
+            self.topics,
+            self.tasks.group,
+            data=self.tasks.data,
+            address=self.tasks.address,
+            authkey=self.tasks.authkey,
+            prefetch=self.concurrency,
+            lease=self.tasks.lease,
+            # The broker's count: a worker's death is an attempt too, and past the most
+            # any task allows the message goes to <topic>.dlq. A task's own, lower limit
+            # is applied here (its last failure is recorded and ACKed).
+            max_deliveries=max(t.max_deliveries for t in served),
+            name=f"worker {self.name}",
+        )
+        beat_every = self.tasks.lease / 3
+        next_beat = time.monotonic() + beat_every
+        stop_deadline: float | None = None
+        try:
+            while True:
+                self._settle_finished()
+                self._enforce_time_limits()
+                if time.monotonic() >= next_beat:
+                    self._heartbeat()
+                    next_beat = time.monotonic() + beat_every
+                if max_tasks is not None and self.handled >= max_tasks:
+                    self.stopping.set()
+                live = [r for r in self._running.values() if not r.abandoned]
+                if self.stopping.is_set() or self.replace:
+                    if not live:
+                        break
+                    if stop_deadline is None:
+                        stop_deadline = time.monotonic() + self.shutdown_timeout
+                    elif time.monotonic() >= stop_deadline and not self.replace:
+                        self._hand_back()
+                        break
+                    concurrent.futures.wait([r.future for r in live], timeout=0.1)
+                    continue
+                if len(live) >= self.concurrency:
+                    concurrent.futures.wait(
+                        [r.future for r in live],
+                        timeout=min(0.5, max(0.0, next_beat - time.monotonic())),
+                        return_when=concurrent.futures.FIRST_COMPLETED,
+                    )
+                    continue
+                # Short while tasks run (their completions are noticed between waits).
+                message = consumer.receive(0.05 if live else 0.5)
+                if message is not None:
+                    self._start(message)
+        finally:
+            consumer.close()
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        return EXIT_REPLACE if self.replace else 0
+
+    # -- one task -------------------------------------------------------------------------
+
+    def _start(self, message: ReceivedMessage) -> None:
+        value = message.value
+        name = value.get("task") if isinstance(value, dict) else None
+        task_id = value.get("id") if isinstance(value, dict) else None
+        task = self.tasks.registry.get(name) if isinstance(name, str) else None
+        if task is None or not isinstance(task_id, str):
+            logger.error(
+                "%s/%d@%d is not a task this worker knows (%r); giving it back",
+                message.topic,
+                message.partition,
+                message.offset,
+                name,
+            )
+            message.nack(reason=f"unknown task {name!r}", wait=False)
+            return
+        args = value.get("args") or []
+        kwargs = value.get("kwargs") or {}
+        fallback = {
+            "name": task.name,
+            "topic": task.topic,
+            "args": {"args": args, "kwargs": kwargs},
+            "priority": value.get("priority", 0),
+            "result_ttl_ms": None if task.result_ttl is None else int(task.result_ttl * 1000),
+        }
+        state = self.tasks.store.claim(task_id, message.attempt, self.name, fallback)
+        if state in FINAL_STATES:
+            # Cancelled before it started, or already done (its ACK was lost): not again.
+            logger.info("task %s is %s: acknowledged without running it", task_id, state)
+            message.ack(wait=False)
+            self.handled += 1
+            return
+        if message.attempt > task.max_deliveries:
+            error = f"gave up after {message.attempt - 1} deliveries (its workers stopped)"
+            self.tasks.store.finish(task_id, FAILED, error=error)
+            message.ack(wait=False)
+            self.handled += 1
+            return
+        future: concurrent.futures.Future[Any]
+        if task.is_async:
+            future = asyncio.run_coroutine_threadsafe(task.fn(*args, **kwargs), self._event_loop())
+        else:
+            future = self._threads.submit(task.fn, *args, **kwargs)
+        now = time.monotonic()
+        deadline = None if task.time_limit is None else now + task.time_limit
+        self._running[message.tag] = _Running(message, task, task_id, future, now, deadline)
+
+    def _settle_finished(self) -> None:
+        for tag, running in list(self._running.items()):
+            if not running.future.done():
+                continue
+            del self._running[tag]
+            if running.abandoned:
+                continue  # already settled when its time limit passed
+            self.handled += 1
+            try:
+                result = running.future.result()
+                check_json(result, "the result")
+            except BaseException as exc:  # the task's failure, whatever it was
+                self._failed(running, exc)
+                continue
+            self.tasks.store.finish(running.task_id, SUCCEEDED, result=result)
+            self._settle(running.message, "ack")
+
+    def _failed(self, running: _Running, exc: BaseException, *, error: str | None = None) -> None:
+        error = error or f"{type(exc).__name__}: {exc}"
+        text = "".join(traceback.format_exception(exc))
+        message, task = running.message, running.task
+        final = message.attempt >= task.max_deliveries
+        logger.error(
+            "task %s (%s) failed on attempt %d of %d%s:\n%s",
+            task.name,
+            running.task_id,
+            message.attempt,
+            task.max_deliveries,
+            "" if final else "; will retry",
+            text.rstrip(),
+        )
+        self.tasks.store.finish(
+            running.task_id, FAILED if final else RETRYING, error=error, traceback=text
+        )
+        if final:
+            self._settle(message, "ack")
+        else:
+            backoff = min(task.retry_backoff_max, task.retry_backoff * 2 ** (message.attempt - 1))
+            self._settle(message, "nack", delay=backoff, reason=error[:500])
+
+    def _settle(self, message: ReceivedMessage, op: str, **options: Any) -> None:
+        try:
+            if op == "ack":
+                message.ack(wait=False)
+            else:
+                message.nack(wait=False, **options)
+        except SpoolError as exc:  # the broker will redelivery it; the result is stored
+            logger.warning("could not %s task message %s: %s", op, message, exc)
+
+    def _enforce_time_limits(self) -> None:
+        now = time.monotonic()
+        for running in list(self._running.values()):
+            if running.abandoned or running.deadline is None or now < running.deadline:
+                continue
+            running.abandoned = True
+            limit = running.task.time_limit
+            error = f"TimeLimitExceeded: ran more than {limit:g} s"
+            if running.task.is_async:
+                running.future.cancel()  # the coroutine gets CancelledError at its next await
+            else:
+                # A thread cannot be stopped from outside: this process is replaced once
+                # its other tasks are done, which ends the thread with it.
+                self.replace = True
+            self._failed(running, TimeoutError(error), error=error)
+
+    def _heartbeat(self) -> None:
+        for running in list(self._running.values()):
+            if running.abandoned:
+                continue
+            try:
+                running.message.extend_lease(self.tasks.lease)
+            except SpoolError as exc:
+                logger.warning("could not renew the lease of task %s: %s", running.task_id, exc)
+
+    def _hand_back(self) -> None:
+        """Stopping and out of time: give the unfinished tasks back for another worker."""
+        for running in list(self._running.values()):
+            if running.abandoned:
+                continue
+            logger.warning(
+                "task %s did not finish before the stop; handing it back", running.task_id
+            )
+            self.tasks.store.finish(running.task_id, RETRYING, error="handed back at a worker stop")
+            self._settle(running.message, "nack", delay=0, reason="worker stopped")
+            running.future.cancel()
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _child(spec: str, topics: list[str], concurrency: int, shutdown_timeout: float) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    tasks = load_tasks(spec)
+    worker = WorkerProcess(
+        tasks, topics, concurrency=concurrency, shutdown_timeout=shutdown_timeout
+    )
+
+    def stop(signum: int, frame: object) -> None:
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)  # Ctrl-C reaches the whole process group
+    code = worker.run()
+    tasks.close()
+    # A thread stuck in a task past its time limit would keep a normal exit waiting.
+    logging.shutdown()
+    os._exit(code)
+
+
+def run_worker(
+    spec: str,
+    *,
+    processes: int = 1,
+    concurrency: int = 1,
+    topics: Sequence[str] | None = None,
+    scheduler: bool = True,
+    shutdown_timeout: float = 30.0,
+) -> int:
+    """Run ``spec``'s tasks (``"module:tasks"``) in ``processes`` worker processes until
+    SIGTERM or SIGINT; returns the exit code."""
+    if processes < 1 or concurrency < 1:
+        raise InvalidArgumentError("--processes and --concurrency must be at least 1")
+    tasks = load_tasks(spec)
+    names = topics_of(tasks, topics)
+    context = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def start() -> multiprocessing.process.BaseProcess:
+        process = context.Process(
+            target=_child,
+            args=(spec, names, concurrency, shutdown_timeout),
+            name="spoolmq-worker",
+        )
+        process.start()
+        logger.info("worker process %d started (topics %s)", process.pid, ",".join(names))
+        return process
+
+    children = [start() for _ in range(processes)]
+    schedule_thread = None
+    periodic = Scheduler(tasks) if scheduler and tasks.periodics else None
+    if periodic is not None:
+        schedule_thread = threading.Thread(
+            target=periodic.run, args=(stop,), name="spoolmq-scheduler", daemon=True
+        )
+        schedule_thread.start()
+    next_purge = 0.0
+    try:
+        while not stop.is_set():
+            for i, child in enumerate(children):
+                if child.exitcode is None:
+                    continue
+                logger.warning(
+                    "worker process %d exited with %s; starting another", child.pid, child.exitcode
+                )
+                children[i] = start()
+            if time.monotonic() >= next_purge:
+                try:
+                    purged = tasks.store.purge_expired()
+                    if purged:
+                        logger.info("deleted %d expired task result(s)", purged)
+                except SpoolError as exc:
+                    logger.warning("could not delete expired results: %s", exc)
+                next_purge = time.monotonic() + PURGE_EVERY
+            stop.wait(0.5)
+    finally:
+        stop.set()
+        for child in children:
+            if child.exitcode is None and child.pid is not None:
+                os.kill(child.pid, signal.SIGTERM)
+        for child in children:
+            child.join(shutdown_timeout + 15)
+            if child.exitcode is None:
+                logger.error("worker process %d did not stop; killing it", child.pid)
+                child.kill()
+                child.join(5)
+        if schedule_thread is not None:
+            schedule_thread.join(10)
+        if periodic is not None:
+            periodic.close()
+        tasks.close()
+    return 0

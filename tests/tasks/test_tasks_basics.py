@@ -1,0 +1,120 @@
+"""Tasks sent, run by a real ``spoolmq worker`` and their results read back (points 2, 3, 5)."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, SerializationError, TaskFailed
+from spoolmq.tasks import Tasks
+from spoolmq.testing import BrokerProcess, wait_until
+
+
+def test_results_of_plain_and_async_tasks(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    start_worker("--processes", "2", "--concurrency", "2")
+    handles = [
+        app.add.send(2, 3),
+        app.async_add.send(a=4, b=5),
+        app.add.send_with(args=[1], kwargs={"b": 1}),
+    ]
+    assert [h.result(timeout=60) for h in handles] == [5, 9, 2]
+    row = app.tasks.get(handles[0].id)
+    assert row is not None and row.state == "succeeded" and row.attempts == 1
+    assert row.args == {"args": [2, 3], "kwargs": {}}
+
+
+def test_a_failure_carries_the_remote_error_and_traceback(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    worker = start_worker()
+    handle = app.boom.send("no such address")
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=60)
+    assert failed.value.error == "ValueError: no such address"
+    assert "raise ValueError(text)" in failed.value.traceback
+    row = app.tasks.get(handle.id)
+    assert row is not None and row.state == "failed" and row.attempts == 2  # max_deliveries=2
+    # Each failed attempt is logged with its traceback.
+    log = wait_until(
+        lambda: worker.log_text().count("ValueError: no such address") >= 2 and worker.log_text(),
+        30,
+        "the log",
+    )
+    assert "attempt 1 of 2; will retry" in log and "Traceback (most recent call last)" in log
+
+
+def test_a_result_that_is_not_json_fails_the_task(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    start_worker()
+    with pytest.raises(TaskFailed, match="cannot travel as JSON"):
+        app.not_json.send().result(timeout=60)
+
+
+def test_arguments_json_cannot_carry_are_refused_at_send(data_dir: Path, app: ModuleType) -> None:
+    # No broker is needed to be told: nothing is stored, no row is made.
+    with pytest.raises(SerializationError, match=r"args\[0\]: a datetime"):
+        app.add.send(datetime.now(), 1)
+    with pytest.raises(SerializationError, match=r"kwargs\['b'\]\[0\]: a set"):
+        app.add.send(1, b=[{1}])
+    with pytest.raises(SerializationError, match="key 1 is a int"):
+        app.add.send(1, {1: 2})
+    with pytest.raises(SerializationError, match="nan"):
+        app.add.send(float("nan"), 1)
+    assert not (data_dir / "tasks.db").exists() or app.tasks.store.recent() == []
+
+
+def test_bad_declarations_and_options_are_refused(data_dir: Path) -> None:
+    tasks = Tasks(data_dir)
+
+    def f() -> None: ...
+
+    with pytest.raises(InvalidArgumentError, match="rate_limit"):
+        tasks.task(rate_limit="fast")(f)
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        tasks.task(priority=10)(f)
+    declared = tasks.task(rate_limit="50/s", priority=3)(f)
+    assert declared.rate_per_second == 50.0 and declared.priority == 3
+    with pytest.raises(InvalidArgumentError, match="already declared"):
+        tasks.task(f)
+    with pytest.raises(InvalidArgumentError, match="priority"):
+        declared.send_with(priority=-1)
+    with pytest.raises(InvalidArgumentError, match="cron"):
+        tasks.periodic("every now and then", declared)
+    with pytest.raises(InvalidArgumentError, match="time zone"):
+        tasks.periodic("* * * * *", declared, tz="Mars/Olympus")
+
+
+def test_results_outlive_a_broker_restart_and_expire_after_their_ttl(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, data_dir: Path
+) -> None:
+    start_worker()
+    kept = app.add.send_with(args=[20, 22], priority=9)
+    brief = app.short_lived.send()
+    assert kept.result(timeout=60) == 42
+    assert brief.result(timeout=60) == "soon gone"
+    broker.stop()
+    # Another process's view (a fresh Tasks on the directory) while the broker is down.
+    reader = Tasks(data_dir)
+    assert reader.result(kept.id, timeout=5) == 42
+    row = reader.get(kept.id)
+    assert row is not None and row.priority == 9
+    broker.start()
+    assert reader.result(kept.id, timeout=5) == 42
+    # result_ttl=1: gone from every reader once it has passed.
+    wait_until(lambda: reader.get(brief.id) is None, 30, "the short-lived result to expire")
+    with pytest.raises(ResultTimeoutError):
+        reader.result(brief.id, timeout=0.2)
+    mode = stat.S_IMODE((data_dir / "tasks.db").stat().st_mode)
+    assert mode == 0o600
+    with sqlite3.connect(data_dir / "tasks.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    reader.close()
