@@ -1,0 +1,59 @@
+"""Cancelling a task before it starts (point 10, task layer) and unique tasks (point 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import count_marks
+from spoolmq.errors import TaskFailed
+from spoolmq.testing import BrokerProcess, wait_until
+
+
+def test_a_cancelled_task_never_runs(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    start_worker()
+    cancelled = app.slow.send_with(args=["cancelled", 0], delay=2, key="k")
+    assert cancelled.cancel() is True
+    assert cancelled.cancel() is True  # asking again: still cancelled
+    # Sent after it, with the same key: the broker delivers per key in order, so once
+    # this one has run the cancelled one was delivered (and acknowledged unrun).
+    after = app.slow.send_with(args=["after", 0], delay=2, key="k")
+    after.result(timeout=60)
+    assert count_marks(marks, "cancelled") == []
+    with pytest.raises(TaskFailed) as failed:
+        cancelled.result(timeout=5)
+    assert failed.value.state == "cancelled"
+    # A running or finished task cannot be cancelled.
+    running = app.slow.send("running", 3)
+    wait_until(lambda: count_marks(marks, "running"), 60, "the task to start")
+    assert running.cancel() is False
+    assert after.cancel() is False
+    running.result(timeout=60)
+
+
+def test_a_unique_task_sent_twice_in_its_window_is_one_task(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    start_worker()
+    first = app.add.send_with(args=[1, 2], unique_for=60)
+    second = app.add.send_with(args=[1, 2], unique_for=60)
+    other = app.add.send_with(args=[2, 1], unique_for=60)
+    assert second.id == first.id and second.created is False
+    assert other.id != first.id
+    keyed = app.add.send_with(args=[5, 5], unique_for=60, unique_key="report-7")
+    again = app.add.send_with(args=[6, 6], unique_for=60, unique_key="report-7")
+    assert again.id == keyed.id
+    assert first.result(timeout=60) == 3 and again.result(timeout=60) == 10
+    assert len(app.tasks.store.recent(name="task_app.add")) == 3
+    # The window closes: the same send is a new task.
+    short = app.add.send_with(args=[7, 7], unique_for=0.5)
+    wait_until(
+        lambda: app.add.send_with(args=[7, 7], unique_for=0.5).id != short.id,
+        30,
+        "the unique window to close",
+    )

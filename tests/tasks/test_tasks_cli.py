@@ -1,0 +1,72 @@
+"""``spoolmq tasks list|inspect|result|cancel|periodic list`` (point 11), on a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from spoolmq.errors import TaskFailed
+from spoolmq.testing import BrokerProcess
+
+
+def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spoolmq", "tasks", *args, "--data", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "300"},  # rich wraps a table to the terminal width
+    )
+
+
+def test_the_tasks_commands(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, data_dir: Path
+) -> None:
+    start_worker()
+    done = app.add.send(40, 2)
+    failed = app.boom.send("nope")
+    assert done.result(timeout=60) == 42
+    waiting = app.add.send_with(args=[1, 1], delay=3600)
+
+    listed = json.loads(_cli(data_dir, "list", "--json").stdout)
+    assert {row["id"] for row in listed} == {done.id, failed.id, waiting.id}
+    assert json.loads(_cli(data_dir, "list", "--json", "--state", "queued").stdout)[0]["id"] == (
+        waiting.id
+    )
+    table = _cli(data_dir, "list")
+    assert table.returncode == 0 and "task_app.add" in table.stdout
+
+    result = _cli(data_dir, "result", done.id)
+    assert result.returncode == 0 and result.stdout.strip() == "42"
+    inspected = json.loads(_cli(data_dir, "inspect", done.id, "--json").stdout)
+    assert inspected["state"] == "succeeded" and inspected["args"]["args"] == [40, 2]
+
+    cancel = _cli(data_dir, "cancel", waiting.id, "--json")
+    assert cancel.returncode == 0 and json.loads(cancel.stdout)["cancelled"] is True
+    assert _cli(data_dir, "cancel", done.id).returncode == 1
+
+    with pytest.raises(TaskFailed):  # the failed one ends after its two attempts
+        failed.result(timeout=60)
+    bad = _cli(data_dir, "result", failed.id)
+    assert bad.returncode == 2 and "ValueError: nope" in bad.stdout
+    shown = _cli(data_dir, "inspect", failed.id)
+    assert "raise ValueError(text)" in shown.stdout
+
+    missing = _cli(data_dir, "result", "no-such-task")
+    assert missing.returncode == 1 and "no task no-such-task" in missing.stderr
+    assert json.loads(_cli(data_dir, "periodic", "list", "--json").stdout) == []
+
+
+def test_the_commands_refuse_a_directory_without_tasks(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    answer = _cli(empty, "list")
+    assert answer.returncode != 0 and "tasks.db" in answer.stderr
+    assert len(answer.stderr.strip().splitlines()) == 1

@@ -1,0 +1,121 @@
+"""Periodic jobs: once per tick across schedulers and broker restarts, missed ticks once on
+return or skipped (point 6)."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from conftest import count_marks
+from spoolmq import Store
+from spoolmq.tasks import Tasks
+from spoolmq.tasks.scheduler import Scheduler
+from spoolmq.testing import BrokerProcess, wait_until
+
+HOUR = 3600.0
+
+
+def _stored(data_dir: Path, topic: str) -> int:
+    with Store(data_dir) as store:
+        config = store.topics().get(topic)
+        if config is None:
+            return 0
+        return sum(store.log_end_offset(topic, p) for p in range(config.partitions))
+
+
+def test_missed_ticks_fire_once_on_return_or_are_skipped(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    tasks = Tasks(data_dir)
+
+    @tasks.task(topic="t.hourly", name="report")
+    def report() -> None: ...
+
+    tasks.periodic(None, report, every=timedelta(hours=1), name="catching-up")
+    tasks.periodic(None, report, every=timedelta(hours=1), catch_up=False, name="skipping")
+    scheduler = Scheduler(tasks)
+    start = (1_800_000_000 // HOUR) * HOUR + 60  # a minute past the hour
+    scheduler.step(start)
+    assert scheduler.fired == []  # a new job starts from now, with no tick from before
+    # Everything was down for three hours and twenty minutes: three ticks were missed.
+    later = start + 3 * HOUR + 20 * 60
+    scheduler.step(later)
+    tick = int(later // HOUR)
+    assert scheduler.fired == [("catching-up", tick, False)]
+    scheduler.step(later + 5)
+    assert len(scheduler.fired) == 1  # once, not once per step
+    # On time, both fire.
+    scheduler.step((tick + 1) * HOUR + 1)
+    assert sorted(name for name, _, _ in scheduler.fired[1:]) == ["catching-up", "skipping"]
+    assert {j["name"]: j["last_tick"] for j in tasks.store.periodic_jobs()} == {
+        "catching-up": tick + 1,
+        "skipping": tick + 1,
+    }
+    scheduler.close()
+
+    # Across a broker restart: a scheduler that sends a tick again (it crashed before
+    # recording it) is told the broker has it, and the topic holds it once.
+    stored = _stored(data_dir, "t.hourly")
+    broker.stop()
+    broker.start()
+    with sqlite3.connect(data_dir / "tasks.db") as db:
+        db.execute("UPDATE periodic SET last_tick = last_tick - 1 WHERE name = 'catching-up'")
+    again = Scheduler(tasks)
+    again.step((tick + 1) * HOUR + 2)
+    assert again.fired == [("catching-up", tick + 1, True)]
+    assert _stored(data_dir, "t.hourly") == stored == 3
+    again.close()
+    tasks.close()
+
+
+def test_two_workers_send_each_tick_once(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path, data_dir: Path
+) -> None:
+    first = start_worker("--processes", "1", TASKS_PERIODIC="1")
+    second = start_worker("--processes", "1", TASKS_PERIODIC="1")
+    wait_until(lambda: len(app.tasks.store.recent(name="task_app.tick")) >= 3, 90, "three ticks")
+    first.stop()
+    second.stop()
+    start_worker("--no-scheduler")  # runs what the stopped workers left
+    ticks = app.tasks.store.recent(name="task_app.tick")
+    wait_until(
+        lambda: all(r.state == "succeeded" for r in app.tasks.store.recent(name="task_app.tick")),
+        60,
+        "every tick to run",
+    )
+    # One message and one run per tick, though two schedulers saw every one due.
+    assert _stored(data_dir, "t.periodic") == len(ticks)
+    assert len(count_marks(marks, "every2")) == len(ticks)
+    assert len({r.id for r in ticks}) == len(ticks)
+    jobs = app.tasks.store.periodic_jobs()
+    assert [j["name"] for j in jobs] == ["every2"] and jobs[0]["schedule"] == "every 2s"
+
+
+def test_cron_ticks_follow_their_time_zone() -> None:
+    from datetime import UTC, datetime
+
+    from spoolmq.tasks import Periodic
+
+    job = Periodic.build(
+        "t",
+        cron="0 9 * * *",
+        every=None,
+        tz="Europe/Paris",
+        catch_up=True,
+        args=[],
+        kwargs={},
+        name=None,
+    )
+    assert job.name == "t@cron 0 9 * * * Europe/Paris"
+    winter = datetime(2026, 1, 15, 12, 0, tzinfo=UTC).timestamp()  # Paris is UTC+1
+    tick, when = job.latest_tick(winter)
+    assert datetime.fromtimestamp(when, UTC) == datetime(2026, 1, 15, 8, 0, tzinfo=UTC)
+    assert tick == int(when)
+    summer = datetime(2026, 7, 15, 12, 0, tzinfo=UTC).timestamp()  # UTC+2
+    assert datetime.fromtimestamp(job.latest_tick(summer)[1], UTC).hour == 7
+    # Exactly on a tick: that tick, not the one before.
+    assert job.latest_tick(when) == (tick, when)
+    assert job.next_time(when) == when + 86400

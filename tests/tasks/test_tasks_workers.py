@@ -1,0 +1,95 @@
+"""What a worker process does with a task's life: heartbeats, death, time limits, stops,
+concurrency (points 3 and 4), with real ``spoolmq worker`` processes and a real broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import count_marks
+from spoolmq.errors import TaskFailed
+from spoolmq.testing import BrokerProcess, wait_until
+
+
+def _worker_pid(app: ModuleType, task_id: str) -> int:
+    row = wait_until(
+        lambda: (r := app.tasks.get(task_id)) is not None and r.state == "running" and r,
+        60,
+        "the task to start",
+    )
+    return int(row.worker.rsplit(":", 1)[1])
+
+
+def test_a_task_longer_than_its_lease_runs_once(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    # A 2 s lease and a 7 s task: without the heartbeat the broker would redeliver it to
+    # the second process after 2 s and it would run twice.
+    start_worker("--processes", "2", **{"TASKS_LEASE": "2"})
+    handle = app.slow.send("long", 7)
+    pid = handle.result(timeout=90)
+    assert count_marks(marks, "long") == [str(pid)]
+    row = app.tasks.get(handle.id)
+    assert row is not None and row.attempts == 1
+
+
+def test_a_dead_workers_task_is_redelivered_at_once(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    # A 120 s lease: a redelivery within the 60 s bound below came from the death, not
+    # from the lease running out.
+    start_worker("--processes", "2", TASKS_LEASE="120")
+    handle = app.slow.send("victim", 3)
+    victim = _worker_pid(app, handle.id)
+    os.kill(victim, signal.SIGKILL)
+    survivor = handle.result(timeout=60)
+    assert survivor != victim
+    runs = count_marks(marks, "victim")
+    assert runs[0] == str(victim) and runs[-1] == str(survivor) and len(runs) == 2
+    row = app.tasks.get(handle.id)
+    assert row is not None and row.attempts == 2
+
+
+def test_a_time_limit_fails_the_attempt_and_replaces_the_process(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    worker = start_worker("--processes", "1")
+    handle = app.stuck.send("stuck")
+    with pytest.raises(TaskFailed, match="TimeLimitExceeded: ran more than 1 s"):
+        handle.result(timeout=60)
+    stuck_pid = int(count_marks(marks, "stuck")[0])
+    # The next task runs in the process that replaced the stuck one.
+    assert app.worker_pid.send().result(timeout=60) != stuck_pid
+    assert f"worker process {stuck_pid} exited with 75" in worker.log_text()
+    # An async task past its limit is cancelled in place: the process stays.
+    before = app.worker_pid.send().result(timeout=60)
+    with pytest.raises(TaskFailed, match="TimeLimitExceeded"):
+        app.async_stuck.send().result(timeout=60)
+    assert app.worker_pid.send().result(timeout=60) == before
+
+
+def test_sigterm_lets_the_running_task_finish(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    worker = start_worker()
+    handle = app.slow.send("graceful", 3)
+    _worker_pid(app, handle.id)
+    assert worker.stop() == 0
+    row = app.tasks.get(handle.id)
+    assert row is not None and row.state == "succeeded" and row.attempts == 1
+    assert len(count_marks(marks, "graceful")) == 1
+
+
+def test_async_tasks_run_concurrently_in_one_process(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    start_worker("--processes", "1", "--concurrency", "4")
+    handles = [app.async_span.send(3) for _ in range(4)]
+    spans = [h.result(timeout=90) for h in handles]
+    # All four were running at one moment: the last start is before the first end.
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
