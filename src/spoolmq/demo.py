@@ -161,6 +161,9 @@ def run_demo(args: argparse.Namespace) -> int:
         for process in processes:
             process.join(15)
         elapsed = time.monotonic() - started
+        from spoolmq.tasks.demo import run_tasks_demo  # the task layer on the same broker
+
+        run_tasks_demo(data, console)
     finally:
         for process in processes:
             if process.is_alive():
