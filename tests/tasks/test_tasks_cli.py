@@ -70,3 +70,26 @@ def test_the_commands_refuse_a_directory_without_tasks(tmp_path: Path) -> None:
     answer = _cli(empty, "list")
     assert answer.returncode != 0 and "tasks.db" in answer.stderr
     assert len(answer.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no_such_module:tasks"], "cannot import 'no_such_module'"),
+        (["task_app"], "expected MODULE:TASKS"),
+        (["task_app:mark"], "is not a spoolmq Tasks object"),
+        (["task_app:tasks", "--topics", "nope"], "no task uses topic(s): nope"),
+        (["task_app:tasks", "--processes", "0"], "at least 1"),
+    ],
+)
+def test_worker_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    answer = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "worker", *args, "--data", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "TASKS_MARKS": str(tmp_path)},
+    )
+    assert answer.returncode != 0
+    assert message in answer.stderr and len(answer.stderr.strip().splitlines()) == 1

@@ -382,6 +382,12 @@ def run_worker(
         return process
 
     children = [start() for _ in range(processes)]
+    started_at = [time.monotonic()] * processes
+    # A process that dies soon after starting (a task module that fails to import in the
+    # child, a broker that is gone) is restarted after a pause that doubles up to 30 s,
+    # not in a tight loop; one that ran a while, or asked to be replaced, at once.
+    pauses = [0.0] * processes
+    restart_at = [0.0] * processes
     schedule_thread = None
     periodic = Scheduler(tasks) if scheduler and tasks.periodics else None
     if periodic is not None:
@@ -395,10 +401,21 @@ def run_worker(
             for i, child in enumerate(children):
                 if child.exitcode is None:
                     continue
-                logger.warning(
-                    "worker process %d exited with %s; starting another", child.pid, child.exitcode
-                )
-                children[i] = start()
+                now = time.monotonic()
+                if not restart_at[i]:
+                    quick = now - started_at[i] < 10 and child.exitcode != EXIT_REPLACE
+                    pauses[i] = min(30.0, max(0.5, pauses[i] * 2)) if quick else 0.0
+                    restart_at[i] = now + pauses[i]
+                    logger.warning(
+                        "worker process %d exited with %s; starting another%s",
+                        child.pid,
+                        child.exitcode,
+                        f" in {pauses[i]:g} s" if pauses[i] else "",
+                    )
+                if now >= restart_at[i]:
+                    children[i] = start()
+                    started_at[i] = now
+                    restart_at[i] = 0.0
             if time.monotonic() >= next_purge:
                 try:
                     purged = tasks.store.purge_expired()
