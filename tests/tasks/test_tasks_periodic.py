@@ -3,7 +3,11 @@ return or skipped (point 6)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -90,8 +94,16 @@ def test_two_workers_send_each_tick_once(
     assert _stored(data_dir, "t.periodic") == len(ticks)
     assert len(count_marks(marks, "every2")) == len(ticks)
     assert len({r.id for r in ticks}) == len(ticks)
-    jobs = app.tasks.store.periodic_jobs()
+    listed = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "tasks", "periodic", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SPOOLMQ_DATA": str(data_dir)},
+    )
+    jobs = json.loads(listed.stdout)
     assert [j["name"] for j in jobs] == ["every2"] and jobs[0]["schedule"] == "every 2s"
+    assert jobs[0]["last_tick"] >= max(int(r.id.rsplit("-", 1)[1]) for r in ticks)
 
 
 def test_cron_ticks_follow_their_time_zone() -> None:

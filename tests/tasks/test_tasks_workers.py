@@ -93,3 +93,18 @@ def test_async_tasks_run_concurrently_in_one_process(
     spans = [h.result(timeout=90) for h in handles]
     # All four were running at one moment: the last start is before the first end.
     assert max(start for start, _ in spans) < min(end for _, end in spans)
+
+
+def test_a_stop_hands_back_a_task_that_does_not_finish_in_time(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    first = start_worker("--shutdown-timeout", "1")
+    handle = app.slow.send("handed", 6)
+    stopped_pid = _worker_pid(app, handle.id)
+    assert first.stop() == 0
+    row = app.tasks.get(handle.id)
+    assert row is not None and row.state == "retrying" and "handed back" in (row.error or "")
+    # Another worker gets it at once and runs it to the end.
+    start_worker()
+    assert handle.result(timeout=90) != stopped_pid
+    assert len(count_marks(marks, "handed")) == 2
