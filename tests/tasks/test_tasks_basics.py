@@ -118,3 +118,13 @@ def test_results_outlive_a_broker_restart_and_expire_after_their_ttl(
     with sqlite3.connect(data_dir / "tasks.db") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     reader.close()
+
+
+def test_arguments_that_do_not_fit_fail_the_task_not_the_worker(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    start_worker()
+    for task in (app.add, app.async_add):
+        with pytest.raises(TaskFailed, match="TypeError"):
+            task.send(1, 2, 3).result(timeout=60)
+    assert app.add.send(1, 2).result(timeout=60) == 3  # the same worker goes on

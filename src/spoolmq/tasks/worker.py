@@ -121,7 +121,6 @@ class WorkerProcess:
             concurrency, thread_name_prefix="spoolmq-task"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.handled = 0
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -131,8 +130,8 @@ class WorkerProcess:
             ).start()
         return self._loop
 
-    def run(self, max_tasks: int | None = None) -> int:
-        """Serve until stopped (or ``max_tasks`` handled); the process's exit code."""
+    def run(self) -> int:
+        """Serve until stopped; the process's exit code (75: replace this process)."""
         served = [t for t in self.tasks.registry.values() if t.topic in self.topics]
         consumer = Consumer(
             self.topics,
@@ -158,8 +157,6 @@ class WorkerProcess:
                 if time.monotonic() >= next_beat:
                     self._heartbeat()
                     next_beat = time.monotonic() + beat_every
-                if max_tasks is not None and self.handled >= max_tasks:
-                    self.stopping.set()
                 live = [r for r in self._running.values() if not r.abandoned]
                 if self.stopping.is_set() or self.replace:
                     if not live:
@@ -181,7 +178,12 @@ class WorkerProcess:
                 # Short while tasks run (their completions are noticed between waits).
                 message = consumer.receive(0.05 if live else 0.5)
                 if message is not None:
-                    self._start(message)
+                    try:
+                        self._start(message)
+                    except SpoolError as exc:  # a damaged record, tasks.db unavailable
+                        logger.error("could not start %s (giving it back): %s", message, exc)
+                        if not message.settled:
+                            self._settle(message, "nack", reason=str(exc)[:500])
         finally:
             consumer.close()
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -218,19 +220,28 @@ class WorkerProcess:
             # Cancelled before it started, or already done (its ACK was lost): not again.
             logger.info("task %s is %s: acknowledged without running it", task_id, state)
             message.ack(wait=False)
-            self.handled += 1
             return
         if message.attempt > task.max_deliveries:
             error = f"gave up after {message.attempt - 1} deliveries (its workers stopped)"
             self.tasks.store.finish(task_id, FAILED, error=error)
             message.ack(wait=False)
-            self.handled += 1
             return
+        # The call itself happens in the task's thread or on the loop: arguments that do
+        # not fit the function fail the task there, never this loop.
+        fn = task.fn
         future: concurrent.futures.Future[Any]
         if task.is_async:
-            future = asyncio.run_coroutine_threadsafe(task.fn(*args, **kwargs), self._event_loop())
+
+            async def call_async() -> Any:
+                return await fn(*args, **kwargs)
+
+            future = asyncio.run_coroutine_threadsafe(call_async(), self._event_loop())
         else:
-            future = self._threads.submit(task.fn, *args, **kwargs)
+
+            def call() -> Any:
+                return fn(*args, **kwargs)
+
+            future = self._threads.submit(call)
         now = time.monotonic()
         deadline = None if task.time_limit is None else now + task.time_limit
         self._running[message.tag] = _Running(message, task, task_id, future, now, deadline)
@@ -242,7 +253,6 @@ class WorkerProcess:
             del self._running[tag]
             if running.abandoned:
                 continue  # already settled when its time limit passed
-            self.handled += 1
             try:
                 result = running.future.result()
                 check_json(result, "the result")
