@@ -163,7 +163,7 @@ class WorkerProcess:
                         break
                     if stop_deadline is None:
                         stop_deadline = time.monotonic() + self.shutdown_timeout
-                    elif time.monotonic() >= stop_deadline and not self.replace:
+                    elif time.monotonic() >= stop_deadline and self.stopping.is_set():
                         self._hand_back()
                         break
                     concurrent.futures.wait([r.future for r in live], timeout=0.1)
