@@ -221,7 +221,7 @@ class AsyncPublisher:
         """Publish one message and wait for its answer (see the module's docstring for what
         cancelling this does). ``options`` are the PublishOptions, as for Publisher."""
         if self._outstanding >= self.max_buffered:
-            await self._wait_for_room()
+            await self.wait_for_room()
         return await self._enqueue(topic, value, options, acks, urgent=True)
 
     def publish_nowait(
@@ -319,11 +319,22 @@ class AsyncPublisher:
             self._wake.poke()
         return future
 
-    async def _wait_for_room(self) -> None:
+    @property
+    def outstanding(self) -> int:
+        """Messages queued or sent and not answered yet."""
+        return self._outstanding
+
+    async def wait_for_room(self) -> None:
         """Wait while ``max_buffered`` messages are queued or unanswered (at most
-        ``delivery_timeout``): a caller faster than the broker is slowed down."""
+        ``delivery_timeout``, then PublishTimeoutError): ``publish`` does, so a caller
+        faster than the broker is slowed down; a loop of ``publish_nowait`` calls it now
+        and then to bound its backlog the same way. With room it returns at once, but
+        after one turn of the event loop, so the writer and reader tasks run."""
+        if self._outstanding < self.max_buffered:
+            await asyncio.sleep(0)
+            return
         deadline = time.monotonic() + self.delivery_timeout
-        self._urgent = True
+        self._urgent = True  # what is queued goes out now rather than after its linger
         self._wake.poke()
         while self._outstanding >= self.max_buffered and not self._closed:
             remaining = deadline - time.monotonic()
