@@ -564,7 +564,10 @@ class AsyncReceivedMessage(DeliveredRecord):
         """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer
         is awaited and a refused ACK (lease expired) raises LeaseExpiredError; without, the
         ACK joins the next frame of ACKs (100 to a frame, or when the consumer waits)."""
-        await self._consumer._settle(self, "ack", wait=wait)
+        if wait:
+            await self._consumer._settle(self, "ack", wait=True)
+        else:
+            self._consumer._ack_later(self)  # no second coroutine: the common case
 
     async def nack(
         self, delay: float | None = None, reason: str | None = None, *, wait: bool = True
@@ -850,25 +853,29 @@ class AsyncConsumer:
         reason: str | None = None,
     ) -> None:
         self._check_settle(message)
-        if op == "ack" and not wait:
-            self._acks.append(message.tag)
-            if len(self._acks) >= 100:
-                self._flush_acks_or_raise()
-        else:
-            frame = settle_frame(op, message.tag, delay, reason)
-            try:
-                if wait:
-                    refusal = refusal_error(await self._request(frame))
-                    if refusal is not None:
-                        raise refusal
-                else:
-                    self._write(frame)
-            except _LOST:
-                raise UnknownDeliveryError(
-                    "lost the broker before it confirmed; the message will be redelivered"
-                ) from None
+        frame = settle_frame(op, message.tag, delay, reason)
+        try:
+            if wait:
+                refusal = refusal_error(await self._request(frame))
+                if refusal is not None:
+                    raise refusal
+            else:
+                self._write(frame)
+        except _LOST:
+            raise UnknownDeliveryError(
+                "lost the broker before it confirmed; the message will be redelivered"
+            ) from None
         message.settled = True
         self._unsettled.discard(message.tag)
+
+    def _ack_later(self, message: AsyncReceivedMessage) -> None:
+        """``ack(wait=False)``: the tag joins the next ACK frame's runs."""
+        self._check_settle(message)
+        self._acks.append(message.tag)
+        message.settled = True
+        self._unsettled.discard(message.tag)
+        if len(self._acks) >= 100:
+            self._flush_acks_or_raise()
 
     async def _extend(self, message: AsyncReceivedMessage, seconds: float) -> None:
         if message._generation != self._generation or self._stream is None:
