@@ -240,3 +240,46 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_many_concurrent_publish_awaits_share_frames(broker: BrokerProcess, data_dir: Path) -> None:
+    count = 1000
+
+    async def main() -> tuple[list[Position], int]:
+        async with AsyncPublisher(data=data_dir) as pub:
+            positions = await asyncio.gather(
+                *(pub.publish("tasks", {"id": i}) for i in range(count))
+            )
+            return list(positions), pub._frame_ids
+
+    positions, frames = asyncio.run(main())
+    assert len({p.offset for p in positions}) == count
+    # Every task's publish is "urgent", yet those queued in one turn of the loop go together.
+    assert frames <= count // 10
+    assert sorted(stored_ids(data_dir, "tasks")) == list(range(count))
+
+
+def test_a_timeout_while_frames_are_in_flight_never_sends_the_message(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    publisher_pid = broker.child_pids()["publisher"]
+
+    async def main() -> None:
+        async with AsyncPublisher(data=data_dir, max_in_flight=1) as pub:
+            await pub.publish("timeout", {"id": "before"})
+            os.kill(publisher_pid, signal.SIGSTOP)
+            try:
+                first = asyncio.create_task(pub.publish("timeout", {"id": "in-flight"}))
+                await eventually(lambda: pub._in_flight, 30, "the first frame to be written")
+                # The one frame allowed in flight is out: this message waits in the queue
+                # until asyncio.timeout cancels it.
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await pub.publish("timeout", {"id": "timed-out"})
+            finally:
+                os.kill(publisher_pid, signal.SIGCONT)
+            await first
+            await pub.publish("timeout", {"id": "after"})
+
+    asyncio.run(main())
+    assert stored_ids(data_dir, "timeout") == ["before", "in-flight", "after"]
