@@ -23,10 +23,11 @@ is decided by one fact, whether the message's frame was written to the connectio
   answer. ``CancelledError`` propagates at once; the caller does not get the Position.
   Callers who need it publish with ``publish_nowait`` and ``asyncio.shield`` the future.
 
-``AsyncConsumer`` reads the connection in one task that buffers deliveries and routes the
-answers to requests; ``async for msg in consumer`` takes them in order; ``await
-msg.ack()`` waits for the broker's answer (``ack(wait=False)`` batches ACKs 100 to a
-frame, as the threaded ``run()``).
+Neither client runs a reader task: the connection is an ``asyncio.Protocol`` that hands
+each frame, as it arrives, to the client (answers resolve the publish futures; deliveries
+go to the consumer's buffer, answers to its requests). ``async for msg in consumer`` takes
+the messages in order; ``await msg.ack()`` waits for the broker's answer (``ack(wait=False)``
+batches ACKs 100 to a frame, as the threaded ``run()``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ logger = logging.getLogger("spoolmq.client")
 # Messages go out in frames of one ACK level, one topic and (when known) one partition.
 _Group = tuple[str, str, int | None]
 
-_LOST = (asyncio.IncompleteReadError, ConnectionError, OSError, EOFError)
+_LOST = (ConnectionError, OSError, EOFError)
 """What a lost connection raises: the broker stopped, restarted or closed it."""
 
 
@@ -188,7 +189,6 @@ class AsyncPublisher:
         self._frame_ids = 0
         self._in_flight: dict[int, tuple[_Group, list[_Queued]]] = {}
         self._stream: FrameStream | None = None
-        self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._wake = _Waker()  # the writer task's wait
         self._answered = _Waker()  # flush() and publish() waiting for room
@@ -206,7 +206,7 @@ class AsyncPublisher:
             self._address, self._authkey, "publisher", self.name
         )
         self._started = True
-        self._reader = asyncio.create_task(self._read(self._stream), name="spoolmq-aio-read")
+        self._listen(self._stream)
         self._writer = asyncio.create_task(self._write_loop(), name="spoolmq-aio-write")
         return self
 
@@ -258,11 +258,10 @@ class AsyncPublisher:
                 await self.flush(self.delivery_timeout)
         finally:
             self._closed = True
-            for task in (self._writer, self._reader):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, *_LOST):
-                        await task
+            if self._writer is not None:
+                self._writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, *_LOST):
+                    await self._writer
             stream, self._stream = self._stream, None
             if stream is not None:
                 with contextlib.suppress(*_LOST):
@@ -443,8 +442,6 @@ class AsyncPublisher:
         """Connect again (backing off up to a second between tries), then put every
         unanswered frame back at the front of the queue, oldest first: the same producer id
         and sequences, so what the broker stored before it went away is not stored twice."""
-        if self._reader is not None:
-            self._reader.cancel()
         delay = 0.05
         while True:
             self._expire()
@@ -472,7 +469,7 @@ class AsyncPublisher:
         self._groups = groups
         self._urgent = True
         self._stream = stream
-        self._reader = asyncio.create_task(self._read(stream), name="spoolmq-aio-read")
+        self._listen(stream)
 
     def _expire(self) -> None:
         """Fail messages whose delivery timeout passed (never a false ACK: an error)."""
@@ -492,14 +489,13 @@ class AsyncPublisher:
         if expired:
             self._done(len(expired))
 
-    # -- the reader task ------------------------------------------------------------------
+    # -- answers: called by the event loop as they arrive ---------------------------------
 
-    async def _read(self, stream: FrameStream) -> None:
-        try:
-            while True:
-                self._handle_reply(protocol.decode(await stream.read()))
-        except (SpoolError, *_LOST) as exc:
-            self._lost(stream, exc)
+    def _listen(self, stream: FrameStream) -> None:
+        stream.take_frames(
+            lambda data: self._handle_reply(protocol.decode(data)),
+            lambda exc: self._lost(stream, exc),
+        )
 
     def _handle_reply(self, frame: dict[str, Any]) -> None:
         frame_id = frame.get("id")
@@ -642,7 +638,6 @@ class AsyncConsumer:
         self._acks: list[int] = []
         self._unsettled: set[int] = set()
         self._stream: FrameStream | None = None
-        self._reader: asyncio.Task[None] | None = None
 
     # -- connection -------------------------------------------------------------------------
 
@@ -660,7 +655,7 @@ class AsyncConsumer:
         self._acks.clear()  # deliveries of the old connection are void
         self._unsettled.clear()
         self._taken = 0
-        self._reader = asyncio.create_task(self._read(stream), name="spoolmq-aio-consume")
+        stream.take_frames(self._take_frame, lambda exc: self._lost(stream, exc))
         try:
             reply = await self._request(
                 {
@@ -709,39 +704,40 @@ class AsyncConsumer:
                 )
         self._arrived.poke()
 
-    async def _read(self, stream: FrameStream) -> None:
-        """The connection's one reader: deliveries to the buffer, answers to requests."""
-        try:
-            while True:
-                frame, lines = protocol.split_frame(await stream.read())
-                op = frame["op"]
-                if op == "deliver":
-                    generation = self._generation
-                    self._buffer.extend(
-                        AsyncReceivedMessage(self, generation, t, p, offset, tag, attempt, line)
-                        for t, p, offset, tag, attempt, line in delivery_entries(frame, lines)
-                    )
-                    self._arrived.poke()
-                    continue
-                if op == "closing":
-                    raise EOFError("the broker is shutting down")
-                frame_id = frame.get("id")
-                if frame_id is None:
-                    if op == "error":
-                        raise error_from_code(str(frame.get("code")), str(frame.get("message")))
-                    for refusal in frame.get("refused") or []:
-                        self.refused.append(refusal)
-                        logger.warning(
-                            "the broker refused %s: %s", refusal.get("tag"), refusal.get("message")
-                        )
-                    continue
-                future = self._requests.pop(frame_id, None)
-                if future is not None and not future.done():
-                    future.set_result(frame)
-        except Exception as exc:  # lost, or a broker's error without id: reconnect
-            if not isinstance(exc, _LOST):
-                logger.warning("the broker connection failed: %s", exc)
-            self._drop(stream, exc)
+    def _take_frame(self, data: bytes) -> None:
+        """Each frame from the broker, as it arrives (the event loop calls this):
+        deliveries to the buffer, answers to their requests. What it raises ends the
+        connection (``_lost``)."""
+        frame, lines = protocol.split_frame(data)
+        op = frame["op"]
+        if op == "deliver":
+            generation = self._generation
+            self._buffer.extend(
+                AsyncReceivedMessage(self, generation, t, p, offset, tag, attempt, line)
+                for t, p, offset, tag, attempt, line in delivery_entries(frame, lines)
+            )
+            self._arrived.poke()
+            return
+        if op == "closing":
+            raise EOFError("the broker is shutting down")
+        frame_id = frame.get("id")
+        if frame_id is None:
+            if op == "error":
+                raise error_from_code(str(frame.get("code")), str(frame.get("message")))
+            for refusal in frame.get("refused") or []:
+                self.refused.append(refusal)
+                logger.warning(
+                    "the broker refused %s: %s", refusal.get("tag"), refusal.get("message")
+                )
+            return
+        future = self._requests.pop(frame_id, None)
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    def _lost(self, stream: FrameStream, exc: BaseException) -> None:
+        if not isinstance(exc, _LOST):  # a broker's error without id, or a bad frame
+            logger.warning("the broker connection failed: %s", exc)
+        self._drop(stream, exc)
 
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Send a frame with an id and wait for its answer (EOFError if the connection
@@ -917,10 +913,6 @@ class AsyncConsumer:
             return
         self._closed = True
         stream = self._stream
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
         if stream is not None:
             with contextlib.suppress(*_LOST):
                 self._flush_acks()

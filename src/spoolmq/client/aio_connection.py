@@ -6,7 +6,7 @@ The broker's listener is a ``multiprocessing.connection.Listener``, so this spea
 module's wire format, re-done for an event loop (its functions block on the socket):
 
 * framing: each message is a 4-byte big-endian signed size, or ``-1`` and an 8-byte size for
-  one over 2 GiB, then the bytes (``FrameStream``);
+  one over 2 GiB, then the bytes (``FrameStream``, an ``asyncio.Protocol``);
 * authentication, both ways: the listener sends ``#CHALLENGE#`` and random bytes, the client
   answers with their HMAC under the authkey and gets ``#WELCOME#`` (or ``#FAILURE#``); then
   the client challenges the listener the same way, so each side knows the other holds the
@@ -18,9 +18,10 @@ module's wire format, re-done for an event loop (its functions block on the sock
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import os
+from collections import deque
+from collections.abc import Callable
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, hello_frame
@@ -33,45 +34,150 @@ _LONG_SIZE = -1
 _HANDSHAKE_BYTES = 256  # what multiprocessing reads at most for each handshake message
 
 
-class FrameStream:
-    """One connection's frames over asyncio streams: ``write`` queues a frame in the
-    transport without waiting (the event loop sends it), ``drain`` waits while the socket's
-    buffer is full, ``read`` returns the next whole frame."""
+class FrameStream(asyncio.Protocol):
+    """One connection's frames, as an ``asyncio.Protocol``: the event loop hands it the
+    bytes as they arrive and it cuts them into frames at once. A client then either awaits
+    ``read()`` (the handshake does) or sets ``on_frame`` to take every frame in the loop's
+    own callback, with no reader task to wake per frame: an idle consumer woken for each
+    message pays one callback instead of a task step and two futures. ``write`` hands a
+    frame to the transport without waiting; ``drain`` waits while its buffer is over the
+    high-water mark.
 
-    __slots__ = ("_reader", "_writer")
+    When the connection ends (or sends a frame over ``max_bytes``) ``read``/``drain`` raise
+    ConnectionResetError and ``on_lost`` is called once with the reason."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._frames: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self._lost: BaseException | None = None
+        self.max_bytes = protocol.MAX_FRAME_BYTES
+        self.on_frame: Callable[[bytes], None] | None = None
+        self.on_lost: Callable[[BaseException], None] | None = None
+
+    # -- what the event loop calls -----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        end = len(buffer)
+        while end - start >= 4:
+            size = int.from_bytes(buffer[start : start + 4], "big", signed=True)
+            head = 4
+            if size == _LONG_SIZE:
+                if end - start < 12:
+                    break
+                size = int.from_bytes(buffer[start + 4 : start + 12], "big")
+                head = 12
+            if not 0 <= size <= self.max_bytes:
+                self._fail(OSError(f"bad message length: {size} (limit {self.max_bytes})"))
+                return
+            if end - start < head + size:
+                break
+            frame = bytes(buffer[start + head : start + head + size])
+            start += head + size
+            if self.on_frame is None:
+                self._frames.append(frame)
+                continue
+            try:
+                self.on_frame(frame)
+            except Exception as exc:  # a bad frame, or the broker's error: the connection ends
+                self._fail(exc)
+                return
+        if start:
+            del buffer[:start]
+        if self._frames:
+            _wake(self._waiter)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("the broker closed the connection"))
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        _wake(self._drain)
+
+    # -- what the client calls --------------------------------------------------------
+
+    def take_frames(
+        self, on_frame: Callable[[bytes], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        """From now on, hand every frame to ``on_frame`` as it arrives (those already
+        read first) and the end of the connection to ``on_lost``."""
+        self.on_frame, self.on_lost = on_frame, on_lost
+        while self._frames and self._lost is None:
+            frame = self._frames.popleft()
+            try:
+                on_frame(frame)
+            except Exception as exc:
+                self._fail(exc)
+        if self._lost is not None:
+            on_lost(self._lost)
 
     def write(self, data: bytes) -> None:
+        assert self._transport is not None
         size = len(data)
         if size <= 0x7FFFFFFF:
-            self._writer.write(size.to_bytes(4, "big", signed=True) + data)
+            self._transport.write(size.to_bytes(4, "big", signed=True) + data)
         else:
-            self._writer.write(_LONG_SIZE.to_bytes(4, "big", signed=True) + size.to_bytes(8, "big"))
-            self._writer.write(data)
+            self._transport.write(
+                _LONG_SIZE.to_bytes(4, "big", signed=True) + size.to_bytes(8, "big")
+            )
+            self._transport.write(data)
 
     async def drain(self) -> None:
-        await self._writer.drain()
+        while self._paused and self._lost is None:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+        if self._lost is not None:
+            raise ConnectionResetError(f"lost the broker: {self._lost}")
 
     async def read(self, max_bytes: int = protocol.MAX_FRAME_BYTES) -> bytes:
-        """The next frame; IncompleteReadError when the connection ends, OSError for a frame
-        over ``max_bytes`` (as ``Connection.recv_bytes``)."""
-        size = int.from_bytes(await self._reader.readexactly(4), "big", signed=True)
-        if size == _LONG_SIZE:
-            size = int.from_bytes(await self._reader.readexactly(8), "big")
-        if not 0 <= size <= max_bytes:
-            raise OSError(f"bad message length: {size} (the limit is {max_bytes} bytes)")
-        return await self._reader.readexactly(size)
+        """The next frame (ConnectionResetError once the connection has ended; OSError
+        for a frame over ``max_bytes``, as ``Connection.recv_bytes``)."""
+        while not self._frames:
+            if self._lost is not None:
+                raise ConnectionResetError(f"lost the broker: {self._lost}")
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        frame = self._frames.popleft()
+        if len(frame) > max_bytes:
+            raise OSError(f"bad message length: {len(frame)} (the limit is {max_bytes} bytes)")
+        return frame
 
     def close(self) -> None:
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
 
     async def wait_closed(self) -> None:
-        # The other end may have gone first: the stream is closed all the same.
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            await self._writer.wait_closed()
+        """Let the loop run the transport's close (the socket is closed on the next turn)."""
+        await asyncio.sleep(0)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._lost is not None:
+            return
+        self._lost = exc
+        if self._transport is not None:
+            self._transport.abort()
+        _wake(self._waiter)
+        _wake(self._drain)
+        if self.on_lost is not None:
+            self.on_lost(exc)
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _digest_name(message: bytes) -> str | None:
@@ -130,10 +236,11 @@ async def connect(
     """An authenticated asyncio connection that has been welcomed, and the client id; the
     same errors as ``client.connection.connect``."""
     try:
+        loop = asyncio.get_running_loop()
         if isinstance(address, str):
-            reader, writer = await asyncio.open_unix_connection(address)
+            _, stream = await loop.create_unix_connection(FrameStream, address)
         else:
-            reader, writer = await asyncio.open_connection(address[0], address[1])
+            _, stream = await loop.create_connection(FrameStream, address[0], address[1])
     except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as exc:
         raise BrokerUnavailableError(
             f"no broker is listening at {address} ({type(exc).__name__}); "
@@ -141,13 +248,12 @@ async def connect(
         ) from None
     except OSError as exc:
         raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None
-    stream = FrameStream(reader, writer)
     try:
         await _authenticate(stream, authkey)
         stream.write(protocol.encode(hello_frame(role, name)))
         welcome = protocol.decode(await stream.read())
         protocol.raise_if_error(welcome)
-    except (asyncio.IncompleteReadError, OSError) as exc:
+    except OSError as exc:
         stream.close()
         raise BrokerUnavailableError(f"the broker closed the connection: {exc}") from None
     except BaseException:
