@@ -1,8 +1,8 @@
 """The asyncio clients: ``AsyncPublisher`` and ``AsyncConsumer``.
 
 They speak the same wire protocol as the threaded ``Publisher`` and ``Consumer``
-(docs/PROTOCOL.md) on asyncio streams (``client/aio_connection.py``): no thread, no
-executor; every wait is an await on the event loop. Settings, their checks and the errors
+(docs/PROTOCOL.md) on an ``asyncio.Protocol`` (``client/aio_connection.py``): no thread,
+no executor; every wait is an await on the event loop. Settings, their checks and the errors
 raised are the threaded clients' (``client/common.py`` holds what both use).
 
 ``AsyncPublisher`` batches like ``Publisher``: messages queue per frame group (ACK level,

@@ -1,6 +1,6 @@
 """Connecting to a broker from asyncio: the same socket, authkey challenge and
-``hello``/``welcome`` as ``client/connection.py``, on asyncio streams instead of a blocking
-``multiprocessing.connection.Connection``.
+``hello``/``welcome`` as ``client/connection.py``, on the event loop's transport instead of
+a blocking ``multiprocessing.connection.Connection``.
 
 The broker's listener is a ``multiprocessing.connection.Listener``, so this speaks that
 module's wire format, re-done for an event loop (its functions block on the socket):
