@@ -89,14 +89,15 @@ def test_extend_keeps_a_message_past_its_lease(broker: BrokerProcess, data_dir: 
     publish(data_dir, "long", 1)
 
     async def main() -> Any:
-        options: dict[str, Any] = {"group": "g", "data": data_dir, "lease": 1.0}
+        options: dict[str, Any] = {"group": "g", "data": data_dir, "lease": 3.0}
         async with AsyncConsumer("long", **options) as first:
             message = await first.receive(timeout=30)
             assert message is not None
             await message.extend_lease(60)
             async with AsyncConsumer("long", **options) as second:
-                # Well past the 1 s lease: not redelivered to the other member.
-                stolen = await second.receive(timeout=3)
+                # Well past the 3 s lease (3 s leave room for a busy machine between the
+                # delivery and the extension): not redelivered to the other member.
+                stolen = await second.receive(timeout=8)
             # The lease held, so the ACK is accepted (an expired one is refused).
             await message.ack()
             return stolen
