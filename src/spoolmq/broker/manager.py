@@ -200,6 +200,7 @@ class BrokerManager:
         self._admin_ids = itertools.count(1)
         self.socket_path = self.data_dir / protocol.SOCKET_FILE
         self.metrics: MetricsServer | None = None
+        self._started = time.monotonic()
 
     # -- start and stop ------------------------------------------------------------------
 
@@ -216,6 +217,7 @@ class BrokerManager:
                 pid=pid,
             ) from None
         tune_allocator()
+        self._started = time.monotonic()
         pid_path = self.data_dir / PID_FILE
         write_new_file(pid_path, f"{os.getpid()}\n".encode())
         self._authkey = protocol.read_or_create_authkey(self.data_dir)
@@ -577,6 +579,7 @@ class BrokerManager:
             return {
                 "op": "ok",
                 "pid": os.getpid(),
+                "uptime_s": round(time.monotonic() - self._started, 3),
                 "publisher": self._children["publisher"].stats,
                 "consumer": self._children["consumer"].stats,
                 "restarts": {name: c.restarts for name, c in self._children.items()},

@@ -30,7 +30,7 @@ from typing import Any
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.errors import InvalidArgumentError, SpoolError
 from spoolmq.store import Store
-from spoolmq.store.names import dlq_topic
+from spoolmq.store.names import DLQ_SUFFIX, dlq_topic
 
 logger = logging.getLogger("spoolmq.metrics")
 
@@ -91,6 +91,25 @@ class Snapshot:
     groups: Mapping[str, Any] | None = None
 
 
+def dlq_depths(store: Store) -> dict[str, int]:
+    """Per topic (not itself a DLQ), how many dead letters its ``<topic>.dlq`` holds."""
+    topics = store.topics()
+    depths = {}
+    for name in topics:
+        if name.endswith(DLQ_SUFFIX):
+            continue
+        dlq = dlq_topic(name)
+        depths[name] = (
+            sum(
+                store.log_end_offset(dlq, p) - store.log_start_offset(dlq, p)
+                for p in range(topics[dlq].partitions)
+            )
+            if dlq in topics
+            else 0
+        )
+    return depths
+
+
 def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
     from prometheus_client.core import (
         CounterMetricFamily,
@@ -130,15 +149,7 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
                 ends[(name, partition)] = end
                 log_end.add_metric([name, str(partition)], end)
                 log_start.add_metric([name, str(partition)], start)
-        for name in sorted(topics):
-            if name.endswith(".dlq"):
-                continue
-            depth = 0
-            if dlq_topic(name) in topics:
-                depth = sum(
-                    ends[(dlq_topic(name), p)] - store.log_start_offset(dlq_topic(name), p)
-                    for p in range(topics[dlq_topic(name)].partitions)
-                )
+        for name, depth in sorted(dlq_depths(store).items()):
             dlq.add_metric([name], depth)
         live = snapshot.groups or {}
         for name, info in live.items():
