@@ -193,18 +193,21 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
     # -- from the children's figures (at most a second old) ---------------------------------
     publisher = stats.get("publisher") or {}
     consumer = stats.get("consumer") or {}
-    published = CounterMetricFamily(
-        "spoolmq_messages_published", "messages stored for publishers", labels=["topic"]
+    yield _one_label(
+        CounterMetricFamily,
+        "spoolmq_messages_published",
+        "messages stored for publishers",
+        "topic",
+        publisher.get("by_topic"),
     )
-    for topic, count in sorted((publisher.get("by_topic") or {}).items()):
-        published.add_metric([topic], count)
-    yield published
-    published_bytes = CounterMetricFamily(
-        "spoolmq_published_bytes", "bytes of stored records published", labels=["topic"]
+    yield _one_label(
+        CounterMetricFamily,
+        "spoolmq_published_bytes",
+        "bytes of stored records published",
+        "topic",
+        publisher.get("bytes_by_topic"),
     )
-    for topic, count in sorted((publisher.get("bytes_by_topic") or {}).items()):
-        published_bytes.add_metric([topic], count)
-    yield published_bytes
+    by_topic = consumer.get("by_topic") or {}
     for kind, what in (
         ("delivered", "messages handed to consumers (a redelivery counts again)"),
         ("acked", "messages ACKed by consumers"),
@@ -212,29 +215,29 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         ("dead_lettered", "messages moved to a dead-letter topic"),
         ("expired", "messages dropped because their TTL passed before delivery"),
     ):
-        family = CounterMetricFamily(f"spoolmq_messages_{kind}", what, labels=["topic"])
-        for topic, counts in sorted((consumer.get("by_topic") or {}).items()):
-            family.add_metric([topic], counts.get(kind, 0))
-        yield family
-    delivered_bytes = CounterMetricFamily(
-        "spoolmq_delivered_bytes", "bytes of records handed to consumers", labels=["topic"]
+        counts = {topic: figures.get(kind, 0) for topic, figures in by_topic.items()}
+        yield _one_label(CounterMetricFamily, f"spoolmq_messages_{kind}", what, "topic", counts)
+    yield _one_label(
+        CounterMetricFamily,
+        "spoolmq_delivered_bytes",
+        "bytes of records handed to consumers",
+        "topic",
+        consumer.get("bytes_by_topic"),
     )
-    for topic, count in sorted((consumer.get("bytes_by_topic") or {}).items()):
-        delivered_bytes.add_metric([topic], count)
-    yield delivered_bytes
-
-    clients = GaugeMetricFamily(
-        "spoolmq_connected_clients", "clients connected to the broker", labels=["role"]
+    yield _one_label(
+        GaugeMetricFamily,
+        "spoolmq_connected_clients",
+        "clients connected to the broker",
+        "role",
+        stats.get("clients"),
     )
-    for role, count in sorted((stats.get("clients") or {}).items()):
-        clients.add_metric([role], count)
-    yield clients
-    restarts = CounterMetricFamily(
-        "spoolmq_child_restarts", "times the manager restarted a broker child", labels=["child"]
+    yield _one_label(
+        CounterMetricFamily,
+        "spoolmq_child_restarts",
+        "times the manager restarted a broker child",
+        "child",
+        stats.get("restarts"),
     )
-    for child, count in sorted((stats.get("restarts") or {}).items()):
-        restarts.add_metric([child], count)
-    yield restarts
 
     for key, name, what in (
         ("commit_size", "spoolmq_group_commit_messages", "messages stored per group commit"),
@@ -250,6 +253,16 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         if figures:
             histogram.add_metric([], _cumulative(figures), figures["sum"])
         yield histogram
+
+
+def _one_label(
+    kind: Any, name: str, what: str, label: str, values: Mapping[str, float] | None
+) -> Any:
+    """A family with one label, a sample per entry of ``values`` (none yet: no samples)."""
+    family = kind(name, what, labels=[label])
+    for key, count in sorted((values or {}).items()):
+        family.add_metric([key], count)
+    return family
 
 
 def _cumulative(figures: Mapping[str, Any]) -> list[tuple[str, float]]:
