@@ -124,3 +124,22 @@ def test_rates_and_rows() -> None:
     labels = [row[0] for row in stats_rows(after, before)]
     assert "messages published" in labels and all("_" not in label for label in labels)
     assert [duration(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m 05s", "1h 01m", "1d 1h"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["stats", "--watch", "0"], "--watch takes seconds between 0.1 and 86400"),
+        (["stats", "--watch", "nan"], "--watch takes seconds between 0.1 and 86400"),
+        (["top", "--interval", "inf"], "--interval takes seconds between 0.1 and 86400"),
+    ],
+)
+def test_bad_intervals_are_one_line(
+    argv: list[str], message: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spoolmq.cli import main
+
+    data_dir.mkdir()
+    assert main([*argv, "--data", str(data_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spoolmq: ") and message in err and err.count("\n") == 1, err

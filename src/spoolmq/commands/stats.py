@@ -154,9 +154,10 @@ def _table(now: Sample, before: Sample | None) -> Any:
     return table
 
 
-def check_interval(seconds: float) -> float:
+def check_interval(seconds: float, option: str = "--watch") -> float:
+    """A refresh interval: finite, from 0.1 s (faster only loads the broker) to a day."""
     if not math.isfinite(seconds) or seconds < 0.1 or seconds > 86400:
-        raise InvalidArgumentError(f"--watch takes seconds between 0.1 and 86400, not {seconds!r}")
+        raise InvalidArgumentError(f"{option} takes seconds between 0.1 and 86400, not {seconds!r}")
     return seconds
 
 

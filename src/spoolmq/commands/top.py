@@ -150,7 +150,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
     from spoolmq.client import Admin
 
-    every = check_interval(args.interval)
+    every = check_interval(args.interval, "--interval")
     data = data_dir(args, must_exist=True)
     with Admin(data) as admin:
         before: Sample | None = None
