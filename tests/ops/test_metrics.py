@@ -172,3 +172,26 @@ def test_only_loopback() -> None:
     assert check_loopback(("::1", 9464)) == ("::1", 9464)
     with pytest.raises(InvalidArgumentError, match="loopback"):
         check_loopback(("0.0.0.0", 9464))
+
+
+def test_metrics_text_for_a_data_dir(broker: BrokerProcess, data_dir: Path) -> None:
+    """What ``spoolmq ui`` serves: the live figures over the admin connection."""
+    from spoolmq.commands.stats import metrics_text
+
+    with Publisher(data=data_dir) as publisher:
+        for n in range(3):
+            publisher.publish("seen", n)
+
+    def published() -> dict[Any, float] | None:
+        text = metrics_text(data_dir).decode()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        found = value(samples, "spoolmq_messages_published_total", topic="seen") == 3
+        return samples if found else None
+
+    samples = wait_until(published, 60, "3 published in the metrics text")
+    assert value(samples, "spoolmq_broker_up") == 1
+    assert value(samples, "spoolmq_log_end_offset", topic="seen", partition="0") == 3
