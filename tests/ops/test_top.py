@@ -17,6 +17,7 @@ from spoolmq import Consumer, Publisher
 from spoolmq.commands.stats import Sample, duration, rates, stats_rows
 from spoolmq.testing import BrokerProcess, wait_until
 
+SPOOLMQ = [sys.executable, "-m", "spoolmq"]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 
@@ -143,3 +144,29 @@ def test_bad_intervals_are_one_line(
     assert main([*argv, "--data", str(data_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("spoolmq: ") and message in err and err.count("\n") == 1, err
+
+
+def test_stats_watch_json_lines_until_sigint(broker: BrokerProcess, data_dir: Path) -> None:
+    import json
+    import signal
+
+    process = subprocess.Popen(
+        [*SPOOLMQ, "stats", "--watch", "0.2", "--json", "--data", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = json.loads(process.stdout.readline())
+        second = json.loads(process.stdout.readline())
+        assert first["pid"] == second["pid"] == broker.pid
+        assert first["rates"]["published"] is None  # no earlier sample yet
+        assert second["rates"]["published"] == 0.0
+        assert second["uptime_s"] >= first["uptime_s"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
