@@ -2,7 +2,16 @@
 
 from spoolmq import errors
 from spoolmq.allocator import tune_allocator
-from spoolmq.client import Admin, Consumer, Publisher, ReceivedMessage, run_workers
+from spoolmq.client import (
+    Admin,
+    AsyncConsumer,
+    AsyncPublisher,
+    AsyncReceivedMessage,
+    Consumer,
+    Publisher,
+    ReceivedMessage,
+    run_workers,
+)
 from spoolmq.config import StoreConfig, TopicConfig
 from spoolmq.store import Message, Position, Reader, Record, Store
 from spoolmq.tasks import Tasks
@@ -11,6 +20,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admin",
+    "AsyncConsumer",
+    "AsyncPublisher",
+    "AsyncReceivedMessage",
     "Consumer",
     "Message",
     "Position",

@@ -132,6 +132,11 @@ def test_publish_async_waits_for_room_when_the_buffer_is_full(tmp_path: Path) ->
 
 
 def test_a_full_buffer_fails_the_caller_after_the_delivery_timeout(tmp_path: Path) -> None:
+    """With the buffer full and no answer coming, a third ``publish_async`` waits for room
+    and fails after the delivery timeout. The two queued messages reach their own delivery
+    timeout at about the same moment, and their failure makes room: on a busy machine that
+    can come first, and then the third call returns, but only once both have failed. Either
+    way nothing is taken beyond ``max_buffered`` and every caller learns of the failure."""
     address, key = str(tmp_path / "fake.sock"), b"k" * 32
     gate = threading.Event()  # never set while the publisher waits: no answer comes
     with Listener(address, family="AF_UNIX", authkey=key) as listener:
@@ -139,10 +144,16 @@ def test_a_full_buffer_fails_the_caller_after_the_delivery_timeout(tmp_path: Pat
         server.start()
         pub = Publisher(address=address, authkey=key, max_buffered=2, delivery_timeout=1.0)
         try:
-            pub.publish_async("t", 0)
-            pub.publish_async("t", 1)
-            with pytest.raises(PublishTimeoutError, match="max_buffered"):
-                pub.publish_async("t", 2)
+            first = [pub.publish_async("t", 0), pub.publish_async("t", 1)]
+            try:
+                third = pub.publish_async("t", 2)
+            except PublishTimeoutError as exc:
+                assert "max_buffered" in str(exc)
+            else:
+                assert all(f.done() for f in first), "room taken while the buffer was full"
+                for future in [*first, third]:
+                    with pytest.raises(PublishTimeoutError):
+                        future.result(timeout=60)
         finally:
             gate.set()
             pub.close()

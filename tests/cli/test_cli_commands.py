@@ -286,6 +286,7 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "clients",
             "listen",
             "ready_s",
+            "uptime_s",
         }
         assert stats["pid"] == broker.pid
         # Both children have been up since the broker started, and no longer than the test.
@@ -303,6 +304,8 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "consumers",
             "groups",
             "in_flight",
+            "by_topic",
+            "bytes_by_topic",
         }
         assert set(stats["publisher"]) == {
             "frames",
@@ -310,9 +313,13 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "batches",
             "errors",
             "by_topic",
+            "bytes_by_topic",
             "publishers",
+            "commit_size",
+            "ack_seconds",
+            "fsync_seconds",
         }
-    assert "broker pid" in cli(capsys, "stats", "--data", str(data_dir))
+    assert "broker process" in cli(capsys, "stats", "--data", str(data_dir))
 
 
 COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]

@@ -17,6 +17,11 @@ topic N partitions; the peers keep one stream or queue each (see ``PEER_PARTITIO
 
 Every phase counts duplicates and missing messages exactly (by message id).
 
+With --client native,asyncio (see ``clients``) the produce, consume and latency phases run
+once per spoolmq client, in turn, each on a fresh broker; the first client's figures are
+the main ones (and the ones compared with the peers), every client's are under
+``clients`` in the JSON and in a table of their own.
+
 This module is the command (its arguments and the order of the phases); ``phases`` measures
 spoolmq, ``peers`` lists the peers and runs Redis, ``jetstream`` and ``rabbitmq`` run the other
 two, ``workers`` are the processes they start, ``machine`` samples memory, CPU and the disk,
@@ -34,6 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spoolmq.bench import clients as bench_clients
 from spoolmq.bench import peers, phases, report
 from spoolmq.bench.machine import disk_facts, machine_facts
 from spoolmq.bench.workers import Progress
@@ -87,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the same workload on these peers too: any of redis,nats,rabbitmq",
     )
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated")
+    parser.add_argument(
+        "--client",
+        default="native",
+        metavar="CLIENTS",
+        help="the spoolmq client(s) driving the phases, each in turn on a fresh broker: any of "
+        f"{','.join(bench_clients.CLIENTS)} (the first one's figures are the main ones)",
+    )
 
 
 def _names(text: str) -> list[str]:
@@ -128,6 +141,7 @@ def _phases(args: argparse.Namespace) -> set[str]:
     become lists); InvalidArgumentError if one is wrong."""
     args.rate = _rates(str(args.rate))
     args.compare = _peers(args.compare or "")
+    args.client = [client.name for client in bench_clients.chosen(str(args.client))]
     for name in ("n", "producers", "consumers", "size", "partitions", "repeat"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name} must be at least 1")
@@ -205,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
                 return lambda text: status.update(f"{name}: {text}")
 
             spool = results["spoolmq"]
+            clients = [bench_clients.CLIENTS[name] for name in args.client]
+            by_client: dict[str, dict[str, Any]] = {client.name: {} for client in clients}
+            first = clients[0]
             for name in compared:
                 results[name] = {"client": peers.PEERS[name].versions()}
             throughput = {"produce": (phases.spool_produce, "produce"),
@@ -217,25 +234,41 @@ def run(args: argparse.Namespace) -> int:
                 runs: dict[str, list[dict[str, Any]]] = {"spoolmq": []}
                 for attempt in range(args.repeat):
                     of = f" (run {attempt + 1} of {args.repeat})" if args.repeat > 1 else ""
-                    runs["spoolmq"].append(spool_phase(root, args, step(f"spoolmq {title}{of}")))
+                    for client in clients:  # the clients take turns too
+                        label = f"spoolmq {title}{of}, {client.name} client"
+                        runs.setdefault(client.name, []).append(
+                            spool_phase(root, args, step(label), client)
+                        )
+                    runs["spoolmq"] = runs[first.name]
                     for name in compared:
                         peer_phase = getattr(peers.PEERS[name], phase)
                         runs.setdefault(name, []).append(
                             peer_phase(root, args, step(f"{name} {title}{of}"))
                         )
                 spool[phase] = report.median_run(runs["spoolmq"])
+                for client in clients:
+                    by_client[client.name][phase] = report.median_run(runs[client.name])
                 for name in compared:
                     results[name][phase] = report.median_run(runs[name])
             if "latency" in wanted:
-                by_rate = {
-                    str(rate): phases.spool_latency(
-                        root, args, rate, step(f"spoolmq latency at {rate:,} msg/s")
-                    )
-                    for rate in args.rate
-                }
+                for client in clients:
+                    by_rate = {
+                        str(rate): phases.spool_latency(
+                            root,
+                            args,
+                            rate,
+                            step(f"spoolmq latency at {rate:,} msg/s, {client.name} client"),
+                            client,
+                        )
+                        for rate in args.rate
+                    }
+                    by_client[client.name]["latency"] = by_rate[str(args.rate[0])]
+                    by_client[client.name]["latency_by_rate"] = by_rate
                 # The first rate's figures where they always were; every rate's beside them.
-                spool["latency"] = by_rate[str(args.rate[0])]
-                spool["latency_by_rate"] = by_rate
+                spool["latency"] = by_client[first.name]["latency"]
+                spool["latency_by_rate"] = by_client[first.name]["latency_by_rate"]
+            if len(clients) > 1:
+                results["clients"] = by_client
             if args.prefill:
                 prefilled = phases.spool_prefilled(
                     root, args, step(f"spoolmq, {args.prefill:,} stored")
@@ -251,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     results["machine"]["load_average_end"] = list(os.getloadavg())
     report.print_table(results, compared)
+    if "clients" in results:
+        bench_clients.print_comparison(results["clients"], console)
     if args.json:
         report.write_json(args.json, results)
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from spoolmq.bench.clients import NATIVE, Client
 from spoolmq.bench.machine import RssSampler, cpu_seconds, fdatasync_ms
 from spoolmq.bench.report import consume_figures, produce_figures
 from spoolmq.bench.workers import (
@@ -27,9 +28,6 @@ from spoolmq.bench.workers import (
     read_ids,
     shares,
     so_far,
-    spool_consumer,
-    spool_latency_consumer,
-    spool_producer,
     start_workers,
     wait_until_done,
 )
@@ -132,7 +130,12 @@ def _disk_bytes(path: Path) -> int:
 
 
 def _produce_round(
-    data: Path, broker: _Broker, args: argparse.Namespace, first: int, progress: Progress
+    data: Path,
+    broker: _Broker,
+    args: argparse.Namespace,
+    first: int,
+    progress: Progress,
+    client: Client = NATIVE,
 ) -> dict[str, Any]:
     """Producers send ids ``first .. first+n-1`` as fast as they can; timed until all ACKed."""
     from spoolmq.client import Admin
@@ -144,7 +147,7 @@ def _produce_round(
         cpu = context.Value("d", 0.0)
         processes = start_workers(
             context,
-            spool_producer,
+            client.producer,
             [
                 (str(data), start, count, args.size, args.acks, barrier, cpu)
                 for start, count in shares(args.n, args.producers, first)
@@ -194,7 +197,11 @@ def _group_commits(data: Path, stored: int) -> float | None:
 
 
 def _consume_round(
-    data: Path, broker: _Broker, args: argparse.Namespace, progress: Progress
+    data: Path,
+    broker: _Broker,
+    args: argparse.Namespace,
+    progress: Progress,
+    client: Client = NATIVE,
 ) -> tuple[dict[str, Any], list[int]]:
     """Consumers of one group drain ``n`` stored messages, ACKing each; returns the figures
     and the ids received."""
@@ -205,7 +212,7 @@ def _consume_round(
         done = DoneCounter(context, args.n)
         cpu = context.Value("d", 0.0)
         processes = start_workers(
-            context, spool_consumer, [(str(data), out, barrier, done, cpu) for out in outs]
+            context, client.consumer, [(str(data), out, barrier, done, cpu) for out in outs]
         )
         barrier.wait()
         started = time.perf_counter()
@@ -230,14 +237,16 @@ def _consume_round(
 # -- the phases --------------------------------------------------------------------------------
 
 
-def spool_produce(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def spool_produce(
+    root: Path, args: argparse.Namespace, progress: Progress, client: Client = NATIVE
+) -> dict[str, Any]:
     """``n`` messages published to an empty store, then read back and counted."""
     with _fresh_store(root, "produce") as data:
         _create_topic(data, args.partitions)
         broker = _Broker(data)
         start_s = broker.start()
         try:
-            figures = _produce_round(data, broker, args, 0, progress)
+            figures = _produce_round(data, broker, args, 0, progress, client)
         finally:
             broker.stop()
         return {
@@ -249,14 +258,16 @@ def spool_produce(root: Path, args: argparse.Namespace, progress: Progress) -> d
         }
 
 
-def spool_consume(root: Path, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+def spool_consume(
+    root: Path, args: argparse.Namespace, progress: Progress, client: Client = NATIVE
+) -> dict[str, Any]:
     """``n`` messages stored first, then drained by one group's consumers."""
     with _fresh_store(root, "consume") as data:
         _prefill(data, 0, args.n, args, progress)
         broker = _Broker(data)
         broker.start()
         try:
-            figures, ids = _consume_round(data, broker, args, progress)
+            figures, ids = _consume_round(data, broker, args, progress, client)
         finally:
             broker.stop()
         return {**figures, **duplicates_and_missing(ids, args.n)}
@@ -311,12 +322,12 @@ def spool_prefilled(root: Path, args: argparse.Namespace, progress: Progress) ->
 
 
 def spool_latency(
-    root: Path, args: argparse.Namespace, rate: int, progress: Progress
+    root: Path, args: argparse.Namespace, rate: int, progress: Progress, client: Client = NATIVE
 ) -> dict[str, Any]:
     """One publisher at ``rate`` msg/s for ``--duration`` s, one consumer: the time from
     publish to receive of each message, the CPU each side spent per message, and the disk's
     fdatasync time for reference."""
-    from spoolmq.client import Admin, Publisher
+    from spoolmq.client import Admin
 
     context = multiprocessing.get_context("spawn")
     progress("timing the disk's fdatasync")
@@ -333,33 +344,18 @@ def spool_latency(
             consumer_cpu = context.Value("d", 0.0)
             consumer = context.Process(
                 daemon=True,
-                target=spool_latency_consumer,
+                target=client.latency_consumer,
                 args=(str(data), out, ready, stop, consumer_cpu),
             )
             consumer.start()
             ready.wait(30)
             total = int(rate * args.duration)
-            interval = 1.0 / rate
-            filler = payload(args.size - 20)
             cpu_before = cpu_seconds(broker.pids())
-            with Publisher(data=data, acks=args.acks, linger_ms=0) as publisher:
-                # This process's CPU: the publisher's threads, and the sampler's and the
-                # status line's (small beside it).
-                publisher_before = time.process_time()
-                started = time.perf_counter()
-                for message_id in range(total):
-                    target = started + message_id * interval
-                    pause = target - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)  # pacing the offered rate is the point of this phase
-                    publisher.publish_async(
-                        TOPIC, {"id": message_id, "t": time.time_ns(), "p": filler}
-                    )
-                    if message_id % 1000 == 999:
-                        progress(f"sent {so_far(message_id + 1, started)} of {total:,}")
-                publisher.flush()
-                sent_s = time.perf_counter() - started
-                publisher_cpu = time.process_time() - publisher_before
+            # This process's CPU: the publisher's (its threads too), and the sampler's and
+            # the status line's (small beside it).
+            sent_s, publisher_cpu = client.latency_publisher(
+                data, args.acks, total, rate, args.size, progress
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 with Admin(data) as admin:

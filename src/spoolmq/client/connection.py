@@ -35,6 +35,17 @@ def resolve(
     return target, key, data_dir
 
 
+def hello_frame(role: str, name: str) -> dict[str, Any]:
+    """The first frame of every connection, after the authkey challenge."""
+    return {
+        "op": "hello",
+        "version": protocol.PROTOCOL_VERSION,
+        "role": role,
+        "pid": os.getpid(),
+        "name": name,
+    }
+
+
 def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:
     """An authenticated connection that has been welcomed; returns it and the client id."""
     family = "AF_UNIX" if isinstance(address, str) else "AF_INET"
@@ -50,14 +61,7 @@ def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tupl
     except OSError as exc:
         raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None
     try:
-        hello: dict[str, Any] = {
-            "op": "hello",
-            "version": protocol.PROTOCOL_VERSION,
-            "role": role,
-            "pid": os.getpid(),
-            "name": name,
-        }
-        protocol.send(conn, hello)
+        protocol.send(conn, hello_frame(role, name))
         welcome = protocol.receive(conn)
         protocol.raise_if_error(welcome)
     except (EOFError, OSError) as exc:

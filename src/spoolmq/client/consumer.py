@@ -19,42 +19,31 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from spoolmq import protocol
+from spoolmq.client.common import (
+    consumer_topics,
+    delivery_entries,
+    handler_failure,
+    refusal_error,
+    settle_frame,
+    subscription_settings,
+)
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.client.delivered import DeliveredRecord
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
-    ProtocolError,
     SpoolError,
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.store.message import Headers
-from spoolmq.store.record import Record, check_line, record_from_fields, verified_fields
 
 logger = logging.getLogger("spoolmq.client")
 
 
-class ReceivedMessage:
-    """A delivered message: the stored record plus its delivery (attempt, lease).
+class ReceivedMessage(DeliveredRecord):
+    """A delivered message (see DeliveredRecord) and the Consumer that settles it."""
 
-    The stored line is checked (CRC) and decoded once, on the first access to a field of
-    the record (``value``, ``key``, ``headers``, ``tags``, ``timestamp``, ...): a handler
-    that looks only at some messages, or ACKs them unread, pays for no JSON parse.
-    """
-
-    __slots__ = (
-        "_consumer",
-        "_generation",
-        "_line",
-        "_parsed",
-        "_record",
-        "attempt",
-        "offset",
-        "partition",
-        "settled",
-        "tag",
-        "topic",
-    )
+    __slots__ = ("_consumer",)
 
     def __init__(
         self,
@@ -68,69 +57,7 @@ class ReceivedMessage:
         line: bytes,
     ) -> None:
         self._consumer = consumer
-        self._generation = generation
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.tag = tag
-        self.attempt = attempt
-        self._line = line
-        self._parsed: dict[str, Any] | None = None
-        self._record: Record | None = None
-        self.settled = False
-
-    def _fields(self) -> dict[str, Any]:
-        """The record's fields, its CRC checked, parsed once."""
-        fields = self._parsed
-        if fields is None:
-            fields = verified_fields(self._line)
-            if fields is None:
-                check_line(self._line)  # raises the CorruptRecordError that says what is wrong
-                raise ProtocolError("an unreadable record line")  # pragma: no cover
-            if fields["offset"] != self.offset:
-                raise ProtocolError(
-                    f"delivery {self.tag} says offset {self.offset}, its record {fields['offset']}"
-                )
-            self._parsed = fields
-            self._line = b""  # parsed: the bytes are no longer needed
-        return fields
-
-    def _decoded(self) -> Record:
-        record = self._record
-        if record is None:
-            record = self._record = record_from_fields(self._fields())
-        return record
-
-    @property
-    def value(self) -> Any:
-        fields = self._fields()
-        if "value_b64" in fields:  # raw bytes: the record decodes its base64
-            return self._decoded().value
-        return fields.get("value")
-
-    @property
-    def key(self) -> str | bytes | None:
-        return self._decoded().key
-
-    @property
-    def headers(self) -> Headers:
-        return self._decoded().headers
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        return self._decoded().tags
-
-    @property
-    def timestamp(self) -> int:
-        return self._decoded().timestamp
-
-    @property
-    def deliver_at(self) -> int | None:
-        return self._decoded().deliver_at
-
-    @property
-    def expires_at(self) -> int | None:
-        return self._decoded().expires_at
+        super().__init__(generation, topic, partition, offset, tag, attempt, line)
 
     def ack(self, *, wait: bool = True) -> None:
         """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer
@@ -146,13 +73,6 @@ class ReceivedMessage:
     def extend_lease(self, seconds: float) -> None:
         """Keep the message for ``seconds`` more from now."""
         self._consumer._extend(self, seconds)
-
-    def __repr__(self) -> str:
-        key = repr(self.key) if self._parsed is not None else "<not decoded>"
-        return (
-            f"ReceivedMessage(topic={self.topic!r}, partition={self.partition}, "
-            f"offset={self.offset}, attempt={self.attempt}, key={key})"
-        )
 
 
 class Consumer:
@@ -192,9 +112,7 @@ class Consumer:
         handler: Callable[[ReceivedMessage], Any] | None = None,
         name: str = "",
     ) -> None:
-        self.topics = [topics] if isinstance(topics, str) else list(topics)
-        if not self.topics:
-            raise InvalidArgumentError("a consumer needs at least one topic")
+        self.topics = consumer_topics(topics)
         self.group = group
         self.prefetch = prefetch
         self.auto_ack = auto_ack
@@ -202,14 +120,14 @@ class Consumer:
         self.handler = handler
         self.name = name
         self.reconnect_timeout = reconnect_timeout
-        self._settings: dict[str, Any] = {
-            "lease_ms": int(lease * 1000),
-            "max_deliveries": max_deliveries,
-            "retry_backoff_ms": int(retry_backoff * 1000),
-            "retry_backoff_max_ms": int(retry_backoff_max * 1000),
-            "auto_ack": auto_ack,
-            "filter": dict(filter) if filter else None,
-        }
+        self._settings = subscription_settings(
+            lease=lease,
+            max_deliveries=max_deliveries,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            auto_ack=auto_ack,
+            filter=filter,
+        )
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self._buffer: deque[ReceivedMessage] = deque()
         self._frame_ids = 0
@@ -309,30 +227,11 @@ class Consumer:
     def _take_delivery(self, frame: dict[str, Any], lines: list[bytes]) -> None:
         """Buffer a ``deliver`` frame's messages: its header has runs ``[topic, partition,
         first offset, count, attempt, first tag]``, its lines follow in the runs' order."""
-        runs = frame.get("r")
-        try:
-            if sum(run[3] for run in runs) != len(lines):  # type: ignore[union-attr]
-                raise ProtocolError("a deliver frame's header and records do not match")
-        except (TypeError, IndexError):
-            raise ProtocolError("a deliver frame's header has no valid runs") from None
-        append = self._buffer.append
         generation = self._generation
-        position = 0
-        for topic, partition, first, count, attempt, tag in runs:  # type: ignore[union-attr]
-            for step in range(count):
-                append(
-                    ReceivedMessage(
-                        self,
-                        generation,
-                        topic,
-                        partition,
-                        first + step,
-                        tag + step,
-                        attempt,
-                        lines[position + step],
-                    )
-                )
-            position += count
+        self._buffer.extend(
+            ReceivedMessage(self, generation, topic, partition, offset, tag, attempt, line)
+            for topic, partition, offset, tag, attempt, line in delivery_entries(frame, lines)
+        )
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -401,7 +300,7 @@ class Consumer:
                 handle(message)
             except Exception as exc:  # the handler's failure is the message's failure
                 if not self.auto_ack and not message.settled:
-                    message.nack(reason=f"{type(exc).__name__}: {exc}"[:500], wait=False)
+                    message.nack(reason=handler_failure(exc), wait=False)
             else:
                 if not self.auto_ack and not message.settled:
                     message.ack(wait=False)
@@ -447,18 +346,12 @@ class Consumer:
             raise UnknownDeliveryError(
                 "the connection this message came on was lost; the broker redelivers it"
             )
-        frame: dict[str, Any] = {"op": op, "tags": [message.tag]}
-        if op == "nack":
-            if delay is not None:
-                frame["delay_ms"] = int(delay * 1000)
-            if reason is not None:
-                frame["reason"] = reason
+        frame = settle_frame(op, message.tag, delay, reason)
         try:
             if wait:
-                reply = self._request(frame)
-                refused = reply.get("refused") or []
-                if refused:
-                    raise error_from_code(refused[0]["code"], refused[0]["message"])
+                refusal = refusal_error(self._request(frame))
+                if refusal is not None:
+                    raise refusal
             else:
                 self._send(frame)
         except (EOFError, OSError):
@@ -471,10 +364,11 @@ class Consumer:
     def _extend(self, message: ReceivedMessage, seconds: float) -> None:
         if message._generation != self._generation or self._conn is None:
             raise UnknownDeliveryError("the connection this message came on was lost")
-        reply = self._request({"op": "extend", "tags": [message.tag], "seconds": seconds})
-        refused = reply.get("refused") or []
-        if refused:
-            raise error_from_code(refused[0]["code"], refused[0]["message"])
+        refusal = refusal_error(
+            self._request({"op": "extend", "tags": [message.tag], "seconds": seconds})
+        )
+        if refusal is not None:
+            raise refusal
 
     def _flush_acks(self) -> None:
         if self._acks and self._conn is not None:

@@ -23,10 +23,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Unpack
 
 from spoolmq import protocol
+from spoolmq.client.common import answer_errors, check_publisher_limits, expired_error
 from spoolmq.client.connection import Address, connect, resolve
 from spoolmq.errors import (
     BrokerUnavailableError,
-    InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
     SpoolError,
@@ -166,10 +166,7 @@ class Publisher:
         producer_id: str | None = None,
         name: str = "",
     ) -> None:
-        if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
-            raise InvalidArgumentError(
-                "batch_size, max_in_flight and max_buffered must be at least 1"
-            )
+        check_publisher_limits(batch_size, max_in_flight, max_buffered)
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self.acks = normalize_acks(acks)
         self.linger = linger_ms / 1000
@@ -529,14 +526,13 @@ class Publisher:
         """Fail the messages ``errors`` names (by index); the others, which the ranges
         cover in order."""
         left = []
+        failed = answer_errors(errors)
         for index, item in enumerate(batch):
-            error = errors.get(str(index))
+            error = failed.get(index)
             if error is None:
                 left.append(item)
             else:
-                item.resolve(
-                    None, error_from_code(str(error.get("code")), str(error.get("message", "")))
-                )
+                item.resolve(None, error)
         return left
 
     def _done(self, count: int) -> None:
@@ -560,13 +556,6 @@ class Publisher:
                 group, items = self._in_flight.pop(frame_id)
                 expired.extend((group[1], item) for item in items)
         for topic, item in expired:
-            item.resolve(
-                None,
-                PublishTimeoutError(
-                    f"message {item.sequence} to {topic!r} was not acknowledged within "
-                    f"{self.delivery_timeout:g} s (broker unreachable or overloaded); it may or "
-                    "may not have been stored"
-                ),
-            )
+            item.resolve(None, expired_error(item.sequence, topic, self.delivery_timeout))
         if expired:
             self._done(len(expired))

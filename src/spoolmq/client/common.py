@@ -1,0 +1,155 @@
+"""What the threaded clients (``publisher.py``, ``consumer.py``) and the asyncio clients
+(``aio.py``) share: the checks of their settings, the subscription's settings frame, the
+unpacking of a ``deliver`` frame and the reading of a publish answer. Pure functions only:
+each client keeps its own I/O (a thread and blocking sockets, or an event loop), and these
+make sure the two kinds accept the same settings, send the same frames and raise the same
+errors."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from spoolmq.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    ProtocolError,
+    PublishTimeoutError,
+    SpoolError,
+    error_from_code,
+)
+
+
+def reject_unknown(cls: type, unknown: Mapping[str, Any]) -> None:
+    """ConfigError naming the settings ``cls`` does not know, and listing those it does
+    (read from its ``__init__``, so the list cannot go stale): a misspelt ``lingr_ms``
+    must fail loudly, not be ignored."""
+    if not unknown:
+        return
+    parameters = inspect.signature(cls).parameters.values()
+    known = [
+        p.name
+        for p in parameters
+        if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    raise ConfigError(
+        f"{cls.__name__} has no setting {', '.join(sorted(unknown))}; "
+        f"its settings are {', '.join(known)}"
+    )
+
+
+def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
+    if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
+        raise InvalidArgumentError("batch_size, max_in_flight and max_buffered must be at least 1")
+
+
+def consumer_topics(topics: str | Sequence[str]) -> list[str]:
+    """A consumer's topics as a list (one name or several); at least one."""
+    names = [topics] if isinstance(topics, str) else list(topics)
+    if not names:
+        raise InvalidArgumentError("a consumer needs at least one topic")
+    return names
+
+
+def subscription_settings(
+    *,
+    lease: float,
+    max_deliveries: int,
+    retry_backoff: float,
+    retry_backoff_max: float,
+    auto_ack: bool,
+    filter: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``settings`` of a ``subscribe`` frame (docs/PROTOCOL.md): seconds become ms; the
+    broker checks the values and answers a bad one with an error frame."""
+    return {
+        "lease_ms": int(lease * 1000),
+        "max_deliveries": max_deliveries,
+        "retry_backoff_ms": int(retry_backoff * 1000),
+        "retry_backoff_max_ms": int(retry_backoff_max * 1000),
+        "auto_ack": auto_ack,
+        "filter": dict(filter) if filter else None,
+    }
+
+
+def delivery_entries(
+    frame: Mapping[str, Any], lines: list[bytes]
+) -> Iterator[tuple[str, int, int, int, int, bytes]]:
+    """The messages of a ``deliver`` frame as ``(topic, partition, offset, tag, attempt,
+    line)``: its header has runs ``[topic, partition, first offset, count, attempt, first
+    tag]`` and its record lines follow in the runs' order. ProtocolError (before anything
+    is yielded) if the header and the lines do not match."""
+    runs = frame.get("r")
+    try:
+        if sum(run[3] for run in runs) != len(lines):  # type: ignore[union-attr]
+            raise ProtocolError("a deliver frame's header and records do not match")
+    except (TypeError, IndexError):
+        raise ProtocolError("a deliver frame's header has no valid runs") from None
+    position = 0
+    for topic, partition, first, count, attempt, tag in runs:  # type: ignore[union-attr]
+        for step in range(count):
+            yield topic, partition, first + step, tag + step, attempt, lines[position + step]
+        position += count
+
+
+def refusal_error(reply: Mapping[str, Any]) -> SpoolError | None:
+    """The error of the first delivery an ``ack_result``/``nack_result``/``extend_result``
+    refuses (e.g. LeaseExpiredError), or None when it refused nothing."""
+    refused = reply.get("refused") or []
+    if not refused:
+        return None
+    return error_from_code(str(refused[0].get("code")), str(refused[0].get("message", "")))
+
+
+def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> dict[str, Any]:
+    """An ``ack`` or ``nack`` frame for one delivery (a NACK's delay in seconds)."""
+    frame: dict[str, Any] = {"op": op, "tags": [tag]}
+    if op == "nack":
+        if delay is not None:
+            frame["delay_ms"] = int(delay * 1000)
+        if reason is not None:
+            frame["reason"] = reason
+    return frame
+
+
+def handler_failure(exc: BaseException) -> str:
+    """The NACK reason ``run()`` gives when the handler raised: the error, shortened."""
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def answer_errors(errors: Mapping[str, Any] | None) -> dict[int, SpoolError]:
+    """A ``published`` answer's per-record ``errors`` (by index in the frame, as strings)
+    as the errors to raise for those records."""
+    if not errors:
+        return {}
+    return {
+        int(index): error_from_code(str(error.get("code")), str(error.get("message", "")))
+        for index, error in errors.items()
+    }
+
+
+def answer_ranges(
+    frame: Mapping[str, Any], records: int, failed: int
+) -> tuple[list[tuple[int, int, int, int, bool]], ProtocolError | None]:
+    """A ``published`` answer's ranges as ``(count, partition, first offset, timestamp,
+    duplicate)`` in record order (the failed records left out), and a ProtocolError if they
+    cover fewer records than the frame had: a broker bug, whose records must fail rather
+    than wait or be taken as stored."""
+    ranges = [
+        (entry[3], entry[0], entry[1], entry[2], len(entry) > 4 and entry[4] == 1)
+        for entry in frame.get("r") or ()
+    ]
+    covered = sum(entry[0] for entry in ranges)
+    missing = None
+    if covered < records - failed:
+        missing = ProtocolError(f"the broker answered {covered} of the {records} messages")
+    return ranges, missing
+
+
+def expired_error(sequence: int, topic: str, timeout: float) -> PublishTimeoutError:
+    """The error of a message not answered within the publisher's ``delivery_timeout``."""
+    return PublishTimeoutError(
+        f"message {sequence} to {topic!r} was not acknowledged within {timeout:g} s (broker "
+        "unreachable or overloaded); it may or may not have been stored"
+    )

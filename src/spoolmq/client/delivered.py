@@ -1,0 +1,115 @@
+"""A delivered message's record and delivery, without the way to settle it: the base of
+the threaded ``ReceivedMessage`` (client/consumer.py) and the asyncio
+``AsyncReceivedMessage`` (client/aio.py), which add ``ack``/``nack``/``extend_lease``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spoolmq.errors import ProtocolError
+from spoolmq.store.message import Headers
+from spoolmq.store.record import Record, check_line, record_from_fields, verified_fields
+
+
+class DeliveredRecord:
+    """A delivered message: the stored record plus its delivery (attempt, lease); what
+    the threaded and the asyncio consumers' messages share (they add ack, nack, extend).
+
+    The stored line is checked (CRC) and decoded once, on the first access to a field of
+    the record (``value``, ``key``, ``headers``, ``tags``, ``timestamp``, ...): a handler
+    that looks only at some messages, or ACKs them unread, pays for no JSON parse.
+    """
+
+    __slots__ = (
+        "_generation",
+        "_line",
+        "_parsed",
+        "_record",
+        "attempt",
+        "offset",
+        "partition",
+        "settled",
+        "tag",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        generation: int,
+        topic: str,
+        partition: int,
+        offset: int,
+        tag: int,
+        attempt: int,
+        line: bytes,
+    ) -> None:
+        self._generation = generation
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.tag = tag
+        self.attempt = attempt
+        self._line = line
+        self._parsed: dict[str, Any] | None = None
+        self._record: Record | None = None
+        self.settled = False
+
+    def _fields(self) -> dict[str, Any]:
+        """The record's fields, its CRC checked, parsed once."""
+        fields = self._parsed
+        if fields is None:
+            fields = verified_fields(self._line)
+            if fields is None:
+                check_line(self._line)  # raises the CorruptRecordError that says what is wrong
+                raise ProtocolError("an unreadable record line")  # pragma: no cover
+            if fields["offset"] != self.offset:
+                raise ProtocolError(
+                    f"delivery {self.tag} says offset {self.offset}, its record {fields['offset']}"
+                )
+            self._parsed = fields
+            self._line = b""  # parsed: the bytes are no longer needed
+        return fields
+
+    def _decoded(self) -> Record:
+        record = self._record
+        if record is None:
+            record = self._record = record_from_fields(self._fields())
+        return record
+
+    @property
+    def value(self) -> Any:
+        fields = self._fields()
+        if "value_b64" in fields:  # raw bytes: the record decodes its base64
+            return self._decoded().value
+        return fields.get("value")
+
+    @property
+    def key(self) -> str | bytes | None:
+        return self._decoded().key
+
+    @property
+    def headers(self) -> Headers:
+        return self._decoded().headers
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self._decoded().tags
+
+    @property
+    def timestamp(self) -> int:
+        return self._decoded().timestamp
+
+    @property
+    def deliver_at(self) -> int | None:
+        return self._decoded().deliver_at
+
+    @property
+    def expires_at(self) -> int | None:
+        return self._decoded().expires_at
+
+    def __repr__(self) -> str:
+        key = repr(self.key) if self._parsed is not None else "<not decoded>"
+        return (
+            f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition}, "
+            f"offset={self.offset}, attempt={self.attempt}, key={key})"
+        )
