@@ -8,8 +8,12 @@ so a crash leaves either the old contents or the new, never a mix or nothing.
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from spoolmq.errors import StorageError
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -87,3 +91,46 @@ def write_durably(files: Iterable[tuple[Path, bytes]]) -> None:
         os.replace(tmp, path)
     for directory in {path.parent for _, path in staged}:
         fsync_dir(directory)
+
+
+def open_sqlite(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection to the SQLite database ``path`` as spoolmq keeps them (``state.db``,
+    ``tasks.db``): the file created 0600 first (SQLite would use the umask; its ``-wal`` and
+    ``-shm`` files take the database's mode), autocommit (callers write in their own
+    ``BEGIN IMMEDIATE``), usable by every thread of the opening process, with a busy timeout,
+    WAL and ``synchronous = NORMAL`` (a commit survives a process crash).
+
+    Switching a new database to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once, without its busy wait, while another process holds the file (two
+    processes opening a new database together): that is retried until the busy timeout, so
+    it never reaches a user. Any other failure is a StorageError.
+    """
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, FILE_MODE))
+    connection = sqlite3.connect(
+        path, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+    )
+    try:
+        connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        deadline = time.monotonic() + busy_timeout_ms / 1000
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise StorageError(f"cannot open {path} in WAL mode: {exc}") from None
+            time.sleep(0.005)  # the lock holder sends no wake-up; SQLite's own wait polls too
+        connection.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def chmod_sqlite_side_files(path: Path) -> None:
+    """Make the ``-wal``/``-shm`` files of database ``path`` private, where they exist."""
+    for suffix in ("-wal", "-shm"):
+        side = Path(str(path) + suffix)
+        if side.exists():
+            os.chmod(side, FILE_MODE)

@@ -18,7 +18,6 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, NamedTuple
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.config import TopicConfig
 from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, UnknownTopicError
-from spoolmq.files import FILE_MODE
+from spoolmq.files import chmod_sqlite_side_files, open_sqlite
 from spoolmq.types import TopicPartition
 
 SCHEMA_VERSION = 2
@@ -252,42 +251,13 @@ class StateDB:
             return self._connection
         # A connection inherited through fork belongs to the parent: drop, never use it.
         self._connection = None
-        if not self.path.exists():
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, FILE_MODE)
-            os.close(fd)
-        connection = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout_ms / 1000,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        self._enable_wal(connection)
-        connection.execute("PRAGMA synchronous = NORMAL")
+        connection = open_sqlite(self.path, self.busy_timeout_ms)
         connection.execute("PRAGMA foreign_keys = ON")
         self._migrate(connection)
-        for suffix in ("-wal", "-shm"):
-            side = Path(str(self.path) + suffix)
-            if side.exists():
-                os.chmod(side, FILE_MODE)
+        chmod_sqlite_side_files(self.path)
         self._connection = connection
         self._owner_pid = os.getpid()
         return connection
-
-    def _enable_wal(self, connection: sqlite3.Connection) -> None:
-        """Switching a new database to WAL needs an exclusive lock, and SQLite answers
-        "database is locked" at once, without its busy wait, while another process holds
-        the file (two broker processes opening a new store together): retry until the busy
-        timeout, so that never reaches a user."""
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        while True:
-            try:
-                connection.execute("PRAGMA journal_mode = WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    raise StorageError(f"cannot open {self.path} in WAL mode: {exc}") from None
-            time.sleep(0.005)  # the lock holder sends no wake-up; SQLite's own wait polls too
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]

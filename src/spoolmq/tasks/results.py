@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from spoolmq.errors import SchemaVersionError, StorageError
-from spoolmq.files import FILE_MODE, make_private_dirs
+from spoolmq.files import chmod_sqlite_side_files, make_private_dirs, open_sqlite
 
 SCHEMA_VERSION = 1
 FILE_NAME = "tasks.db"
@@ -139,44 +139,19 @@ class ResultStore:
             return self._connection
         self._connection = None  # inherited through fork: the parent's, never used here
         make_private_dirs(self.data)
-        # Created with 0600 before SQLite opens it: SQLite would create it with the umask.
-        os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, FILE_MODE))
-        connection = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout_ms / 1000,
-            isolation_level=None,
-            check_same_thread=False,
-        )
+        connection = open_sqlite(self.path, self.busy_timeout_ms)
         try:
-            connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            self._enable_wal(connection)
-            # NORMAL in WAL: a commit survives a process crash; an OS crash may lose the
-            # last commits but never corrupts the file.
-            connection.execute("PRAGMA synchronous = NORMAL")
             self._migrate(connection)
         except sqlite3.Error as exc:
             connection.close()
             raise StorageError(f"cannot open {self.path}: {exc}") from None
-        for suffix in ("-wal", "-shm"):
-            side = Path(str(self.path) + suffix)
-            if side.exists():
-                os.chmod(side, FILE_MODE)
+        except BaseException:
+            connection.close()
+            raise
+        chmod_sqlite_side_files(self.path)
         self._connection = connection
         self._owner_pid = os.getpid()
         return connection
-
-    def _enable_wal(self, connection: sqlite3.Connection) -> None:
-        # Switching a new file to WAL takes an exclusive lock and fails at once (no busy
-        # wait) while another process has the file open: retry within the busy timeout.
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
-        while True:
-            try:
-                connection.execute("PRAGMA journal_mode = WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(0.005)  # nothing to wait on: SQLite's own busy wait polls too
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         connection.execute("BEGIN IMMEDIATE")
