@@ -1,0 +1,248 @@
+"""The console's JSON API and its security, against a real `spoolmq ui` process on a store
+with no broker: passwords and tokens stored hashed, the bearer token, the login, CSRF on
+every session POST, read-only, and inputs checked as the CLI checks them."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from ui_helpers import PASSWORD, Client, UIProcess, spoolmq
+
+from spoolmq import Store
+from spoolmq.store import Message
+from spoolmq.types import TopicPartition
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ui_api") / "queue_data"
+    with Store(root) as store:
+        store.create_topic("orders", partitions=2)
+        store.append_batch("orders", [
+            Message(value={"n": i, "customer": {"id": i % 3}}, key=f"k{i}",
+                    headers=[("trace", f"t{i}")], tags=("vip",) if i % 5 == 0 else (), partition=0)
+            for i in range(40)
+        ])  # fmt: skip
+        store.append("orders", b"\x00\xffraw", key=b"\x01", partition=1)
+        store.state.commit_offsets("billing", {TopicPartition("orders", 0): 10})
+    result = spoolmq("ui", "--set-password", "--data", str(root), stdin=PASSWORD + "\n")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def ui(data: Path) -> Iterator[UIProcess]:
+    with UIProcess(data) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def token(data: Path) -> str:
+    result = spoolmq("ui", "token", "create", "tests", "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_password_is_stored_hashed_and_private(data: Path) -> None:
+    path = data / "ui_password"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = orjson.loads(path.read_bytes())
+    assert stored["scheme"] == "scrypt" and PASSWORD not in path.read_text()
+
+
+def test_a_short_password_is_refused_and_nothing_changes(data: Path) -> None:
+    before = (data / "ui_password").read_bytes()
+    result = spoolmq("ui", "--set-password", "--data", str(data), stdin="short\n")
+    assert result.returncode == 2 and "at least 8" in result.stderr
+    assert (data / "ui_password").read_bytes() == before
+
+
+def test_the_console_will_not_serve_without_a_password(tmp_path: Path) -> None:
+    with Store(tmp_path / "q"):
+        pass
+    result = spoolmq("ui", "--data", str(tmp_path / "q"), "--listen", "127.0.0.1:0")
+    assert result.returncode == 2 and "--set-password" in result.stderr
+
+
+def test_a_token_is_printed_once_and_stored_hashed(data: Path, token: str) -> None:
+    tokens = data / "ui_tokens.json"
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+    assert token.startswith("smq_") and token not in tokens.read_text()
+    listing = spoolmq("ui", "token", "list", "--json", "--data", str(data))
+    assert [t["name"] for t in orjson.loads(listing.stdout)] == ["tests"]
+    assert token not in listing.stdout
+
+
+def test_the_api_needs_a_valid_token(ui: UIProcess, token: str) -> None:
+    assert Client(ui.url).json("/api/topics")[0] == 401
+    assert Client(ui.url, "smq_wrong").json("/api/topics")[0] == 401
+    status, topics = Client(ui.url, token).json("/api/topics")
+    assert status == 200
+    assert [(t["name"], t["messages"]) for t in topics] == [("orders", 41)]
+
+
+def test_a_revoked_token_stops_working_at_once(ui: UIProcess, data: Path) -> None:
+    created = spoolmq("ui", "token", "create", "short-lived", "--data", str(data))
+    second = created.stdout.strip().splitlines()[-1]
+    assert Client(ui.url, second).json("/api/topics")[0] == 200
+    listing = orjson.loads(spoolmq("ui", "token", "list", "--json", "--data", str(data)).stdout)
+    token_id = next(t["id"] for t in listing if t["name"] == "short-lived")
+    assert spoolmq("ui", "token", "revoke", token_id, "--data", str(data)).returncode == 0
+    assert Client(ui.url, second).json("/api/topics")[0] == 401
+    assert spoolmq("ui", "token", "revoke", token_id, "--data", str(data)).returncode == 2
+
+
+def test_a_wrong_password_gets_no_session(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login("not the password") == 401
+    assert not [c for c in client.cookies if c.name == "spoolmq_session"]
+    assert client.json("/api/topics")[0] == 401
+    status, _, headers = client.request("/topics")
+    assert status == 303 and headers["location"] == "/login"
+
+
+def test_a_login_form_from_elsewhere_is_refused(ui: UIProcess) -> None:
+    # No nonce cookie from our own login page: what another site's form would send.
+    status, page, _ = Client(ui.url).request(
+        "/login", method="POST", form={"nonce": "guess", "password": PASSWORD}
+    )
+    assert status == 401 and b"expired" in page
+
+
+def test_every_session_post_needs_the_csrf_token(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    assert client.json("/api/topics")[0] == 200  # a GET needs none
+    reset = {"topic": "orders", "to": "earliest"}
+    path = "/api/groups/billing/reset"
+    assert client.json(path, method="POST", body=reset)[0] == 403
+    assert client.json(path, method="POST", body=reset, headers={"X-CSRF-Token": "x"})[0] == 403
+    status, plan = client.json(path, method="POST", body=reset,
+                               headers={"X-CSRF-Token": client.csrf})  # fmt: skip
+    assert status == 200 and plan["executed"] is False
+    assert plan["changes"][0] == {"topic": "orders", "partition": 0, "from": 10, "to": 0}
+
+
+def test_pages_and_api_say_what_they_are(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    status, page, headers = client.request("/topics/orders")
+    assert status == 200 and b'data-page="topic"' in page and b'data-arg="orders"' in page
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert client.request("/api/nothing")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/api/topics/orders/messages?offset=-1", 400, "offset must be at least 0"),
+        ("/api/topics/orders/messages?offset=1e3", 400, "whole number"),
+        ("/api/topics/orders/messages?limit=100000", 400, "limit must be 1 to 500"),
+        ("/api/topics/orders/messages?partition=7", 404, "no partition 7"),
+        ("/api/topics/orders/messages?time=yesterday", 400, "not an ISO date-time"),
+        ("/api/topics/bad%20name!/messages", 400, "invalid topic name"),
+        ("/api/topics/nope/messages", 404, "does not exist"),
+        ("/api/topics/orders/search?header=novalue", 400, "NAME=VALUE"),
+        ("/api/topics/orders/search?max_scan=0", 400, "max_scan must be 1 to"),
+        ("/api/topics/orders/search?field=a..b=1", 400, "names joined by dots"),
+        ("/api/dlq/nope", 404, "does not exist"),
+        ("/api/live?view=secrets", 400, "view must be one of"),
+    ],
+)
+def test_inputs_are_checked_as_the_cli_checks_them(
+    ui: UIProcess, token: str, path: str, status: int, says: str
+) -> None:
+    got, answer = Client(ui.url, token).json(path)
+    assert got == status and says in answer["error"], answer
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"topic": "orders", "to": "sideways"}, "earliest, latest, offset or time"),
+        ({"topic": "orders", "to": "offset", "value": -3}, "offset must be at least 0"),
+        ({"topic": "orders", "to": "offset", "value": True}, "whole number"),
+        ({"topic": "../etc", "to": "earliest"}, "invalid topic name"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_action_bodies_are_checked(ui: UIProcess, token: str, body: object, says: str) -> None:
+    status, answer = Client(ui.url, token).json(
+        "/api/groups/billing/reset", method="POST", body=body
+    )
+    assert status == 400 and says in answer["error"]
+
+
+def test_a_body_that_is_not_json_is_refused(ui: UIProcess, token: str) -> None:
+    status, answer = Client(ui.url, token).json(
+        "/api/groups/billing/reset", method="POST", raw=b"{nope"
+    )
+    assert status == 400 and "not JSON" in answer["error"]
+
+
+def test_pages_of_a_partition_go_forwards_and_back(ui: UIProcess, token: str) -> None:
+    client = Client(ui.url, token)
+    _, newest = client.json("/api/topics/orders/messages?partition=0&limit=15")
+    assert [m["offset"] for m in newest["messages"]] == list(range(25, 40))
+    _, older = client.json(
+        "/api/topics/orders/messages?partition=0&limit=15&offset=25&direction=back"
+    )
+    assert [m["offset"] for m in older["messages"]] == list(range(10, 25))
+    _, first = client.json("/api/topics/orders/messages?partition=0&limit=3&offset=0")
+    assert first["messages"][0]["value"] == {"n": 0, "customer": {"id": 0}}
+    assert first["messages"][0]["headers"] == [["trace", "t0"]]
+    _, raw = client.json("/api/topics/orders/messages?partition=1")
+    assert raw["messages"][0]["value"] == {"hex": "00ff726177"}
+    assert raw["messages"][0]["key"] == {"hex": "01"}
+
+
+def test_a_search_streams_matches_then_its_count(ui: UIProcess, token: str) -> None:
+    client = Client(ui.url, token)
+    status, content, headers = client.request(
+        "/api/topics/orders/search?field=customer.id=2&tag=vip"
+    )
+    assert status == 200 and headers["content-type"] == "application/x-ndjson"
+    lines = [orjson.loads(line) for line in content.splitlines()]
+    assert [line["match"]["offset"] for line in lines[:-1]] == [5, 20, 35]
+    assert lines[-1]["done"] and lines[-1]["matches"] == 3 and lines[-1]["scanned"] == 41
+
+
+def test_a_search_stops_at_its_bound_and_says_so(ui: UIProcess, token: str) -> None:
+    content = Client(ui.url, token).request("/api/topics/orders/search?key=k39&max_scan=20")[1]
+    done = orjson.loads(content.splitlines()[-1])
+    assert done == {"done": True, "scanned": 20, "matches": 0, "bounded": True,
+                    "next_offsets": {"0": 20}}  # fmt: skip
+    found = Client(ui.url, token).request("/api/topics/orders/search?key=k39&header=trace=t39")[1]
+    assert orjson.loads(found.splitlines()[0])["match"]["offset"] == 39
+
+
+def test_the_history_counts_what_was_published_this_hour(ui: UIProcess, token: str) -> None:
+    status, history = Client(ui.url, token).json("/api/history?minutes=60")
+    assert status == 200 and len(history["minutes"]) == 60
+    assert sum(history["series"]["published"]) == 41
+
+
+def test_the_overview_shows_the_files_when_no_broker_runs(ui: UIProcess, token: str) -> None:
+    status, overview = Client(ui.url, token).json("/api/overview")
+    assert status == 200
+    assert overview["broker"] == {"running": False}
+    assert overview["messages"] == 41 and overview["topics"] == 1
+
+
+def test_read_only_refuses_every_action(data: Path, token: str) -> None:
+    with UIProcess(data, "--read-only") as ui:
+        client = Client(ui.url, token)
+        assert client.json("/api/topics")[0] == 200
+        for path, body in [
+            ("/api/groups/billing/reset", {"topic": "orders", "to": "earliest", "execute": True}),
+            ("/api/dlq/orders/redrive", {"all": True}),
+            ("/api/dlq/orders/purge", {"confirm": True}),
+        ]:
+            status, answer = client.json(path, method="POST", body=body)
+            assert status == 403 and "read-only" in answer["error"]
+    with Store(data) as store:
+        assert store.state.committed_offsets("billing") == {("orders", 0): 10}
