@@ -17,17 +17,21 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from spoolmq.commands import COMMAND_MODULES
 from spoolmq.commands.common import Handler
 from spoolmq.commands.common import data_dir as _data
+from spoolmq.commands.common import natural as _natural
 from spoolmq.commands.common import print_json as _print_json
 from spoolmq.commands.common import print_table as _table
 from spoolmq.config import TopicConfig, parse_duration_ms
 from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
+
+if TYPE_CHECKING:
+    from spoolmq.operations import DeadLetter
 
 # -- publish and consume ------------------------------------------------------------------------
 
@@ -308,60 +312,95 @@ def _parse_datetime(text: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from spoolmq.operations import dead_letters, replay_dead_letters
+    from spoolmq.operations import dead_letters, purge_dead_letters, replay_dead_letters
     from spoolmq.store import Store
     from spoolmq.store.names import check_topic
 
     check_topic(args.topic)  # a bad name is the mistake to report, wherever the data is
+    offsets = [(args.partition, offset) for offset in args.offset] if args.offset else None
     with Store(_data(args, must_exist=True)) as store:
         if args.action == "replay":
-            result = replay_dead_letters(store, args.topic)
+            result = replay_dead_letters(
+                store,
+                args.topic,
+                offsets=offsets,
+                reason=args.reason,
+                to_group=args.to_group,
+                dry_run=args.dry_run,
+            )
+            where = args.topic + (f" for group {args.to_group} only" if args.to_group else "")
             if args.json:
                 _print_json(
-                    {"replayed": result.replayed, "already_replayed": result.already_replayed}
+                    {
+                        "dry_run": result.dry_run,
+                        "to_group": result.to_group,
+                        "selected": len(result.letters),
+                        "replayed": result.replayed,
+                        "already_replayed": result.already_replayed,
+                        "letters": [_letter_row(d) for d in result.letters],
+                    }
+                )
+            elif result.dry_run:
+                _letters_table(
+                    f"dry run: would replay {len(result.letters)} dead letter(s) to {where}",
+                    result.letters,
                 )
             else:
                 print(
-                    f"replayed {result.replayed} dead letter(s) to {args.topic}; "
+                    f"replayed {result.replayed} dead letter(s) to {where}; "
                     f"{result.already_replayed} had been replayed before"
                 )
             return 0
+        if args.action == "purge":
+            before = None if args.before is None else _parse_datetime(args.before)
+            count = purge_dead_letters(store, args.topic, before_ms=before, offsets=offsets)
+            if args.json:
+                _print_json({"purged": count})
+            else:
+                print(f"purged {count} dead letter(s) of {args.topic}")
+            return 0
         letters = dead_letters(store, args.topic)
     if args.json:
-        _print_json(
-            [
-                {
-                    "dlq_partition": d.dlq_partition,
-                    "dlq_offset": d.dlq_offset,
-                    "topic": d.topic,
-                    "partition": d.partition,
-                    "offset": d.offset,
-                    "group": d.group,
-                    "attempts": d.attempts,
-                    "reason": d.reason,
-                    "key": _hex_bytes(d.record.key),
-                    "value": _hex_bytes(d.record.value),
-                }
-                for d in letters
-            ]
-        )
+        _print_json([_letter_row(d) for d in letters])
     else:
-        _table(
-            f"dead letters of {args.topic}",
-            ["offset", "from", "group", "attempts", "reason", "key"],
-            [
-                [
-                    d.dlq_offset,
-                    f"{d.topic}/{d.partition}@{d.offset}",
-                    d.group,
-                    d.attempts,
-                    d.reason,
-                    _hex_bytes(d.record.key),
-                ]
-                for d in letters
-            ],
-        )
+        _letters_table(f"dead letters of {args.topic}", letters)
     return 0
+
+
+def _letter_row(d: DeadLetter) -> dict[str, Any]:
+    return {
+        "dlq_partition": d.dlq_partition,
+        "dlq_offset": d.dlq_offset,
+        "topic": d.topic,
+        "partition": d.partition,
+        "offset": d.offset,
+        "group": d.group,
+        "attempts": d.attempts,
+        "reason": d.reason,
+        "timestamp": d.record.timestamp,
+        "key": _hex_bytes(d.record.key),
+        "value": _hex_bytes(d.record.value),
+        "tags": list(d.record.tags),
+    }
+
+
+def _letters_table(title: str, letters: Sequence[DeadLetter]) -> None:
+    _table(
+        title,
+        ["partition", "offset", "from", "group", "attempts", "reason", "key"],
+        [
+            [
+                d.dlq_partition,
+                d.dlq_offset,
+                f"{d.topic}/{d.partition}@{d.offset}",
+                d.group,
+                d.attempts,
+                d.reason,
+                _hex_bytes(d.record.key),
+            ]
+            for d in letters
+        ],
+    )
 
 
 def _hex_bytes(value: Any) -> Any:
@@ -481,10 +520,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--execute", action="store_true", help="do the reset (default: show it)")
     p.add_argument("--json", action="store_true")
 
-    p = command("dlq", cmd_dlq, "list or replay a topic's dead letters")
-    p.add_argument("action", choices=["list", "replay"])
-    p.add_argument("topic")
-    p.add_argument("--json", action="store_true")
+    p = command("dlq", cmd_dlq, "list, replay or purge a topic's dead letters")
+    p.add_argument("action", choices=["list", "replay", "purge"], help="what to do")
+    p.add_argument("topic", help="the topic whose dead letters (TOPIC.dlq) to use")
+    p.add_argument(
+        "--offset",
+        type=_natural,
+        action="append",
+        metavar="N",
+        help="only the dead letter at this offset of TOPIC.dlq (repeat for more)",
+    )
+    p.add_argument(
+        "--partition",
+        type=_natural,
+        default=0,
+        help="the TOPIC.dlq partition the --offset values are in (default 0)",
+    )
+    p.add_argument("--reason", metavar="REGEX", help="replay: only reasons matching REGEX")
+    p.add_argument(
+        "--to-group", metavar="GROUP", help="replay: deliver them to this consumer group only"
+    )
+    p.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed")
+    p.add_argument("--before", metavar="ISO", help="purge: only those stored before this time")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     p = command("check", cmd_check, "verify every record's checksum and offsets")
     p.add_argument("topic", nargs="?")

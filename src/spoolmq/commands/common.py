@@ -48,3 +48,53 @@ def data_dir(args: argparse.Namespace, *, must_exist: bool = False) -> Path:
     if must_exist and not data.is_dir():
         raise ConfigError(f"no queue data directory at {data} (pass --data or set SPOOLMQ_DATA)")
     return data
+
+
+# -- numeric options: argparse ``type=`` functions ----------------------------------------
+# Each turns a bad value into argparse's one-line usage error instead of a traceback or
+# a value that silently means something else (``--timeout nan``, ``--max -1``).
+
+#: The largest number of seconds an option takes: a year is more than any wait a command
+#: makes, and keeps ``inf`` and ``1e12`` from overflowing the clocks they are added to.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def natural(text: str) -> int:
+    """A whole number, 0 or more.
+
+    >>> natural("3")
+    3
+    """
+    return _whole(text, minimum=0)
+
+
+def positive(text: str) -> int:
+    """A whole number, 1 or more."""
+    return _whole(text, minimum=1)
+
+
+def _whole(text: str, *, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {minimum} or more")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds from 0 to :data:`MAX_SECONDS`.
+
+    >>> seconds("2.5")
+    2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_SECONDS:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (a year)"
+        )
+    return value
