@@ -1,8 +1,10 @@
-"""What the console changes: dead letters redriven or purged. Group resets go straight to
-:mod:`spoolmq.operations` (plan, then apply), as the CLI's do.
+"""What the console changes in dead-letter queues: redrive and purge. Group resets go
+straight to :mod:`spoolmq.operations` (plan, then apply), as the CLI's do.
 
-Thin on purpose: the work is :mod:`spoolmq.operations`', which the CLI shares, so that the
-console and ``spoolmq dlq`` cannot disagree about what a redrive does.
+Thin on purpose: the work is :mod:`spoolmq.operations`', which ``spoolmq dlq`` shares, so
+the console and the CLI cannot disagree about what a redrive or a purge does. What the
+console adds is its own search (key, header, tag, JSON field): the letters it matches are
+handed to the operations as (DLQ partition, DLQ offset) pairs.
 """
 
 from __future__ import annotations
@@ -11,30 +13,43 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq import operations
-from spoolmq.errors import InvalidArgumentError
 from spoolmq.store import Store
 from spoolmq.ui.inputs import Search
 
+Letters = list[tuple[int, int]]
+
+
+def _picked(store: Store, topic: str, letters: Letters | None, query: Search) -> Letters | None:
+    """The pairs to act on: those given, else (None: all) those the search matches;
+    None again when nothing narrows the choice, so the operation takes every letter."""
+    if letters is not None or not query.filters:
+        return letters
+    return [
+        (d.dlq_partition, d.dlq_offset)
+        for d in operations.dead_letters(store, topic)
+        if query.matches(d.record)
+    ]
+
 
 def redrive(
-    data: Path,
-    topic: str,
-    letters: list[tuple[int, int]] | None,
-    query: Search,
-    to_group: str | None,
+    data: Path, topic: str, letters: Letters | None, query: Search, to_group: str | None
 ) -> dict[str, Any]:
-    """Republish dead letters of ``topic`` to it: ``letters`` (DLQ partition, offset)
-    picked, or (None) all that match ``query``."""
-    if letters is not None or query.filters or to_group is not None:
-        raise InvalidArgumentError(
-            "redriving a selection or to one group needs the DLQ operations of issue 12 "
-            "point 9; this build redrives all of a topic's dead letters"
-        )
+    """Republish dead letters of ``topic`` to it (to every group, or ``to_group`` only):
+    the ``letters`` picked, or all that match ``query``."""
     with Store(data) as store:
         store.topic_config(topic)  # UnknownTopicError for a topic that is not there
-        result = operations.replay_dead_letters(store, topic)
+        offsets = _picked(store, topic, letters, query)
+        if offsets == []:
+            return {"replayed": 0, "already_replayed": 0}
+        result = operations.replay_dead_letters(store, topic, offsets=offsets, to_group=to_group)
     return {"replayed": result.replayed, "already_replayed": result.already_replayed}
 
 
-def purge(data: Path, topic: str) -> dict[str, Any]:
-    raise InvalidArgumentError("purging needs the DLQ operations of issue 12 point 9")
+def purge(data: Path, topic: str, letters: Letters | None, query: Search) -> dict[str, Any]:
+    """Purge dead letters of ``topic``: the ``letters`` picked, or all that match."""
+    with Store(data) as store:
+        store.topic_config(topic)
+        offsets = _picked(store, topic, letters, query)
+        if offsets == []:
+            return {"purged": 0}
+        return {"purged": operations.purge_dead_letters(store, topic, offsets=offsets)}

@@ -330,7 +330,9 @@ async def api_purge(request: Request, console: Console) -> Response:
     body = await _body(request)
     if body.get("confirm") is not True:
         raise InvalidArgumentError("a purge needs confirm: true")
-    return _json(await run_in_threadpool(actions.purge, console.data, topic))
+    ids = _letter_ids(body)
+    query = inputs.Search.parse(body.get("filter") or {})
+    return _json(await run_in_threadpool(actions.purge, console.data, topic, ids, query))
 
 
 # -- pages ---------------------------------------------------------------------------------------

@@ -304,20 +304,13 @@ def dead_letters(data: Path, topic: str, query: Search | None = None) -> dict[st
                 "dlq_offset": d.dlq_offset,
                 "origin": {
                     "topic": d.topic,
-                    "partition": _int(d.partition),
-                    "offset": _int(d.offset),
+                    "partition": d.partition,
+                    "offset": d.offset,
                 },
                 "group": d.group,
-                "attempts": _int(d.attempts),
+                "attempts": d.attempts,
                 "reason": d.reason,
                 "message": message(d.record, d.dlq_partition),
             }
         )
     return {"topic": topic, "dlq_topic": dlq_topic(topic), "dead_letters": rows}
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
