@@ -72,6 +72,10 @@ function params(form) {
   return out;
 }
 
+// A series' colour: fixed for the overview's counters, from a small palette for groups.
+// (Set as SVG attributes: the Content-Security-Policy allows no inline style.)
+function colorOf(name, k) { return COLORS[name] || ["#2f6fed", "#c0362c", "#1a7f4b", "#8e59d9", "#e09b1a"][k % 5]; }
+
 // A hand-written SVG line chart: one polyline per series over the minutes given.
 function chart(minutes, series, title) {
   const W = 1000, H = 200, L = 50, B = 20, T = 10;
@@ -90,12 +94,12 @@ function chart(minutes, series, title) {
       `<text x="${W - 50}" y="${H - 4}">${esc(when(minutes[minutes.length - 1]).slice(11, 16))}</text>`;
   }
   names.forEach((name, k) => {
-    const color = COLORS[name] || ["#2f6fed", "#c0362c", "#1a7f4b", "#8e59d9", "#e09b1a"][k % 5];
+    const color = colorOf(name, k);
     const points = series[name].map((v, i) => v === null ? null : `${x(i).toFixed(1)},${y(v).toFixed(1)}`).filter(Boolean);
     if (points.length) svg += `<polyline fill="none" stroke="${color}" stroke-width="2" points="${points.join(" ")}"/>`;
   });
   svg += "</svg>";
-  const legend = names.map((name, k) => `<span><i style="background:${COLORS[name] || ["#2f6fed", "#c0362c", "#1a7f4b", "#8e59d9", "#e09b1a"][k % 5]}"></i>${esc(name)}</span>`).join("");
+  const legend = names.map((name, k) => `<span><svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" fill="${colorOf(name, k)}"/></svg> ${esc(name)}</span>`).join("");
   return `<div class="legend">${legend}</div>` + svg;
 }
 
@@ -253,7 +257,7 @@ pages.topic = async () => {
 };
 
 pages.groups = async () => {
-  main.innerHTML = `<h1>Consumer groups</h1><div id="groups"></div><h2>Lag, last hour</h2><div id="lag-chart"></div>`;
+  main.innerHTML = `<h1>Consumer groups</h1><div id="group-notice"></div><div id="groups"></div><h2>Lag, last hour</h2><div id="lag-chart"></div>`;
   get("/api/broker").then(brokerState);
   const topics = (await get("/api/topics")).map(t => t.name);
   const open = new Set();
@@ -285,6 +289,8 @@ pages.groups = async () => {
 };
 
 async function previewReset(group, form, out) {
+  const notice = document.getElementById("group-notice");
+  notice.innerHTML = "";
   const request = { topic: form.topic.value, to: form.to.value, value: form.value.value || undefined };
   if (request.to === "offset") request.value = Number(form.value.value);
   try {
@@ -296,8 +302,9 @@ async function previewReset(group, form, out) {
     out.querySelector(".confirm-reset").onclick = async () => {
       try {
         const done = await post(`/api/groups/${encodeURIComponent(group)}/reset`, { ...request, execute: true });
-        out.innerHTML = `<p class="good reset-done">Reset done: ${done.changes.length} partition(s) moved.</p>`;
-      } catch (e) { out.innerHTML = `<p class="bad reset-refused">Refused: ${esc(e.message)}</p>`; }
+        notice.innerHTML = `<p class="good reset-done">Reset of ${esc(group)} done: ${done.changes.length} partition(s) moved.</p>`;
+      } catch (e) { notice.innerHTML = `<p class="bad reset-refused">Reset of ${esc(group)} refused: ${esc(e.message)}</p>`; }
+      out.innerHTML = ""; // the live table below shows the new offsets
     };
   } catch (e) { showError(e.message); }
 }
