@@ -31,7 +31,9 @@ function value(v) {
   if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1 && "hex" in v) {
     return '<pre class="hex" title="raw bytes, as hex">' + esc(v.hex) + "</pre>";
   }
-  return "<pre>" + esc(typeof v === "string" ? v : JSON.stringify(v, null, 2)) + "</pre>";
+  if (typeof v === "string") return "<pre>" + esc(v) + "</pre>";
+  const line = JSON.stringify(v); // short values on one line, longer ones indented
+  return "<pre>" + esc(line.length <= 90 ? line : JSON.stringify(v, null, 2)) + "</pre>";
 }
 function short(v) {
   if (v === null || v === undefined) return '<span class="muted">none</span>';
@@ -117,7 +119,9 @@ pages.overview = async () => {
   main.innerHTML = `<h1>Overview</h1><div class="cards" id="cards"></div>
     <h2>Rates now (per second)</h2><div id="rates"></div>
     <h2>Last hour (messages per minute, from the files)</h2><div id="chart"></div>`;
-  let previous = null;
+  // The broker's counters reach its admin answer every second or two, so a rate is taken
+  // over the snapshots of the last 10 s, not between two neighbours (which would jump).
+  let seen = [];
   const draw = data => {
     brokerState(data.broker);
     const stats = data.broker.stats || {};
@@ -128,15 +132,17 @@ pages.overview = async () => {
     const now = performance.now();
     const counters = stats.publisher ? { published: stats.publisher.messages, delivered: stats.consumer.delivered,
       acked: stats.consumer.acked, nacked: stats.consumer.nacked, dead_lettered: stats.consumer.dead_lettered } : null;
-    let rates = "";
+    if (!counters || (seen.length && counters.published < seen[seen.length - 1].counters.published)) seen = []; // stopped or restarted
+    if (counters) seen.push({ at: now, counters });
+    while (seen.length > 2 && now - seen[1].at >= 10000) seen.shift();
+    let rates;
     if (!counters) rates = '<p class="muted">No broker runs: no live rates. The chart below is read from the files.</p>';
-    else if (previous) {
-      const seconds = (now - previous.at) / 1000;
+    else if (seen.length > 1 && now - seen[0].at >= 1000) {
+      const first = seen[0], seconds = (now - first.at) / 1000;
       rates = table(Object.keys(counters).map(k => "#" + k), ["<tr>" + Object.keys(counters).map(k =>
-        `<td class="num" data-rate="${k}">${esc(Math.max(0, (counters[k] - previous.counters[k]) / seconds).toFixed(1))}</td>`).join("") + "</tr>"]);
+        `<td class="num" data-rate="${k}">${esc(Math.max(0, (counters[k] - first.counters[k]) / seconds).toFixed(1))}</td>`).join("") + "</tr>"]);
     } else rates = '<p class="muted">measuring…</p>';
     document.getElementById("rates").innerHTML = rates;
-    previous = counters ? { at: now, counters } : null;
   };
   const drawHistory = async () => {
     try {
