@@ -119,11 +119,15 @@ def test_a_wrong_password_is_refused(ui: UIProcess, browser: Any) -> None:
 def test_log_in_and_see_a_published_message(ui: UIProcess, browser: Any, data: Path) -> None:
     with Publisher(data=data) as publisher:
         publisher.publish("orders", {"greeting": "hello from the test"}, key="order-42")
-        for n in range(20):
+        for n in range(19):
             publisher.publish("orders", {"n": n}, key=f"other-{n}")
     log_in(browser, ui.url)
     until(browser, lambda d: "broker running" in text_of(d, "#broker-state"), "the overview")
-    until(browser, lambda d: "21" in text_of(d, "#cards"), "the stored count")
+    stored = "#cards .card:nth-child(2) .v"  # "Messages stored"
+    until(browser, lambda d: text_of(d, stored) == "20", "the stored count")
+    with Publisher(data=data) as publisher:  # the page updates itself (server-sent events)
+        publisher.publish("orders", {"n": 20}, key="other-20")
+    until(browser, lambda d: text_of(d, stored) == "21", "the live update, without reload")
     open_page(browser, ui.url, "/topics/orders")
     until(browser, lambda d: "order-42" in text_of(d, "#messages"), "the message")
     assert "hello from the test" in text_of(browser, "#messages")
