@@ -22,12 +22,12 @@ Letters = list[tuple[int, int]]
 def _picked(store: Store, topic: str, letters: Letters | None, query: Search) -> Letters | None:
     """The pairs to act on: those given, else (None: all) those the search matches;
     None again when nothing narrows the choice, so the operation takes every letter."""
-    if letters is not None or not query.filters:
+    if letters is not None or not query.narrows:
         return letters
     return [
         (d.dlq_partition, d.dlq_offset)
         for d in operations.dead_letters(store, topic)
-        if query.matches(d.record)
+        if query.filters.matches(d.record)
     ]
 
 

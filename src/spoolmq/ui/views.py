@@ -16,6 +16,7 @@ from typing import Any
 
 from spoolmq import operations
 from spoolmq.broker.manager import broker_running
+from spoolmq.browse import BrowseCounts, Start, browse
 from spoolmq.client import Admin
 from spoolmq.errors import SpoolError, UnknownTopicError
 from spoolmq.store import Record, Store
@@ -147,72 +148,42 @@ def page(
     ``timestamp``; else the newest page), or the ``limit`` before ``offset`` going back."""
     with Store(data) as store:
         _existing(store, topic, partition)
-        start = store.log_start_offset(topic, partition)
+        first = store.log_start_offset(topic, partition)
         end = store.log_end_offset(topic, partition)
         if timestamp is not None:
             offset = store.offset_for_timestamp(topic, partition, timestamp)
         if offset is None:
             offset, backwards = end, True
-        offset = min(max(offset, start), end)
-        stop = end
+        offset = min(max(offset, first), end)
+        until = None
         if backwards:  # the page that ends just before ``offset``
-            stop, offset = offset, max(start, offset - limit)
-        found: list[dict[str, Any]] = []
-        with store.reader(topic, partition, offset=offset) as reader:
-            for record in reader:
-                if record.offset >= stop or len(found) >= limit:
-                    break
-                found.append(message(record, partition))
+            until, offset = offset, max(first, offset - limit)
+        found = browse(store, topic, partitions=[partition], start=Start("offset", offset),
+                       until=until, limit=limit)  # fmt: skip
+        messages = [message(f.record, partition) for f in found]
     return {
-        "topic": topic,
-        "partition": partition,
-        "log_start_offset": start,
-        "log_end_offset": end,
-        "offset": offset,
-        "messages": found,
-    }
+        "topic": topic, "partition": partition, "log_start_offset": first,
+        "log_end_offset": end, "offset": offset, "messages": messages,
+    }  # fmt: skip
 
 
 def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
     """Stream the messages of ``topic`` that match ``query`` as ``{"match": ...}`` items,
-    then one ``{"done": ...}`` with the count and how far it scanned. At most
-    ``query.max_scan`` records are read, over the partitions asked, so a search of a big
-    topic has a bound the user sets and sees."""
-    scanned = matches = 0
-    next_offsets: dict[int, int] = {}
+    then one ``{"done": ...}`` with the counts. :func:`spoolmq.browse.browse` reads (the
+    same search as ``spoolmq read``): at most ``query.max_scan`` records, so a search of a
+    big topic has a bound the user sets and sees (``bounded``: it stopped there)."""
+    counts = BrowseCounts()
     with Store(data) as store:
-        config = store.topic_config(topic)
-        wanted = range(config.partitions) if query.partition is None else [query.partition]
+        partitions = None if query.partition is None else [query.partition]
         if query.partition is not None:
             _existing(store, topic, query.partition)
-        for partition in wanted:
-            if scanned >= query.max_scan:
-                break
-            if query.timestamp is not None:
-                reader = store.reader(topic, partition, timestamp=query.timestamp)
-            else:
-                start = store.log_start_offset(topic, partition)
-                reader = store.reader(topic, partition, offset=max(query.offset or 0, start))
-            with reader:
-                for record in reader:
-                    scanned += 1
-                    next_offsets[partition] = record.offset + 1
-                    if query.matches(record):
-                        matches += 1
-                        yield {"match": message(record, partition)}
-                        if matches >= query.max_results:
-                            break
-                    if scanned >= query.max_scan:
-                        break
-            if matches >= query.max_results:
-                break
-    yield {
-        "done": True,
-        "scanned": scanned,
-        "matches": matches,
-        "bounded": scanned >= query.max_scan or matches >= query.max_results,
-        "next_offsets": {str(p): o for p, o in next_offsets.items()},
-    }
+        for found in browse(
+            store, topic, partitions=partitions, start=query.start, filters=query.filters,
+            limit=query.max_results, scan_limit=query.max_scan, counts=counts,
+        ):  # fmt: skip
+            yield {"match": message(found.record, found.partition)}
+    bounded = counts.truncated or counts.matched >= query.max_results
+    yield {"done": True, "scanned": counts.scanned, "matches": counts.matched, "bounded": bounded}
 
 
 # -- groups, scheduled and in-flight -----------------------------------------------------------
@@ -296,7 +267,7 @@ def dead_letters(data: Path, topic: str, query: Search | None = None) -> dict[st
         letters = operations.dead_letters(store, topic)
     rows = []
     for d in letters:
-        if query is not None and not query.matches(d.record):
+        if query is not None and not query.filters.matches(d.record):
             continue
         rows.append(
             {
