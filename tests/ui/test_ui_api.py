@@ -4,7 +4,9 @@ every session POST, read-only, and inputs checked as the CLI checks them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,9 +32,35 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ])  # fmt: skip
         store.append("orders", b"\x00\xffraw", key=b"\x01", partition=1)
         store.state.commit_offsets("billing", {TopicPartition("orders", 0): 10})
+    write_events(root)
     result = spoolmq("ui", "--set-password", "--data", str(root), stdin=PASSWORD + "\n")
     assert result.returncode == 0, result.stderr
     return root
+
+
+def write_events(root: Path) -> None:
+    """Both shapes of docs/FORMAT.md in one file: frame lines (``runs``) and message lines
+    (``offset``), a lag snapshot, a line older than the hour, and a torn last line."""
+    now = int(time.time() * 1000)
+    day = dt.datetime.fromtimestamp(now / 1000, dt.UTC).date().isoformat()
+    folder = root / "events" / f"date={day}"
+    folder.mkdir(parents=True)
+    lines = [
+        {"ts": now - 2 * 3600_000, "type": "delivered", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 100, 1]]},
+        {"ts": now - 1000, "type": "delivered", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 6, 1], ["orders", 0, 8, 4, 1]]},
+        {"ts": now - 900, "type": "acked", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 6, 1]], "processing_ms": [1, 1, 1, 1, 1, 1]},
+        {"ts": now - 800, "type": "acked", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": 8, "consumer": "c2-9#1", "attempt": 1},
+        {"ts": now - 700, "type": "nacked", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": 9, "consumer": "c2-9#1", "attempt": 1, "reason": "boom"},
+        {"ts": now - 600, "type": "lag", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": None, "committed": 10, "log_end_offset": 40, "lag": 30},
+    ]  # fmt: skip
+    text = b"".join(orjson.dumps(line) + b"\n" for line in lines) + b'{"ts": 17'
+    (folder / f"{now - 3 * 3600_000}-1.jsonl").write_bytes(text)
 
 
 @pytest.fixture(scope="module")
@@ -221,10 +249,14 @@ def test_a_search_stops_at_its_bound_and_says_so(ui: UIProcess, token: str) -> N
     assert orjson.loads(found.splitlines()[0])["match"]["offset"] == 39
 
 
-def test_the_history_counts_what_was_published_this_hour(ui: UIProcess, token: str) -> None:
+def test_the_history_counts_the_last_hour_from_logs_and_events(ui: UIProcess, token: str) -> None:
     status, history = Client(ui.url, token).json("/api/history?minutes=60")
     assert status == 200 and len(history["minutes"]) == 60
-    assert sum(history["series"]["published"]) == 41
+    totals = {name: sum(counts) for name, counts in history["series"].items()}
+    assert totals == {"published": 41, "delivered": 10, "acked": 7, "nacked": 1,
+                      "dead_lettered": 0, "expired": 0}  # fmt: skip
+    assert [v for v in history["lag"]["billing"] if v is not None] == [30]
+    assert set(history["last_seen"]) == {"c1-7#1", "c2-9#1"}
 
 
 def test_the_overview_shows_the_files_when_no_broker_runs(ui: UIProcess, token: str) -> None:
@@ -303,3 +335,13 @@ def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(tmp_path: Pa
     assert [r.value for r in replayed] == [{"job": 1}, {"job": 3}]
     assert ("x-spoolmq-only-group", "workers") in replayed[1].headers
     assert not any(h.startswith("x-dlq-") for h, _ in replayed[0].headers)
+
+
+@pytest.mark.parametrize("listen", ["8080", "localhost:http", "127.0.0.1:70000", ":8080"])
+def test_a_bad_listen_address_is_one_line(data: Path, listen: str) -> None:
+    result = spoolmq("ui", "--data", str(data), "--listen", listen)
+    assert result.returncode == 2
+    assert (
+        result.stderr.startswith("spoolmq: --listen takes HOST:PORT")
+        and "Traceback" not in result.stderr
+    )

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import getpass
+import ipaddress
 import socket
 import sys
+from pathlib import Path
 
 from spoolmq.commands.common import CommandFactory, data_dir, print_json, print_table
 from spoolmq.errors import ConfigError, InvalidArgumentError
@@ -56,7 +58,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return _serve(data, host, port, read_only=args.read_only)
 
 
-def _serve(data: object, host: str, port: int, *, read_only: bool) -> int:
+def _serve(data: Path, host: str, port: int, *, read_only: bool) -> int:
     import uvicorn
 
     from spoolmq.ui import create_app
@@ -66,11 +68,17 @@ def _serve(data: object, host: str, port: int, *, read_only: bool) -> int:
         sock = socket.create_server((host, port), family=family)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    app = create_app(data, read_only=read_only)  # type: ignore[arg-type]
+    address, bound = sock.getsockname()[:2]
+    if not ipaddress.ip_address(address).is_loopback:
+        print(
+            f"spoolmq: the console on {address} speaks plain HTTP, so its login crosses the "
+            "network as it is; put a TLS proxy or an SSH tunnel in front of it",
+            file=sys.stderr,
+        )
+    app = create_app(data, read_only=read_only)
     # An open live page is a stream that never ends: shutdown waits at most 3 s for them.
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
+    shown = f"[{address}]" if family == socket.AF_INET6 else address
     print(
         f"spoolmq console at http://{shown}:{bound}/" + (" (read-only)" if read_only else ""),
         flush=True,
@@ -79,20 +87,17 @@ def _serve(data: object, host: str, port: int, *, read_only: bool) -> int:
     return 0
 
 
-def _token(args: argparse.Namespace, data: object) -> int:
-    from pathlib import Path
-
+def _token(args: argparse.Namespace, data: Path) -> int:
     from spoolmq.ui import auth
 
-    root = Path(str(data))
     if args.token_action == "create":
         if not args.name:
             raise InvalidArgumentError("ui token create needs a NAME (what the token is for)")
-        info, token = auth.create_token(root, args.name)
+        info, token = auth.create_token(data, args.name)
         print(f"API token {info.id} ({info.name}); it is shown only now:")
         print(token)
     elif args.token_action == "list":
-        tokens = auth.list_tokens(root)
+        tokens = auth.list_tokens(data)
         rows = [{"id": t.id, "name": t.name, "created": _iso(t.created_ms)} for t in tokens]
         if args.json:
             print_json(rows)
@@ -101,7 +106,7 @@ def _token(args: argparse.Namespace, data: object) -> int:
     else:
         if not args.name:
             raise InvalidArgumentError("ui token revoke needs the token's ID (see ui token list)")
-        auth.revoke_token(root, args.name)
+        auth.revoke_token(data, args.name)
         print(f"revoked API token {args.name}")
     return 0
 

@@ -74,19 +74,25 @@ def _messages_in(event: dict[str, Any]) -> int:
 
 
 def last_hour(data: Path, *, minutes: int = 60, now_ms: int | None = None) -> dict[str, Any]:
-    """Per-minute counts for the overview chart and per-group lag for the groups chart:
-    ``{"minutes": [start ms...], "series": {name: [count...]}, "lag": {group: [lag|None...]}}``."""
+    """Per-minute counts for the overview chart, per-group lag for the groups chart, and
+    when each consumer last had a delivery or an ACK in the window: ``{"minutes": [start
+    ms...], "series": {name: [count...]}, "lag": {group: [lag|None...]}, "last_seen":
+    {consumer: ms}}``."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     first = (now // MINUTE_MS - minutes + 1) * MINUTE_MS
     starts = [first + i * MINUTE_MS for i in range(minutes)]
     series = {name: [0] * minutes for name in ("published", *COUNTED)}
     lag_parts: dict[str, dict[int, dict[tuple[str, int], int]]] = defaultdict(dict)
+    last_seen: dict[str, int] = {}
     for path in _event_files(data, first):
         for event in _lines_since(path, first):
             slot = (event["ts"] - first) // MINUTE_MS
             if not 0 <= slot < minutes:
                 continue
             kind = event.get("type")
+            consumer = event.get("consumer")
+            if isinstance(consumer, str) and event["ts"] > last_seen.get(consumer, 0):
+                last_seen[consumer] = event["ts"]
             if kind in COUNTED:
                 series[str(kind)][slot] += _messages_in(event)
             elif kind == "lag" and isinstance(event.get("lag"), int):
@@ -104,4 +110,4 @@ def last_hour(data: Path, *, minutes: int = 60, now_ms: int | None = None) -> di
         group: [sum(slots[i].values()) if i in slots else None for i in range(minutes)]
         for group, slots in sorted(lag_parts.items())
     }
-    return {"minutes": starts, "series": series, "lag": lag}
+    return {"minutes": starts, "series": series, "lag": lag, "last_seen": last_seen}

@@ -266,7 +266,7 @@ pages.groups = async () => {
   main.innerHTML = `<h1>Consumer groups</h1><div id="group-notice"></div><div id="groups"></div><h2>Lag, last hour</h2><div id="lag-chart"></div>`;
   get("/api/broker").then(brokerState);
   const topics = (await get("/api/topics")).map(t => t.name);
-  const open = new Set();
+  let lastSeen = {}; // consumer -> ms of its last delivery or ACK in events/ (last hour)
   const draw = groups => {
     const holder = document.getElementById("groups");
     if (holder.querySelector("input:focus, select:focus") || holder.querySelector(".preview")) return; // not while the user acts
@@ -275,7 +275,8 @@ pages.groups = async () => {
       const section = document.createElement("section");
       section.className = "group"; section.dataset.group = name;
       section.innerHTML = `<h2>${esc(name)} <span class="muted">lag ${n(g.lag)}, in flight ${n(g.in_flight)}</span></h2>
-        <p>Consumers: ${g.consumers.length ? g.consumers.map(c => esc(c.id) + (c.pid ? ` (pid ${c.pid})` : "")).join(", ") : '<span class="muted">none connected</span>'}</p>` +
+        <p>Consumers: ${g.consumers.length ? g.consumers.map(c => esc(c.id) + (c.pid ? ` (pid ${c.pid}` : " (") +
+          (lastSeen[c.id] ? `, last seen ${esc(when(lastSeen[c.id]).slice(11))}` : "") + ")").join(", ") : '<span class="muted">none connected</span>'}</p>` +
         table(["topic", "#partition", "#committed", "#log end", "#lag", "#in flight", "consumers"], g.partitions.map(r =>
           `<tr><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num committed">${n(r.committed)}</td><td class="num">${n(r.log_end_offset)}</td>
           <td class="num lag">${n(r.lag)}</td><td class="num">${n(r.in_flight)}</td><td>${(r.consumers || []).map(esc).join(", ")}</td></tr>`)) +
@@ -288,9 +289,10 @@ pages.groups = async () => {
       if (form) form.addEventListener("submit", e => { e.preventDefault(); previewReset(name, form, section.querySelector(".reset-result")); });
     }
   };
+  const history = await get("/api/history");
+  lastSeen = history.last_seen;
   draw(await get("/api/groups"));
   live("groups", draw);
-  const history = await get("/api/history");
   document.getElementById("lag-chart").innerHTML = Object.keys(history.lag).length ? chart(history.minutes, history.lag, "lag per group") : '<p class="muted">no lag snapshots in events/ in the last hour</p>';
 };
 
