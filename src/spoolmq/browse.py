@@ -242,6 +242,13 @@ def _records(reader: Reader, until: int | None) -> Iterator[Record]:
             yield record
 
 
+def _keyed(partition: int, records: Iterator[Record]) -> Iterator[tuple[int, int, int, Record]]:
+    """Records with their merge key: time first, then partition and offset (unique, so
+    records themselves are never compared)."""
+    for record in records:
+        yield record.timestamp, partition, record.offset, record
+
+
 def browse(
     store: Store,
     topic: str,
@@ -276,7 +283,7 @@ def browse(
     try:
         if follow is None:
             streams = [
-                ((r.timestamp, p, r.offset, r) for r in _records(reader, until))
+                _keyed(p, _records(reader, until))
                 for p, reader in zip(chosen, readers, strict=True)
             ]
             pairs: Iterator[tuple[int, Record]] = (

@@ -37,7 +37,9 @@ def numbers(found: object) -> list[int]:
 
 
 def test_all_partitions_merge_in_timestamp_order(clocked: Store) -> None:
-    assert numbers(browse(clocked, "orders")) == list(range(20))
+    found = list(browse(clocked, "orders"))
+    assert numbers(found) == list(range(20))
+    assert [(f.partition, f.record.offset) for f in found[:4]] == [(0, 0), (1, 0), (0, 1), (1, 1)]
 
 
 def test_starts(clocked: Store) -> None:
