@@ -345,3 +345,13 @@ def test_a_bad_listen_address_is_one_line(data: Path, listen: str) -> None:
         result.stderr.startswith("spoolmq: --listen takes HOST:PORT")
         and "Traceback" not in result.stderr
     )
+
+
+def test_a_search_over_every_partition_labels_each_match(ui: UIProcess, token: str) -> None:
+    content = Client(ui.url, token).request("/api/topics/orders/search?max_scan=100")[1]
+    lines = [orjson.loads(line) for line in content.splitlines()]
+    matches = [line["match"] for line in lines[:-1]]
+    assert len(matches) == 41 and lines[-1]["matches"] == 41 and not lines[-1]["bounded"]
+    raw = [m for m in matches if m["value"] == {"hex": "00ff726177"}]
+    assert len(raw) == 1 and raw[0]["partition"] == 1
+    assert {m["partition"] for m in matches if m is not raw[0]} == {0}
