@@ -134,11 +134,21 @@ def test_log_in_and_see_a_published_message(ui: UIProcess, browser: Any, data: P
     no_script_errors(browser)
 
 
+def test_stored_markup_is_shown_as_text(ui: UIProcess, browser: Any, data: Path) -> None:
+    markup = '<img id="injected" src="x" onerror="document.title=1">'
+    with Publisher(data=data) as publisher:
+        publisher.publish("orders", markup, key=markup, headers={"h": markup})
+    open_page(browser, ui.url, "/topics/orders")
+    until(browser, lambda d: markup in text_of(d, "#messages"), "the value as text")
+    assert browser.find_elements("id", "injected") == []
+    assert browser.title == "spoolmq console"
+
+
 def test_search_a_key_and_find_it(ui: UIProcess, browser: Any) -> None:
     open_page(browser, ui.url, "/topics/orders")
     element(browser, "#search-key").send_keys("order-42")
     browser.find_element("id", "search-button").click()
-    until(browser, lambda d: "1 match(es) in 21" in text_of(d, "#search-info"), "the search")
+    until(browser, lambda d: "1 match(es) in 22" in text_of(d, "#search-info"), "the search")
     rows = browser.find_elements("css selector", "#search-results tr.message")
     assert len(rows) == 1 and "hello from the test" in rows[0].text
     no_script_errors(browser)
@@ -165,13 +175,13 @@ def test_redrive_a_dead_letter_and_see_it_consumed(ui: UIProcess, browser: Any, 
 
 def test_reset_a_group_with_the_confirm(ui: UIProcess, browser: Any, data: Path) -> None:
     with Consumer("orders", "billing", data=data) as consumer:
-        for _ in range(21):
+        for _ in range(22):
             message = consumer.receive(timeout=WAIT)
             assert message is not None
             message.ack()
     open_page(browser, ui.url, "/groups")
     billing = '[data-group="billing"]'
-    until(browser, lambda d: "21" in text_of(d, f"{billing} td.committed"), "the committed 21")
+    until(browser, lambda d: "22" in text_of(d, f"{billing} td.committed"), "the committed 22")
     from selenium.webdriver.support.ui import Select
 
     Select(
@@ -179,8 +189,8 @@ def test_reset_a_group_with_the_confirm(ui: UIProcess, browser: Any, data: Path)
     ).select_by_visible_text("orders")
     browser.find_element("css selector", f"{billing} form.reset button").click()
     until(browser, lambda d: "Preview" in text_of(d, f"{billing} .preview"), "the preview")
-    assert "21" in text_of(browser, f"{billing} .preview")  # from 21 ...
-    assert text_of(browser, f"{billing} td.committed") == "21"  # ... and nothing changed yet
+    assert "22" in text_of(browser, f"{billing} .preview")  # from 22 ...
+    assert text_of(browser, f"{billing} td.committed") == "22"  # ... and nothing changed yet
     element(browser, f"{billing} .confirm-reset").click()
     until(browser, lambda d: "done" in text_of(d, "#group-notice"), "the reset")
     until(browser, lambda d: text_of(d, f"{billing} td.committed") == "0", "the committed 0")
