@@ -107,7 +107,8 @@ def test_a_token_is_printed_once_and_stored_hashed(data: Path, token: str) -> No
 
 
 def test_the_api_needs_a_valid_token(ui: UIProcess, token: str) -> None:
-    assert Client(ui.url).json("/api/topics")[0] == 401
+    status, _, headers = Client(ui.url).request("/api/topics")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert Client(ui.url, "smq_wrong").json("/api/topics")[0] == 401
     status, topics = Client(ui.url, token).json("/api/topics")
     assert status == 200
@@ -355,3 +356,21 @@ def test_a_search_over_every_partition_labels_each_match(ui: UIProcess, token: s
     raw = [m for m in matches if m["value"] == {"hex": "00ff726177"}]
     assert len(raw) == 1 and raw[0]["partition"] == 1
     assert {m["partition"] for m in matches if m is not raw[0]} == {0}
+
+
+def test_a_damaged_record_ends_a_streamed_search_with_an_error(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        for n in range(3):
+            store.append("events", {"n": n, "note": "intact"})
+    segment = next((data / "logs" / "events" / "0").glob("*.jsonl"))
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"intact", b"broken")  # same length, wrong CRC
+    segment.write_bytes(b"".join(lines))
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
+    with UIProcess(data) as ui:
+        status, content, _ = Client(ui.url, token).request("/api/topics/events/search")
+    items = [orjson.loads(line) for line in content.splitlines()]
+    assert status == 200 and items[0]["match"]["offset"] == 0
+    assert "error" in items[-1] and not any("done" in item for item in items)

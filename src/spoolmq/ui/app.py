@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import html
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,10 @@ def api(handler: Handler, *, action: bool = False) -> Callable[[Request], Awaita
             await _authenticate(request, console, action=action)
             return await handler(request, console)
         except Refused as exc:
-            return _json({"error": str(exc)}, exc.status)
+            answer = _json({"error": str(exc)}, exc.status)
+            if exc.status == 401:
+                answer.headers["WWW-Authenticate"] = 'Bearer realm="spoolmq"'
+            return answer
         except SpoolError as exc:
             return _json({"error": str(exc)}, _status_of(exc))
 
@@ -190,10 +193,20 @@ async def api_search(request: Request, console: Console) -> Response:
     topic = inputs.check_topic(request.path_params["topic"])
     query = inputs.Search.parse(request.query_params)
     await run_in_threadpool(_check_topic_exists, console.data, topic)
-    lines = (orjson.dumps(item) + b"\n" for item in views.search(console.data, topic, query))
+    lines = (orjson.dumps(item) + b"\n" for item in _searched(console.data, topic, query))
     return StreamingResponse(
         iterate_in_threadpool(lines), media_type="application/x-ndjson", headers=_HEADERS
     )
+
+
+def _searched(data: Path, topic: str, query: inputs.Search) -> Iterator[dict[str, Any]]:
+    """The search's items; a store error met after the answer began (a damaged record
+    halfway through) ends the stream with an ``{"error": ...}`` line, since the status
+    line has already gone out as 200."""
+    try:
+        yield from views.search(data, topic, query)
+    except SpoolError as exc:
+        yield {"error": str(exc)}
 
 
 def _check_topic_exists(data: Path, topic: str) -> None:
