@@ -254,6 +254,7 @@ pages.topic = async () => {
         while ((cut = buffered.indexOf("\n")) >= 0) {
           const item = JSON.parse(buffered.slice(0, cut)); buffered = buffered.slice(cut + 1);
           if (item.match) { found++; tbody.insertAdjacentHTML("beforeend", messageRows([item.match])[0]); info.textContent = `${found} found so far…`; }
+          if (item.error) { info.textContent = `stopped after ${found} match(es): ${item.error}`; showError(item.error); }
           if (item.done) info.textContent = `${n(item.matches)} match(es) in ${n(item.scanned)} message(s) scanned` + (item.bounded ? " (stopped at the bound: raise it or narrow the search)" : "");
         }
       }
