@@ -306,6 +306,8 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "consumers",
             "groups",
             "in_flight",
+            "by_topic",
+            "bytes_by_topic",
         }
         assert set(stats["publisher"]) == {
             "frames",
@@ -313,7 +315,11 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "batches",
             "errors",
             "by_topic",
+            "bytes_by_topic",
             "publishers",
+            "commit_size",
+            "ack_seconds",
+            "fsync_seconds",
         }
     assert "broker pid" in cli(capsys, "stats", "--data", str(data_dir))
 

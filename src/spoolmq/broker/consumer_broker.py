@@ -118,6 +118,10 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         # Messages by what happened to them ("skipped": deleted by retention before their
         # group read them), keyed by the event type's text: they go out as JSON.
         self.counts: dict[str, int] = {str(kind): 0 for kind in _COUNTED}
+        # The same per topic (metrics), counted per event and per run, and the bytes of
+        # the records delivered per topic, counted per dispatched batch.
+        self.by_topic: dict[str, dict[str, int]] = {}
+        self.bytes_by_topic: dict[str, int] = {}
 
     def new_client(self, conn: Connection, client_id: str) -> _Consumer:
         return _Consumer.open(conn, client_id)
@@ -223,6 +227,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 consumer.writer.send(protocol.encode_delivery(_deliver_header(batch), batch.lines))
                 sent += batch.count
                 self.counts[EventType.DELIVERED] += batch.count
+                self._count_bytes(batch.runs, batch.lines)
             except OSError:
                 # Never handed over, so not an attempt, whatever happens to the consumer.
                 for tag in reversed(batch.tags()):
@@ -261,6 +266,20 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             runtime.dead_letter_backoff_ms = 0
             group.dead_lettered(pending, now)
 
+    def _count_bytes(self, runs: list[Any], lines: list[bytes]) -> None:
+        at = 0
+        by_topic = self.bytes_by_topic
+        for state, _, count, _ in runs:
+            size = sum(map(len, lines[at : at + count]))
+            at += count
+            by_topic[state.topic] = by_topic.get(state.topic, 0) + size
+
+    def _count_topic(self, topic: str, kind: str, count: int) -> None:
+        counts = self.by_topic.get(topic)
+        if counts is None:
+            counts = self.by_topic[topic] = {str(k): 0 for k in _COUNTED}
+        counts[kind] += count
+
     def _drain_events(self, runtime: GroupRuntime) -> None:
         group = runtime.group
         counts = self.counts
@@ -270,8 +289,12 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             if isinstance(event, Event):
                 if kind in _COUNTED_AS_EVENTS:
                     counts[kind] += 1
-            elif kind is _ACKED:
-                counts[kind] += sum(run[2] for run in event.runs)
+                    self._count_topic(event.topic, kind, 1)
+            else:
+                for state, _, count, _ in event.runs:
+                    self._count_topic(state.topic, kind, count)
+                if kind is _ACKED:
+                    counts[kind] += sum(run[2] for run in event.runs)
         group.events.clear()
 
     # -- consumers ---------------------------------------------------------------------------
@@ -507,6 +530,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             "consumers": len(self.clients),
             "groups": len(self.groups),
             "in_flight": sum(rt.group.in_flight_count() for rt in self.groups.values()),
+            "by_topic": self.by_topic,
+            "bytes_by_topic": self.bytes_by_topic,
         }
 
     # -- persistence ------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from spoolmq import protocol
 from spoolmq.allocator import tune_allocator
 from spoolmq.broker.child import BrokerChild, ChildChannels, run_child, send_control
 from spoolmq.broker.consumer_broker import ConsumerBroker
+from spoolmq.broker.metrics import MetricsServer, Snapshot
 from spoolmq.broker.publisher_broker import PublisherBroker
 from spoolmq.broker.status import (
     AdminResult,
@@ -101,6 +102,7 @@ class BrokerSettings:
         handshake_timeout_s: a connection that has not authenticated and said hello in
             this time is closed.
         restart_backoff_max_s: the longest wait before restarting a crashed child.
+        metrics: serve Prometheus ``GET /metrics`` on this (host, port); None: not at all.
     """
 
     data_dir: Path
@@ -109,6 +111,7 @@ class BrokerSettings:
     store: dict[str, Any] = field(default_factory=dict)
     handshake_timeout_s: float = 5.0
     restart_backoff_max_s: float = 5.0
+    metrics: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -196,6 +199,7 @@ class BrokerManager:
         self._admin_results: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._admin_ids = itertools.count(1)
         self.socket_path = self.data_dir / protocol.SOCKET_FILE
+        self.metrics: MetricsServer | None = None
 
     # -- start and stop ------------------------------------------------------------------
 
@@ -224,6 +228,10 @@ class BrokerManager:
                 self.stop()
                 raise SpoolError("the broker processes did not start within 60 s")
             self.supervise_step(timeout=0.5)
+        if self.settings.metrics is not None:
+            self.metrics = MetricsServer(self.settings.metrics, self.data_dir, self.snapshot)
+            self.metrics.start()
+            logger.info("metrics on http://%s:%d/metrics", *self.metrics.address)
         logger.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
 
     def _open_listeners(self) -> None:
@@ -437,6 +445,8 @@ class BrokerManager:
         """Stop accepting, let the PublisherBroker store and answer what it has, then the
         ConsumerBroker tell its consumers and save its state; release the lock."""
         self._stopping.set()
+        if self.metrics is not None:
+            self.metrics.stop()
         for listener in self._listeners:
             with contextlib.suppress(OSError):
                 listener.close()
@@ -589,6 +599,16 @@ class BrokerManager:
         if action in ("describe_groups", "reset_group"):
             return self._ask_consumer_broker(frame)
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
+
+    def snapshot(self) -> Snapshot:
+        """The figures a metrics scrape reads (the groups are left out while the consumer
+        broker restarts)."""
+        stats = self.admin({"op": "admin", "action": "stats"})
+        try:
+            groups = self._ask_consumer_broker({"op": "admin", "action": "describe_groups"})
+        except SpoolError:
+            return Snapshot(stats, None)
+        return Snapshot(stats, groups.get("groups"))
 
     def _ask_consumer_broker(self, frame: dict[str, Any]) -> dict[str, Any]:
         child = self._children["consumer"]

@@ -32,6 +32,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.broker.child import BrokerChild, ChildChannels, ClientConnection, Periodic, receive_fd
+from spoolmq.broker.metrics import COMMIT_SIZE_BOUNDS, SECONDS_BOUNDS, Buckets
 from spoolmq.broker.producer_ranges import ProducerRanges, StoredAt
 from spoolmq.broker.sync_thread import SyncKey, SyncThread, describe
 from spoolmq.clock import SYSTEM_CLOCK, Clock
@@ -122,9 +123,10 @@ class _Commit:
     """One group commit: the frames read in one loop step, their batches (one per
     partition), written together and synced by one job of the sync thread."""
 
-    __slots__ = ("batches", "error", "frames", "fresh", "job")
+    __slots__ = ("batches", "error", "frames", "fresh", "job", "started")
 
     def __init__(self) -> None:
+        self.started = time.monotonic()
         self.batches: dict[tuple[str, int], _Batch] = {}
         # Per producer, the sequences of this commit: (first, count, batch, index in it).
         self.fresh: dict[str, list[tuple[int, int, _Batch, int]]] = {}
@@ -140,6 +142,11 @@ class PublisherStats:
     batches: int = 0
     errors: int = 0
     by_topic: dict[str, int] = field(default_factory=dict)
+    bytes_by_topic: dict[str, int] = field(default_factory=dict)
+    # Observed once per group commit (metrics): its messages, and the time from reading
+    # its frames to answering them, counted once per frame.
+    commit_size: Buckets = field(default_factory=lambda: Buckets(COMMIT_SIZE_BOUNDS))
+    ack_seconds: Buckets = field(default_factory=lambda: Buckets(SECONDS_BOUNDS))
 
 
 class PublisherBroker(BrokerChild[ClientConnection]):
@@ -501,6 +508,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         """Answer a commit's frames, remember its runs and tell the ConsumerBroker."""
         error = commit.error
         written_batches = []
+        stored = 0
         for (topic, partition), batch in commit.batches.items():
             count = len(batch.bodies)
             if error is not None and batch.error is None:
@@ -513,10 +521,19 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             self.stats.batches += 1
             self.stats.messages += count
             self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + count
+            stored_bytes = sum(map(len, batch.bodies))
+            self.stats.bytes_by_topic[topic] = (
+                self.stats.bytes_by_topic.get(topic, 0) + stored_bytes
+            )
+            stored += count
             self._ends[(topic, partition)] = written.base_offset + written.records
             self._figures_due.add((topic, partition))
         self._remember(commit.frames)
         self._notify(written_batches)
+        if stored:
+            self.stats.commit_size.observe(stored)
+        if commit.frames:
+            self.stats.ack_seconds.observe(time.monotonic() - commit.started, len(commit.frames))
         for frame in commit.frames:
             if frame.acks != "0":
                 self._send(frame.client, self._answer(frame))
@@ -858,5 +875,9 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             "batches": self.stats.batches,
             "errors": self.stats.errors,
             "by_topic": dict(self.stats.by_topic),
+            "bytes_by_topic": dict(self.stats.bytes_by_topic),
             "publishers": len(self.clients),
+            "commit_size": self.stats.commit_size.figures(),
+            "ack_seconds": self.stats.ack_seconds.figures(),
+            "fsync_seconds": None if self._sync is None else self._sync.fsync_seconds.figures(),
         }

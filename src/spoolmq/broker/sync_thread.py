@@ -22,11 +22,14 @@ import contextlib
 import os
 import select
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, SimpleQueue
 from typing import Any
+
+from spoolmq.broker.metrics import SECONDS_BOUNDS, Buckets
 
 # How many files are synced at once at most.
 _PARALLEL = 8
@@ -46,6 +49,8 @@ class SyncThread:
         self._ready, self._signal = os.pipe()
         os.set_blocking(self._ready, False)
         self._pool: ThreadPoolExecutor | None = None
+        # Seconds per round of syncs, for the metrics (written by the thread only).
+        self.fsync_seconds = Buckets(SECONDS_BOUNDS)
         self._thread = threading.Thread(target=self._run, name="spoolmq-sync", daemon=True)
         self._thread.start()
 
@@ -100,7 +105,9 @@ class SyncThread:
             files: dict[SyncKey, int] = {}
             for _, job_files in jobs:
                 files.update(job_files)  # one descriptor per file is enough
+            started = time.monotonic()
             errors = self._sync_all(files)
+            self.fsync_seconds.observe(time.monotonic() - started)
             for _, job_files in jobs:
                 for fd in job_files.values():
                     with contextlib.suppress(OSError):

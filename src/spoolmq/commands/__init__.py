@@ -12,4 +12,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spoolmq.commands.broker",
     "spoolmq.commands.stats",
     "spoolmq.commands.ui",
+    "spoolmq.commands.read",
 )

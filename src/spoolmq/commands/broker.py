@@ -10,6 +10,7 @@ from spoolmq.commands.common import CommandFactory, data_dir
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from spoolmq.broker import BrokerManager, BrokerSettings
+    from spoolmq.broker.metrics import check_loopback
     from spoolmq.client.connection import parse_address
 
     logging.basicConfig(
@@ -17,8 +18,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
         format="%(asctime)s manager[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     listen = parse_address(args.listen) if args.listen else None
+    metrics = check_loopback(parse_address(args.metrics)) if args.metrics else None
     manager = BrokerManager(
-        BrokerSettings(data_dir=data_dir(args), listen=listen, log_level=args.log_level)
+        BrokerSettings(
+            data_dir=data_dir(args), listen=listen, log_level=args.log_level, metrics=metrics
+        )
     )
     return manager.run()
 
@@ -26,4 +30,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def register(command: CommandFactory) -> None:
     p = command("broker", cmd_broker, "run a broker in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. "
+        "127.0.0.1:9464)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -1,0 +1,174 @@
+"""Prometheus metrics: scrape a live broker started with ``--metrics`` and parse the text
+with prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spoolmq import Consumer, Publisher, Store
+from spoolmq.broker.metrics import Buckets, Snapshot, check_loopback, render
+from spoolmq.errors import InvalidArgumentError
+from spoolmq.testing import BrokerProcess, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample, keyed by name and sorted labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain")
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_a_live_broker_s_metrics(tmp_path: Path, data_dir: Path) -> None:
+    port = free_port()
+    with Store(data_dir) as store:
+        store.create_topic("orders", partitions=2)
+    with BrokerProcess(
+        data_dir, args=["--metrics", f"127.0.0.1:{port}"], log_file=tmp_path / "broker.log"
+    ) as broker:
+        with Publisher(data=data_dir) as publisher:
+            for n in range(30):
+                publisher.publish("orders", {"n": n}, partition=n % 2)
+            publisher.publish("other", "x" * 100)
+        with Consumer("orders", "billing", data=data_dir, max_deliveries=1) as consumer:
+            acked = 0
+            while acked < 10:
+                message = consumer.receive(timeout=30)
+                assert message is not None
+                if message.value["n"] == 0:
+                    message.nack(reason="bad order")  # one delivery allowed: dead-lettered
+                else:
+                    message.ack()
+                    acked += 1
+
+            def settled() -> dict[Any, float] | None:
+                samples = scrape(port)
+                done = (
+                    value(samples, "spoolmq_messages_acked_total", topic="orders") == 10
+                    and value(samples, "spoolmq_messages_published_total", topic="orders") == 30
+                )
+                return (
+                    samples
+                    if done and value(samples, "spoolmq_dlq_depth_messages", topic="orders") == 1
+                    else None
+                )
+
+            samples = wait_until(settled, 60, "the ACKs and the dead letter in the metrics")
+            assert value(samples, "spoolmq_broker_up") == 1
+            assert value(samples, "spoolmq_connected_clients", role="consumer") == 1
+            assert value(samples, "spoolmq_connected_clients", role="publisher") == 0
+
+        assert value(samples, "spoolmq_messages_published_total", topic="orders") == 30
+        assert value(samples, "spoolmq_messages_published_total", topic="other") == 1
+        # Each stored line holds the value, so 100 characters of value are over 100 bytes.
+        assert 100 < value(samples, "spoolmq_published_bytes_total", topic="other") < 400  # type: ignore[operator]
+        assert value(samples, "spoolmq_messages_dead_lettered_total", topic="orders") == 1
+        assert value(samples, "spoolmq_messages_nacked_total", topic="orders") == 1
+        delivered = value(samples, "spoolmq_messages_delivered_total", topic="orders")
+        assert delivered is not None and delivered >= 11
+        assert value(samples, "spoolmq_delivered_bytes_total", topic="orders")
+        for partition in ("0", "1"):
+            assert (
+                value(samples, "spoolmq_log_end_offset", topic="orders", partition=partition) == 15
+            )
+            assert (
+                value(samples, "spoolmq_log_start_offset", topic="orders", partition=partition) == 0
+            )
+        # The group's committed offsets and lag add up to what it finished: 11 of 30.
+        committed = [
+            value(
+                samples,
+                "spoolmq_group_committed_offset",
+                group="billing",
+                topic="orders",
+                partition=p,
+            )
+            for p in ("0", "1")
+        ]
+        lags = [
+            value(
+                samples, "spoolmq_group_lag_messages", group="billing", topic="orders", partition=p
+            )
+            for p in ("0", "1")
+        ]
+        assert all(c is not None for c in committed), samples
+        assert [c + lag for c, lag in zip(committed, lags, strict=True)] == [15, 15]  # type: ignore[operator]
+        # The histograms were observed once per group commit: 31 publishes, acks=all.
+        assert value(samples, "spoolmq_group_commit_messages_count") == value(
+            samples, "spoolmq_group_commit_messages_bucket", le="+Inf"
+        )
+        # Dead letters are written by the consumer broker, not a publisher's group commit.
+        assert value(samples, "spoolmq_group_commit_messages_sum") == 31
+        assert value(samples, "spoolmq_publish_ack_duration_seconds_count") == 31
+        assert value(samples, "spoolmq_fsync_duration_seconds_count")
+
+        # A restarted child is counted.
+        old = broker.child_pids()["consumer"]
+        broker.kill_child("consumer")
+        broker.wait_child_replaced("consumer", old, 60)
+        restarted = wait_until(
+            lambda: (
+                value(s := scrape(port), "spoolmq_child_restarts_total", child="consumer") == 1
+                and s
+            ),
+            60,
+            "the restart in the metrics",
+        )
+        assert value(restarted, "spoolmq_child_restarts_total", child="publisher") == 0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=30)
+        assert refused.value.code == 404
+
+
+def test_render_without_a_broker(data_dir: Path) -> None:
+    with Store(data_dir) as store:
+        store.create_topic("t")
+        store.append("t", 1)
+        store.append("t", 2)
+        store.state.reset_group("g", {("t", 0): 1})  # type: ignore[dict-item]
+    text = render(data_dir, Snapshot()).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert value(samples, "spoolmq_broker_up") == 0
+    assert value(samples, "spoolmq_log_end_offset", topic="t", partition="0") == 2
+    assert value(samples, "spoolmq_group_lag_messages", group="g", topic="t", partition="0") == 1
+    assert value(samples, "spoolmq_messages_published_total", topic="t") is None
+
+
+def test_buckets() -> None:
+    buckets = Buckets((1, 10))
+    for observed in (0.5, 1, 5, 50):
+        buckets.observe(observed)
+    buckets.observe(2, times=3)
+    assert buckets.figures() == {"bounds": [1, 10], "counts": [2, 4, 1], "sum": 62.5, "count": 7}
+
+
+def test_only_loopback() -> None:
+    assert check_loopback(("127.0.0.1", 9464)) == ("127.0.0.1", 9464)
+    assert check_loopback(("::1", 9464)) == ("::1", 9464)
+    with pytest.raises(InvalidArgumentError, match="loopback"):
+        check_loopback(("0.0.0.0", 9464))
