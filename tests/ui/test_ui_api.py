@@ -374,3 +374,23 @@ def test_a_damaged_record_ends_a_streamed_search_with_an_error(tmp_path: Path) -
     items = [orjson.loads(line) for line in content.splitlines()]
     assert status == 200 and items[0]["match"]["offset"] == 0
     assert "error" in items[-1] and not any("done" in item for item in items)
+
+
+def test_metrics_are_served_behind_the_login(ui: UIProcess, token: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert Client(ui.url).request("/metrics")[0] == 401
+    status, content, headers = Client(ui.url, token).request("/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(content.decode())
+        for s in family.samples
+    }
+    assert samples[("spoolmq_broker_up", ())] == 0
+    assert samples[("spoolmq_log_end_offset", (("partition", "0"), ("topic", "orders")))] == 40
+    lag = (
+        "spoolmq_group_lag_messages",
+        (("group", "billing"), ("partition", "0"), ("topic", "orders")),
+    )
+    assert samples[lag] == 30

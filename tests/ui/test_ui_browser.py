@@ -226,3 +226,19 @@ def _committed(data: Path) -> int | None:
     from spoolmq.operations import group_rows
 
     return int(group_rows(data, "billing")["billing"][0]["committed"])
+
+
+def test_metrics_of_the_running_broker(ui: UIProcess, data: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+    from ui_helpers import Client
+
+    token = spoolmq("ui", "token", "create", "prometheus", "--data", str(data)).stdout.split()[-1]
+    status, content, _ = Client(ui.url, token).request("/metrics")
+    assert status == 200
+    names = {
+        (s.name, s.labels.get("topic")): s.value
+        for family in text_string_to_metric_families(content.decode())
+        for s in family.samples
+    }
+    assert names[("spoolmq_broker_up", None)] == 1
+    assert names[("spoolmq_messages_published_total", "orders")] >= 20

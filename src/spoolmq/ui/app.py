@@ -228,6 +228,13 @@ async def api_pending(request: Request, console: Console) -> Response:
     return _json(await run_in_threadpool(views.pending, console.data))
 
 
+async def metrics(request: Request, console: Console) -> Response:
+    """Prometheus' text format, behind the console's login like everything else (a
+    Prometheus job sends the token: ``authorization: {credentials: TOKEN}``)."""
+    text = await run_in_threadpool(views.metrics, console.data)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 async def api_broker(request: Request, console: Console) -> Response:
     return _json(await run_in_threadpool(views.broker, console.data))
 
@@ -462,6 +469,7 @@ def create_app(data: Path, *, read_only: bool = False) -> Starlette:
         Route("/api/dlq/{topic}/purge", api(api_purge, action=True), methods=["POST"]),
         Route("/api/pending", api(api_pending)),
         Route("/api/broker", api(api_broker)),
+        Route("/metrics", api(metrics)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found})

@@ -16,6 +16,8 @@ from typing import Any
 
 from spoolmq import operations
 from spoolmq.broker.manager import broker_running
+from spoolmq.broker.metrics import Snapshot
+from spoolmq.broker.metrics import render as render_metrics
 from spoolmq.browse import BrowseCounts, Start, browse
 from spoolmq.client import Admin
 from spoolmq.errors import SpoolError, UnknownTopicError
@@ -86,6 +88,20 @@ def broker(data: Path) -> dict[str, Any]:
             }
         )
     return {"running": True, "processes": processes, "stats": stats}
+
+
+def metrics(data: Path) -> bytes:
+    """Prometheus' text format for ``GET /metrics`` (:mod:`spoolmq.broker.metrics`, the
+    same figures ``spoolmq broker --metrics`` serves): the store's, plus the broker's
+    counters and live groups when one runs."""
+    snapshot = Snapshot()
+    if broker_running(data):
+        try:
+            with Admin(data) as admin:
+                snapshot = Snapshot(admin.stats(), admin.describe_groups())
+        except SpoolError:
+            pass  # it stopped between the two looks: the files alone
+    return render_metrics(data, snapshot)
 
 
 # -- topics ---------------------------------------------------------------------------------
