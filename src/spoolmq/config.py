@@ -38,7 +38,12 @@ _SIZE_UNITS = {
 
 
 def parse_duration_ms(text: str | int | float) -> int:
-    """``"14d"`` -> 1209600000. A bare number is seconds. ``-1``/``"never"`` means unlimited."""
+    """``"14d"`` -> 1209600000; text needs a unit (ms, s, m, h, d, w). A Python number is
+    seconds. ``-1``/``"never"`` means unlimited.
+
+    >>> parse_duration_ms("14d"), parse_duration_ms(1.5), parse_duration_ms("never")
+    (1209600000, 1500, -1)
+    """
     if isinstance(text, bool):
         raise ConfigError(f"a duration must be a number or a string like '30s', not {text!r}")
     if isinstance(text, int | float):
@@ -46,12 +51,15 @@ def parse_duration_ms(text: str | int | float) -> int:
     value = text.strip().lower()
     if value in ("never", "-1", "unlimited"):
         return -1
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", value)
+    # Text needs its unit: "5" read as 5 seconds surprised a user who meant 5 days, and
+    # a unit costs nothing to type. A Python number is seconds, as documented.
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", value)
     if not match:
         raise ConfigError(
-            f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w (e.g. '14d')"
+            f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w "
+            "(e.g. '14d'), or 'never'"
         )
-    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"])
+    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
 
 
 def parse_size_bytes(text: str | int) -> int:
@@ -143,6 +151,19 @@ class TopicConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def differences(self, other: TopicConfig) -> str:
+        """Each setting where ``other`` differs, as ``name: self's (wanted other's)``.
+
+        >>> TopicConfig(partitions=1).differences(TopicConfig(partitions=3))
+        'partitions: 1 (wanted 3)'
+        """
+        mine, theirs = self.as_dict(), other.as_dict()
+        return ", ".join(
+            f"{name}: {mine[name]} (wanted {theirs[name]})"
+            for name in mine
+            if mine[name] != theirs[name]
+        )
 
 
 @dataclass(frozen=True, slots=True)

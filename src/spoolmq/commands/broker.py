@@ -18,7 +18,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     )
     listen = parse_address(args.listen) if args.listen else None
     manager = BrokerManager(
-        BrokerSettings(data_dir=data_dir(args), listen=listen, log_level=args.log_level)
+        BrokerSettings(
+            data_dir=data_dir(args),
+            listen=listen,
+            log_level=args.log_level,
+            store={"auto_create_topics": args.auto_create_topics == "on"},
+        )
     )
     return manager.run()
 
@@ -26,4 +31,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def register(command: CommandFactory) -> None:
     p = command("broker", cmd_broker, "run a broker in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
+    p.add_argument(
+        "--auto-create-topics",
+        choices=["on", "off"],
+        default="on",
+        help="on (default, as in Kafka): publishing to or consuming from a missing topic "
+        "creates it; off: refused with an error",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

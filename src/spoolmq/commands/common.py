@@ -98,3 +98,15 @@ def seconds(text: str) -> float:
             f"{text!r} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (a year)"
         )
     return value
+
+
+def seconds_positive(text: str) -> float:
+    """Like :func:`seconds`, but more than 0: a wait of 0 would end before the first
+    answer could arrive, so it would print nothing however much is waiting."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            "0 would stop before the broker's first delivery could arrive: "
+            "give a positive number of seconds (or --follow)"
+        )
+    return value
