@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from spoolmq.commands import COMMAND_MODULES
-from spoolmq.commands.common import Handler
+from spoolmq.commands.common import Handler, require_extra
 from spoolmq.commands.common import data_dir as _data
 from spoolmq.commands.common import natural as _natural
 from spoolmq.commands.common import positive as _positive
@@ -553,6 +553,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from spoolmq.demo import run_demo
 
+    if not args.no_analytics:
+        require_extra("analytics", "spoolmq demo's report (or pass --no-analytics)")
+
     return run_demo(args)
 
 
@@ -563,6 +566,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_analytics(args: argparse.Namespace) -> int:
+    require_extra("analytics", "spoolmq analytics")
     from spoolmq.analytics import main
 
     forwarded = ["--data", str(_data(args))]

@@ -7,12 +7,15 @@ Durations are milliseconds in code and accept ``"500ms"``, ``"30s"``, ``"15m"``,
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from spoolmq.errors import ConfigError
 
@@ -78,6 +81,57 @@ def parse_size_bytes(text: str | int) -> int:
 
 
 T = TypeVar("T")
+
+
+def setting_names(function: Callable[..., Any]) -> list[str]:
+    """The keyword arguments ``function`` takes (``self`` and ``*args``/``**kwargs`` not)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    ]
+
+
+def check_settings(owner: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse settings ``owner`` does not know with a :class:`ConfigError` that names the
+    closest known one and lists them all (a typo is otherwise a bare ``TypeError``).
+
+    >>> try:
+    ...     check_settings("Consumer", ["prefech"], ["prefetch", "lease"])
+    ... except ConfigError as exc:
+    ...     print(exc)
+    Consumer has no setting 'prefech' (did you mean 'prefetch'?); known settings: lease, prefetch
+    """
+    names = sorted(set(known))
+    unknown = [name for name in given if name not in names]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, names, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(
+        f"{owner} has no setting {', '.join(hints)}; known settings: {', '.join(names)}"
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def known_settings(function: Callable[P, R]) -> Callable[P, R]:
+    """Make a constructor refuse unknown keyword arguments with :func:`check_settings`'s
+    ConfigError (the README promises it) instead of Python's TypeError."""
+    names = setting_names(function)
+    owner = function.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(function)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        check_settings(owner, kwargs, names)
+        return function(*args, **kwargs)
+
+    return checked
 
 
 def _build(cls: type[T], values: Mapping[str, Any], what: str) -> T:

@@ -9,10 +9,12 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.config import known_settings
 from spoolmq.types import TopicPartition
 
 
 class Admin:
+    @known_settings
     def __init__(
         self,
         data: str | os.PathLike[str] | None = None,
