@@ -314,6 +314,8 @@ def cmd_groups(args: argparse.Namespace) -> int:
             )
         return 0
     rows = groups[args.group]
+    if args.members:
+        return _print_members(data, args)
     if args.json:
         _print_json(rows)
     else:
@@ -342,6 +344,35 @@ def cmd_groups(args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+def _print_members(data: Path, args: argparse.Namespace) -> int:
+    from spoolmq.operations import group_members
+
+    members = group_members(data, args.group)
+    if args.json:
+        _print_json(members)
+        return 0
+    _table(
+        f"members of group {args.group}" + ("" if members else " (none connected)"),
+        ["consumer", "pid", "name", "connected", "last seen", "in-flight"],
+        [
+            [
+                m["consumer"],
+                m["pid"],
+                m["name"],
+                _moment(m["since"] * 1000) if m["since"] else None,
+                _moment(m["last_seen"]) if m["last_seen"] else "not yet",
+                m["in_flight"],
+            ]
+            for m in members
+        ],
+    )
+    return 0
+
+
+def _moment(ms: float) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="seconds")
 
 
 def _reset_group(args: argparse.Namespace, data: Path) -> int:
@@ -688,6 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p = leaf(groups, "describe", cmd_groups, "a group's offsets, lag and consumers")
     p.add_argument("group", help="the consumer group")
+    p.add_argument(
+        "--members",
+        action="store_true",
+        help="its connected consumers instead: pid, name, last seen, in-flight",
+    )
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
     p = leaf(groups, "reset", cmd_groups, "move a group's committed offsets (preview first)")
     p.add_argument("group", help="the consumer group")
@@ -711,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--execute", action="store_true", help="do the reset (default: preview)")
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p = leaf(groups, "delete", cmd_groups, "forget a group's offsets (no consumer connected)")
+    p = leaf(groups, "delete", cmd_groups, "forget a group (refused while consumers are connected)")
     p.add_argument("group", help="the consumer group")
 
     dlq = family("dlq", "list, replay or purge a topic's dead letters")

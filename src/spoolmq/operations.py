@@ -26,7 +26,6 @@ from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
 from spoolmq.errors import (
     CorruptRecordError,
-    GroupActiveError,
     InvalidArgumentError,
     UnknownTopicError,
 )
@@ -130,14 +129,28 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
 
 def delete_group(data: Path, group: str) -> None:
     """Forget ``group``: its committed offsets, open deliveries and scheduled retries.
-    Refused while a broker runs (it holds the group's state in memory and would write it
-    back); an unknown group is an :class:`InvalidArgumentError`."""
+    Through the running broker, which refuses while the group has live consumers
+    (:class:`GroupActiveError`); directly in ``state.db`` when no broker runs. An unknown
+    group is an :class:`InvalidArgumentError`."""
     if broker_running(data):
-        raise GroupActiveError(f"a broker is running on {data}; stop it to delete a consumer group")
+        with Admin(data) as admin:
+            admin.delete_group(group)
+        return
     with Store(data) as store:
         if group not in store.state.groups():
             raise InvalidArgumentError(f"no consumer group {group!r}")
         store.state.delete_group(group)
+
+
+def group_members(data: Path, group: str) -> list[dict[str, Any]]:
+    """The consumers connected in ``group`` (consumer id, client id, pid, name, connected
+    since in epoch s, last seen in epoch ms, in-flight): from the running broker, so none
+    when no broker runs."""
+    if not broker_running(data):
+        return []
+    with Admin(data) as admin:
+        described = admin.describe_groups().get(group, {})
+    return list(described.get("members", []))
 
 
 # -- dead letters ----------------------------------------------------------------------------

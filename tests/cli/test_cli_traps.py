@@ -3,6 +3,7 @@ real ``spoolmq`` subprocess, against a real broker process where one is involved
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -473,3 +474,24 @@ def test_dlq_purge_before_a_time(tmp_path: Path) -> None:
     assert ok("dlq", "purge", "t", "--before", "2999-01-01T00:00:00+00:00", *d).startswith(
         "purged 3"
     )
+
+
+def test_groups_members_and_delete_with_a_broker_running(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    d = ["--data", str(data_dir)]
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("m", 1)
+    with Consumer("m", "g", data=data_dir) as consumer:
+        held = consumer.receive(timeout=30)
+        assert held is not None
+        members = orjson.loads(ok("groups", "describe", "g", "--members", "--json", *d))
+        assert [(m["consumer"], m["pid"], m["in_flight"]) for m in members] == [
+            (consumer.consumer_id, os.getpid(), 1)
+        ]
+        assert type(members[0]["last_seen"]) is int and members[0]["last_seen"] > 0
+        assert consumer.consumer_id in ok("groups", "describe", "g", "--members", *d)
+        one_line_error(run("groups", "delete", "g", *d), "live consumer")
+        held.ack()
+    wait_until(lambda: run("groups", "delete", "g", *d).returncode == 0 or None, 60, "deleted")
+    assert orjson.loads(ok("groups", "list", "--json", *d)) == []

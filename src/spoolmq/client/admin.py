@@ -47,6 +47,10 @@ class Admin:
         )
         return int(reply.get("reset", 0))
 
+    def delete_group(self, group: str) -> None:
+        """Forget ``group`` (offsets, open deliveries); refused while it has live consumers."""
+        self.request("delete_group", group=group)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             protocol.send(self._conn, {"op": "bye"})
