@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from spoolmq.broker.dead_letter import DeadLetterHeader
+from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.broker.manager import LOCK_FILE, broker_lock, broker_running
 from spoolmq.clock import ManualClock
-from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.errors import InvalidArgumentError, UnknownTopicError
 from spoolmq.operations import (
     ResetChange,

@@ -24,7 +24,11 @@ from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
-from spoolmq.errors import CorruptRecordError, InvalidArgumentError, UnknownTopicError
+from spoolmq.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    UnknownTopicError,
+)
 from spoolmq.files import write_durably
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic, topic_dir
@@ -60,10 +64,11 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
 @dataclass(frozen=True, slots=True)
 class ResetTo:
     """Where a group reset moves each partition: ``earliest`` (the log start), ``latest``
-    (the log end), ``offset`` (``value``, clamped into the log) or ``time`` (the first
-    record at or after ``value`` ms)."""
+    (the log end), ``offset`` (``value``, clamped into the log), ``time`` (the first
+    record at or after ``value`` ms) or ``shift`` (``value`` from the committed offset, or
+    from the log start if the group never committed there; clamped into the log)."""
 
-    kind: Literal["earliest", "latest", "offset", "time"]
+    kind: Literal["earliest", "latest", "offset", "time", "shift"]
     value: int = 0
 
 
@@ -78,9 +83,15 @@ class ResetChange:
     target: int
 
 
-def plan_reset(store: Store, group: str, topic: str, to: ResetTo) -> list[ResetChange]:
-    """What resetting ``group`` on every partition of ``topic`` would change; nothing is
-    written (a dry run shows this, then :func:`apply_reset` applies it)."""
+def plan_reset(store: Store, group: str, topic: str | None, to: ResetTo) -> list[ResetChange]:
+    """What resetting ``group`` on every partition of ``topic`` (None: of every topic the
+    group has committed offsets in) would change; nothing is written (a preview shows
+    this, then :func:`apply_reset` applies it)."""
+    if topic is None:
+        topics = sorted({tp.topic for tp in store.state.committed_offsets(group)})
+        if not topics:
+            raise InvalidArgumentError(f"consumer group {group!r} has no committed offsets")
+        return [c for name in topics for c in plan_reset(store, group, name, to)]
     config = store.topic_config(topic)
     current = store.state.committed_offsets(group, topic)
     changes = []
@@ -93,6 +104,9 @@ def plan_reset(store: Store, group: str, topic: str, to: ResetTo) -> list[ResetC
             target = end
         elif to.kind == "offset":
             target = min(max(to.value, start), end)
+        elif to.kind == "shift":
+            committed = current.get(TopicPartition(topic, partition))
+            target = min(max((start if committed is None else committed) + to.value, start), end)
         else:
             target = store.offset_for_timestamp(topic, partition, to.value)
         tp = TopicPartition(topic, partition)
@@ -111,6 +125,32 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
     else:
         with Store(data) as store:
             store.state.reset_group(group, targets)
+
+
+def delete_group(data: Path, group: str) -> None:
+    """Forget ``group``: its committed offsets, open deliveries and scheduled retries.
+    Through the running broker, which refuses while the group has live consumers
+    (:class:`GroupActiveError`); directly in ``state.db`` when no broker runs. An unknown
+    group is an :class:`InvalidArgumentError`."""
+    if broker_running(data):
+        with Admin(data) as admin:
+            admin.delete_group(group)
+        return
+    with Store(data) as store:
+        if group not in store.state.groups():
+            raise InvalidArgumentError(f"no consumer group {group!r}")
+        store.state.delete_group(group)
+
+
+def group_members(data: Path, group: str) -> list[dict[str, Any]]:
+    """The consumers connected in ``group`` (consumer id, client id, pid, name, connected
+    since in epoch s, last seen in epoch ms, in-flight): from the running broker, so none
+    when no broker runs."""
+    if not broker_running(data):
+        return []
+    with Admin(data) as admin:
+        described = admin.describe_groups().get(group, {})
+    return list(described.get("members", []))
 
 
 # -- dead letters ----------------------------------------------------------------------------

@@ -19,16 +19,32 @@ from spoolmq.cli import main
 from spoolmq.testing import BrokerProcess
 
 POSITION_KEYS = {"topic", "partition", "offset"}
-MESSAGE_KEYS = {"topic", "partition", "offset", "key", "value", "headers", "timestamp", "attempt"}
+MESSAGE_KEYS = {
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "value",
+    "headers",
+    "tags",
+    "timestamp",
+    "attempt",
+}
+CREATED = "spoolmq: created topic"
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """Run a command in-process; it must succeed; return what it printed."""
+def cli(capsys: pytest.CaptureFixture[str], *args: str, created: str | None = None) -> str:
+    """Run a command in-process; it must succeed; return what it printed. Its stderr is
+    empty, or (``created``) exactly the notice that it created that topic."""
     capsys.readouterr()
     status = main(list(args))
     captured = capsys.readouterr()
     assert status == 0, captured.err
-    assert captured.err == ""
+    if created is None:
+        assert captured.err == ""
+    else:
+        assert captured.err.startswith(f"{CREATED} {created!r}")
+        assert len(captured.err.splitlines()) == 1
     return captured.out
 
 
@@ -40,7 +56,18 @@ def test_publish_a_value_and_stdin_lines(
     broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     d = ["--data", str(data_dir)]
-    out = cli(capsys, "publish", "orders", '{"id": 1}', "--key", "c7", "--header", "h=v", *d)
+    out = cli(
+        capsys,
+        "publish",
+        "orders",
+        '{"id": 1}',
+        "--key",
+        "c7",
+        "--header",
+        "h=v",
+        *d,
+        created="orders",
+    )
     assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 0}]
     out = cli(capsys, "publish", "orders", "plain text", "--tag", "vip", "--tag", "eu", *d)
     assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 1}]
@@ -325,16 +352,22 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
 
 
 COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]
+FAMILIES = {
+    "topics": ["create", "list", "describe", "alter", "delete"],
+    "groups": ["list", "describe", "reset", "delete"],
+    "dlq": ["list", "replay", "purge"],
+}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main([command, "--help"])
-    assert exited.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"usage: spoolmq {command}")
-    assert "--data" in out
+    for words in [[command, a] for a in FAMILIES[command]] if command in FAMILIES else [[command]]:
+        with pytest.raises(SystemExit) as exited:
+            main([*words, "--help"])
+        assert exited.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: spoolmq {' '.join(words)}")
+        assert "--data" in out
 
 
 def test_the_data_directory_comes_from_the_option_the_environment_or_the_cwd(

@@ -20,6 +20,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -172,6 +173,7 @@ class Consumer:
         reconnect_timeout: how long to keep trying to reach a broker that went away.
     """
 
+    @known_settings
     def __init__(
         self,
         topics: str | Sequence[str],
@@ -400,6 +402,15 @@ class Consumer:
             try:
                 handle(message)
             except Exception as exc:  # the handler's failure is the message's failure
+                # Logged once per failed message, with its traceback: a NACK's reason alone
+                # does not say where the handler failed.
+                logger.exception(
+                    "handler failed on %s/%d@%d (attempt %d)",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.attempt,
+                )
                 if not self.auto_ack and not message.settled:
                     message.nack(reason=f"{type(exc).__name__}: {exc}"[:500], wait=False)
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -98,3 +99,45 @@ def seconds(text: str) -> float:
             f"{text!r} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (a year)"
         )
     return value
+
+
+def seconds_positive(text: str) -> float:
+    """Like :func:`seconds`, but more than 0: a wait of 0 would end before the first
+    answer could arrive, so it would print nothing however much is waiting."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            "0 would stop before the broker's first delivery could arrive: "
+            "give a positive number of seconds (or --follow)"
+        )
+    return value
+
+
+# -- optional extras -------------------------------------------------------------------------
+
+#: Each extra of the package (pyproject.toml) and the modules its commands import.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "analytics": ("pyspark", "matplotlib"),
+    "ui": ("starlette", "uvicorn", "multipart"),
+    "kafka": ("cramjam",),
+}
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Refuse, as one line and a non-zero exit, to run ``what`` (a command) when a module of
+    ``extra`` cannot be imported, naming the install command, instead of the
+    ``ModuleNotFoundError`` traceback the first import deep inside would give. Call it at
+    the command's entry point, before anything starts.
+
+    A module that is there but fails to import for another reason still raises its own
+    error: that is not a missing extra."""
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] != module:
+                raise
+            raise ConfigError(
+                f"{what} needs the {extra!r} extra ({module} is not installed): "
+                f"pip install 'spoolmq[{extra}]' (or uv add 'spoolmq[{extra}]')"
+            ) from None
