@@ -5,7 +5,10 @@ every session POST, read-only, and inputs checked as the CLI checks them."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -394,3 +397,25 @@ def test_metrics_are_served_behind_the_login(ui: UIProcess, token: str) -> None:
         (("group", "billing"), ("partition", "0"), ("topic", "orders")),
     )
     assert samples[lag] == 30
+
+
+def test_without_the_ui_extra_the_command_says_what_to_install(data: Path, tmp_path: Path) -> None:
+    # A sitecustomize that makes starlette look uninstalled, in the child process only.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'starlette':\n"
+        "            raise ModuleNotFoundError(name, name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "ui", "--data", str(data), "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "spoolmq: spoolmq ui needs the 'ui' extra (starlette is not installed): "
+        "pip install 'spoolmq[ui]' (or uv add 'spoolmq[ui]')"
+    ]

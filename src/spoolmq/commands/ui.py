@@ -16,7 +16,13 @@ import socket
 import sys
 from pathlib import Path
 
-from spoolmq.commands.common import CommandFactory, data_dir, print_json, print_table
+from spoolmq.commands.common import (
+    CommandFactory,
+    data_dir,
+    print_json,
+    print_table,
+    require_extra,
+)
 from spoolmq.errors import ConfigError, InvalidArgumentError
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -59,6 +65,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _serve(data: Path, host: str, port: int, *, read_only: bool) -> int:
+    require_extra("ui", "spoolmq ui")
     import uvicorn
 
     from spoolmq.ui import create_app
