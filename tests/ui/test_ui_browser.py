@@ -6,6 +6,7 @@ module: Chromium takes seconds to start on a busy machine."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,17 @@ def until(driver: Any, condition: Any, what: str) -> Any:
 
 
 def text_of(driver: Any, selector: str) -> str:
-    found = driver.find_elements("css selector", selector)
-    return " ".join(element.text for element in found)
+    """The text of what ``selector`` finds now. A live page redraws itself every 2 s, so an
+    element found may be replaced before its text is read: then look again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            found = driver.find_elements("css selector", selector)
+            return " ".join(element.text for element in found)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being redrawn while it was read")
 
 
 def element(driver: Any, selector: str) -> Any:
@@ -219,6 +229,8 @@ def test_read_only_hides_and_refuses_actions(
             ".then(r => r.json().then(j => done([r.status, j.error])));"
         )
         assert status[0] == 403 and "read-only" in status[1]
+        browser.get("about:blank")  # leave before this console stops: no live stream retrying
+        browser.get_log("browser")  # drop the 403 just provoked: it was the point
     assert _committed(data) == 0  # the refused reset to latest changed nothing
 
 
@@ -242,3 +254,13 @@ def test_metrics_of_the_running_broker(ui: UIProcess, data: Path) -> None:
     }
     assert names[("spoolmq_broker_up", None)] == 1
     assert names[("spoolmq_messages_published_total", "orders")] >= 20
+
+
+def test_the_groups_page_shows_each_member(ui: UIProcess, browser: Any, data: Path) -> None:
+    with Consumer("orders", "watchers", data=data, start="latest", name="watcher-1") as consumer:
+        consumer.receive(timeout=0.1)  # joined: the broker knows it now
+        open_page(browser, ui.url, "/groups")
+        watchers = '[data-group="watchers"] .member'
+        until(browser, lambda d: f"pid {os.getpid()}" in text_of(d, watchers), "the member")
+        assert "watcher-1" in text_of(browser, watchers)
+    no_script_errors(browser)

@@ -174,13 +174,23 @@ def page(
         until = None
         if backwards:  # the page that ends just before ``offset``
             until, offset = offset, max(first, offset - limit)
-        found = browse(store, topic, partitions=[partition], start=Start("offset", offset),
-                       until=until, limit=limit)  # fmt: skip
+        found = browse(
+            store,
+            topic,
+            partitions=[partition],
+            start=Start("offset", offset),
+            until=until,
+            limit=limit,
+        )
         messages = [message(f.record, partition) for f in found]
     return {
-        "topic": topic, "partition": partition, "log_start_offset": first,
-        "log_end_offset": end, "offset": offset, "messages": messages,
-    }  # fmt: skip
+        "topic": topic,
+        "partition": partition,
+        "log_start_offset": first,
+        "log_end_offset": end,
+        "offset": offset,
+        "messages": messages,
+    }
 
 
 def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
@@ -194,9 +204,15 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
         if query.partition is not None:
             _existing(store, topic, query.partition)
         for found in browse(
-            store, topic, partitions=partitions, start=query.start, filters=query.filters,
-            limit=query.max_results, scan_limit=query.max_scan, counts=counts,
-        ):  # fmt: skip
+            store,
+            topic,
+            partitions=partitions,
+            start=query.start,
+            filters=query.filters,
+            limit=query.max_results,
+            scan_limit=query.max_scan,
+            counts=counts,
+        ):
             yield {"match": message(found.record, found.partition)}
     bounded = counts.truncated or counts.matched >= query.max_results
     yield {"done": True, "scanned": counts.scanned, "matches": counts.matched, "bounded": bounded}
@@ -206,27 +222,35 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
 
 
 def groups(data: Path) -> dict[str, Any]:
-    """Per group its partitions' committed offset, log end, lag, in-flight and consumers
-    (live from the broker when one runs), and the consumers' ids with the pid in them."""
+    """Per group its partitions' committed offset, log end, lag, in-flight and consumers,
+    and, while a broker runs, its members as the broker sees them (consumer id, pid, name,
+    connected since, last seen, in flight: what ``groups describe --members`` shows)."""
     rows = operations.group_rows(data)
+    members: dict[str, list[dict[str, Any]]] = {}
+    if broker_running(data):
+        try:
+            with Admin(data) as admin:
+                members = {n: g.get("members", []) for n, g in admin.describe_groups().items()}
+        except SpoolError:
+            members = {}  # it stopped meanwhile: the rows from state.db are what there is
     result = {}
     for name, partitions in sorted(rows.items()):
-        consumers = sorted({c for r in partitions for c in r.get("consumers", [])})
         result[name] = {
             "lag": sum(r["lag"] for r in partitions),
             "in_flight": sum(r["in_flight"] for r in partitions),
-            "consumers": [{"id": c, "pid": _pid_of(c)} for c in consumers],
+            "consumers": [
+                {
+                    "id": m["consumer"],
+                    "pid": m.get("pid"),
+                    "name": m.get("name"),
+                    "last_seen": m.get("last_seen"),
+                    "in_flight": m.get("in_flight"),
+                }
+                for m in sorted(members.get(name, []), key=lambda m: str(m["consumer"]))
+            ],
             "partitions": partitions,
         }
     return result
-
-
-def _pid_of(consumer_id: str) -> int | None:
-    """Consumer ids read ``c<n>-<pid>#<incarnation>``: the pid is the part after the dash."""
-    try:
-        return int(consumer_id.split("-", 1)[1].split("#", 1)[0])
-    except (IndexError, ValueError):
-        return None
 
 
 def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:

@@ -276,8 +276,8 @@ pages.groups = async () => {
       const section = document.createElement("section");
       section.className = "group"; section.dataset.group = name;
       section.innerHTML = `<h2>${esc(name)} <span class="muted">lag ${n(g.lag)}, in flight ${n(g.in_flight)}</span></h2>
-        <p>Consumers: ${g.consumers.length ? g.consumers.map(c => esc(c.id) + (c.pid ? ` (pid ${c.pid}` : " (") +
-          (lastSeen[c.id] ? `, last seen ${esc(when(lastSeen[c.id]).slice(11))}` : "") + ")").join(", ") : '<span class="muted">none connected</span>'}</p>` +
+        <p>Consumers: ${g.consumers.length ? g.consumers.map(c => `<span class="member">${esc(c.id)}` + (c.name ? ` “${esc(c.name)}”` : "") +
+          ` (pid ${esc(c.pid ?? "?")}, in flight ${n(c.in_flight)}, last seen ${esc(when(c.last_seen || lastSeen[c.id]).slice(11) || "not yet")})</span>`).join(", ") : '<span class="muted">none connected</span>'}</p>` +
         table(["topic", "#partition", "#committed", "#log end", "#lag", "#in flight", "consumers"], g.partitions.map(r =>
           `<tr><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num committed">${n(r.committed)}</td><td class="num">${n(r.log_end_offset)}</td>
           <td class="num lag">${n(r.lag)}</td><td class="num">${n(r.in_flight)}</td><td>${(r.consumers || []).map(esc).join(", ")}</td></tr>`)) +
