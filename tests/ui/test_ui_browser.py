@@ -263,4 +263,7 @@ def test_the_groups_page_shows_each_member(ui: UIProcess, browser: Any, data: Pa
         watchers = '[data-group="watchers"] .member'
         until(browser, lambda d: f"pid {os.getpid()}" in text_of(d, watchers), "the member")
         assert "watcher-1" in text_of(browser, watchers)
+    # The broker writes a lag snapshot to events/ every 5 s; the chart reads them back.
+    until(browser, lambda d: d.find_elements("css selector", "#lag-chart polyline"), "lag chart")
+    assert text_of(browser, "#lag-chart .legend").strip()  # one line per group
     no_script_errors(browser)
