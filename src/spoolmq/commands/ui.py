@@ -49,7 +49,8 @@ def _read_password() -> str:
 def cmd_ui(args: argparse.Namespace) -> int:
     from spoolmq.ui import auth
 
-    data = data_dir(args, must_exist=args.ui_command is None and not args.set_password)
+    # A token is for a store that exists; a password may be set before the first broker.
+    data = data_dir(args, must_exist=not args.set_password)
     if args.ui_command == "token":
         return _token(args, data)
     if args.set_password:
