@@ -149,6 +149,10 @@ def register(command: CommandFactory) -> None:
     )
     # --data after ``token`` too; SUPPRESS keeps a --data given before it from being reset.
     t.add_argument("--data", default=argparse.SUPPRESS, help="data directory (as for ui)")
-    t.add_argument("token_action", choices=["create", "list", "revoke"])
+    t.add_argument(
+        "token_action",
+        choices=["create", "list", "revoke"],
+        help="create NAME (prints the token once, on the last line), list, or revoke ID",
+    )
     t.add_argument("name", nargs="?", help="create: what the token is for; revoke: its id")
     t.add_argument("--json", action="store_true", help="list as JSON")
