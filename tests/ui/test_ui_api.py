@@ -419,3 +419,20 @@ def test_without_the_ui_extra_the_command_says_what_to_install(data: Path, tmp_p
         "spoolmq: spoolmq ui needs the 'ui' extra (starlette is not installed): "
         "pip install 'spoolmq[ui]' (or uv add 'spoolmq[ui]')"
     ]
+
+
+def test_live_updates_are_server_sent_events(ui: UIProcess, token: str) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(
+        ui.url + "/api/live?view=groups", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as stream:  # it never ends: read two
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        events = []
+        while len(events) < 2:
+            event, data = stream.readline(), stream.readline()
+            assert stream.readline() == b"\n"
+            events.append((event, orjson.loads(data.removeprefix(b"data: "))))
+    assert [event for event, _ in events] == [b"event: groups\n"] * 2
+    assert events[0][1]["billing"]["partitions"][0]["committed"] == 10
