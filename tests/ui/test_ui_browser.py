@@ -15,7 +15,7 @@ import pytest
 from ui_helpers import PASSWORD, UIProcess, need, spoolmq
 
 from spoolmq.client import Consumer, Publisher
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 WAIT = 60  # seconds: a generous bound on a shared 2-core machine, never a sleep
 
@@ -171,6 +171,9 @@ def test_redrive_a_dead_letter_and_see_it_consumed(ui: UIProcess, browser: Any, 
         first = consumer.receive(timeout=WAIT)
         assert first is not None and first.value == {"job": "flaky"}
         first.nack(reason="flaky failed")  # one delivery allowed: it goes to jobs.dlq
+        # The broker writes the dead letter after answering the NACK; the page shows what
+        # is there when it loads, so open it once the letter is stored.
+        wait_until(lambda: _dead_letters(data, "jobs"), WAIT, "the dead letter in jobs.dlq")
         open_page(browser, ui.url, "/dlq/jobs")
         until(browser, lambda d: "flaky failed" in text_of(d, "#dead-letters"), "the letter")
         assert "1 dead letter(s)" in text_of(browser, "#dlq-info")
@@ -267,3 +270,11 @@ def test_the_groups_page_shows_each_member(ui: UIProcess, browser: Any, data: Pa
     until(browser, lambda d: d.find_elements("css selector", "#lag-chart polyline"), "lag chart")
     assert text_of(browser, "#lag-chart .legend").strip()  # one line per group
     no_script_errors(browser)
+
+
+def _dead_letters(data: Path, topic: str) -> int:
+    from spoolmq.operations import dead_letters
+    from spoolmq.store import Store
+
+    with Store(data) as store:
+        return len(dead_letters(store, topic))
