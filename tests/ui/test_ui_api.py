@@ -185,6 +185,8 @@ def test_pages_and_api_say_what_they_are(ui: UIProcess) -> None:
         ("/api/topics/orders/search?time=2026-13-01", 400, "ISO 8601"),
         ("/api/dlq/nope", 404, "does not exist"),
         ("/api/live?view=secrets", 400, "view must be one of"),
+        ("/api/live?view=dlq", 400, "invalid topic name"),
+        ("/api/live?view=dlq&topic=nope", 404, "does not exist"),
     ],
 )
 def test_inputs_are_checked_as_the_cli_checks_them(

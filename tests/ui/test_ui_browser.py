@@ -179,7 +179,7 @@ def test_redrive_a_dead_letter_and_see_it_consumed(ui: UIProcess, browser: Any, 
         assert "1 dead letter(s)" in text_of(browser, "#dlq-info")
         element(browser, "#dead-letters input.pick").click()
         element(browser, "#redrive-selected").click()
-        until(browser, lambda d: "Redriven: 1" in text_of(d, "#dlq-info"), "the redrive")
+        until(browser, lambda d: "Redriven: 1" in text_of(d, "#dlq-result"), "the redrive")
         again = consumer.receive(timeout=WAIT)
         assert again is not None and again.value == {"job": "flaky"} and again.offset == 1
         again.ack()

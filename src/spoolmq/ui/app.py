@@ -255,8 +255,16 @@ async def api_live(request: Request, console: Console) -> Response:
     differences into rates."""
     name = request.query_params.get("view") or "overview"
     view = _live_views().get(name)
+    if name == "dlq":  # one topic's dead letters, with the page's filter
+        topic = inputs.check_topic(request.query_params.get("topic"))
+        query = inputs.Search.parse(request.query_params)
+        await run_in_threadpool(_check_topic_exists, console.data, topic)
+
+        def view(data: Path) -> Any:
+            return views.dead_letters(data, topic, query)
+
     if view is None:
-        raise InvalidArgumentError(f"view must be one of {', '.join(_live_views())}")
+        raise InvalidArgumentError(f"view must be one of {', '.join(_live_views())}, dlq")
 
     async def events() -> AsyncIterator[bytes]:
         while not await request.is_disconnected():

@@ -327,21 +327,34 @@ pages.dlq = async () => {
     ${READ_ONLY ? "" : `<div class="bar"><label>Redrive to <select id="redrive-to"><option value="">the original topic (every group)</option></select></label>
       <button type="button" id="redrive-selected">Redrive selected</button><button type="button" id="redrive-all">Redrive all matching</button>
       <button type="button" class="danger" id="purge">Purge…</button></div>`}
-    <p id="dlq-info" class="muted"></p><div id="letters"></div>`;
+    <p id="dlq-result"></p><p id="dlq-info" class="muted"></p><div id="letters"></div>`;
   const filter = document.getElementById("dlq-filter");
-  const load = async () => {
-    try {
-      const data = await get(base + "?" + params(filter).toString());
+  const draw = data => {
+    if (data.error) { showError(data.error); return; }
+    {
       document.getElementById("dlq-info").textContent = `${data.dead_letters.length} dead letter(s) in ${data.dlq_topic}`;
       document.getElementById("letters").innerHTML = table([READ_ONLY ? "" : "pick", "#offset", "reason", "#attempts", "origin", "group", "key", "value"],
         data.dead_letters.map(d => `<tr class="letter"><td>${READ_ONLY ? "" : `<input type="checkbox" class="pick" data-partition="${d.dlq_partition}" data-offset="${d.dlq_offset}">`}</td>
           <td class="num">${d.dlq_partition}/${d.dlq_offset}</td><td>${esc(d.reason || "")}</td><td class="num">${n(d.attempts)}</td>
           <td>${esc(d.origin.topic || "")}/${esc(d.origin.partition ?? "")}@${esc(d.origin.offset ?? "")}</td><td>${esc(d.group || "")}</td>
           <td>${short(d.message.key)}</td><td>${value(d.message.value)}</td></tr>`), "dead-letters");
-    } catch (e) { showError(e.message); }
+    }
   };
-  filter.addEventListener("submit", e => { e.preventDefault(); load(); });
+  const load = async () => {
+    try { draw(await get(base + "?" + params(filter).toString())); } catch (e) { showError(e.message); }
+  };
+  let source = null;
+  // Live while the page is open (a dead letter arrives after its last NACK is answered),
+  // but never redrawn under the user's hand: not while a letter is ticked.
+  const follow = () => {
+    if (source) source.close();
+    const q = params(filter); q.set("view", "dlq"); q.set("topic", topic);
+    source = new EventSource("/api/live?" + q.toString());
+    source.addEventListener("dlq", e => { if (!document.querySelector("input.pick:checked")) draw(JSON.parse(e.data)); });
+  };
+  filter.addEventListener("submit", e => { e.preventDefault(); load(); follow(); });
   await load();
+  follow();
   if (READ_ONLY) return;
   const groups = await get("/api/groups");
   const to = document.getElementById("redrive-to");
@@ -350,7 +363,7 @@ pages.dlq = async () => {
     try {
       const result = await post(base + "/redrive", { ...payload, to_group: to.value || undefined,
         filter: Object.fromEntries(params(filter)) });
-      document.getElementById("dlq-info").innerHTML = `<span class="good redrive-done">Redriven: ${n(result.replayed)}` +
+      document.getElementById("dlq-result").innerHTML = `<span class="good redrive-done">Redriven: ${n(result.replayed)}` +
         (result.already_replayed ? `, ${n(result.already_replayed)} had been redriven before` : "") + "</span>";
     } catch (e) { showError(e.message); }
   };
@@ -362,7 +375,7 @@ pages.dlq = async () => {
   document.getElementById("redrive-all").onclick = () => act({ all: true });
   document.getElementById("purge").onclick = async () => {
     if (!confirm(`Delete every dead letter of ${topic}? This cannot be undone.`)) return;
-    try { const r = await post(base + "/purge", { confirm: true }); document.getElementById("dlq-info").textContent = `purged ${n(r.purged)}`; load(); }
+    try { const r = await post(base + "/purge", { confirm: true }); document.getElementById("dlq-result").textContent = `purged ${n(r.purged)}`; load(); }
     catch (e) { showError(e.message); }
   };
 };
