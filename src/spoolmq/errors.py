@@ -169,6 +169,12 @@ class GroupActiveError(SpoolError):
     code = "group_active"
 
 
+class WorkersFailedError(SpoolError):
+    """A worker process of ``run_workers`` could not start or exited with an error."""
+
+    code = "workers_failed"
+
+
 def _all_error_classes() -> dict[str, type[SpoolError]]:
     found: dict[str, type[SpoolError]] = {}
     pending: list[type[SpoolError]] = [SpoolError]

@@ -599,7 +599,21 @@ class BrokerManager:
                 # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
                 "listen": list(self.tcp_address) if self.tcp_address else None,
             }
-        if action in ("describe_groups", "reset_group"):
+        if action == "describe_groups":
+            answer = self._ask_consumer_broker(frame)
+            # The consumer broker knows its consumers by client id; the process behind
+            # each (pid, name, connected since) is known here, from its hello.
+            with self._registry_lock:
+                for described in answer.get("groups", {}).values():
+                    for member in described.get("members", []):
+                        client = self.registry.get(member["client_id"], {})
+                        member.update(
+                            pid=client.get("pid"),
+                            name=client.get("name"),
+                            since=client.get("since"),
+                        )
+            return answer
+        if action in ("reset_group", "delete_group"):
             return self._ask_consumer_broker(frame)
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
 

@@ -21,7 +21,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
     metrics = check_loopback(parse_address(args.metrics)) if args.metrics else None
     manager = BrokerManager(
         BrokerSettings(
-            data_dir=data_dir(args), listen=listen, log_level=args.log_level, metrics=metrics
+            data_dir=data_dir(args),
+            listen=listen,
+            log_level=args.log_level,
+            metrics=metrics,
+            store={"auto_create_topics": args.auto_create_topics == "on"},
         )
     )
     return manager.run()
@@ -35,5 +39,12 @@ def register(command: CommandFactory) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. "
         "127.0.0.1:9464)",
+    )
+    p.add_argument(
+        "--auto-create-topics",
+        choices=["on", "off"],
+        default="on",
+        help="on (default, as in Kafka): publishing to or consuming from a missing topic "
+        "creates it; off: refused with an error",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

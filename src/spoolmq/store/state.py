@@ -361,7 +361,8 @@ class StateDB:
                 existing = TopicConfig(**dict(zip(_TOPIC_COLUMNS, row, strict=True)))
                 if not exist_ok and existing != config:
                     raise TopicExistsError(
-                        f"topic {name!r} already exists with other settings: {existing.as_dict()}"
+                        f"topic {name!r} already exists with other settings: "
+                        f"{existing.differences(config)}"
                     )
                 return existing
             values = [getattr(config, column) for column in _TOPIC_COLUMNS]
@@ -594,6 +595,12 @@ class StateDB:
                     f"DELETE FROM {table} WHERE group_name = ? AND topic = ? AND partition = ?",
                     [(group, t, p) for t, p in offsets],
                 )
+
+    def delete_group(self, group: str) -> None:
+        """Forget everything about ``group``: its offsets, open deliveries and retries."""
+        with self.write() as db:
+            for table in ("group_offsets", "deliveries", "scheduled"):
+                db.execute(f"DELETE FROM {table} WHERE group_name = ?", (group,))
 
     def groups(self) -> list[str]:
         return [
