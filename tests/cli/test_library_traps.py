@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_demo_and_readme import readme_program, run_program  # tests/cli is on sys.path
+from test_demo_and_readme import readme_program  # tests/cli is on sys.path
 
 from spoolmq import Admin, Consumer, Publisher, run_workers
 from spoolmq.errors import ConfigError, InvalidArgumentError, WorkersFailedError
@@ -79,9 +79,19 @@ def test_the_readme_workers_program_runs_as_written(tmp_path: Path) -> None:
         with Publisher(data=tmp_path / "queue_data") as publisher:
             for n in range(20):
                 publisher.publish("orders", {"order_id": n})
-        result = run_program(tmp_path, "workers.py")
+        # Buffered output (as a user's terminal or pipe has it, not PYTHONUNBUFFERED), so
+        # that each print is one write and four workers' lines do not interleave.
+        result = subprocess.run(
+            [sys.executable, "workers.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+        )
     assert result.returncode == 0, result.stderr
-    assert sorted(int(line.split()[-1]) for line in result.stdout.splitlines()) == list(range(20))
+    handled = [int(line.split()[-1]) for line in result.stdout.splitlines()]
+    assert sorted(handled) == list(range(20)), (result.stdout, result.stderr)
 
 
 SITECUSTOMIZE = '''

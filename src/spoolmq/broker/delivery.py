@@ -560,7 +560,13 @@ class Group:
                 if (
                     spec
                     and not (plain_passes if extra is None else _passes(spec, extra, lines[index]))
-                ) or (extra is not None and not _for_group(self.name, extra, lines[index])):
+                ) or (
+                    # The byte search first, inline: almost no record has the header.
+                    extra is not None
+                    and extra[3]
+                    and _ONLY_GROUP_BYTES in lines[index]
+                    and not _for_group(self.name, extra, lines[index])
+                ):
                     self.filtered += 1
                     self._finish_run(state, start + index, 1, now, link=False)
                     state.keys[start + index] = None
