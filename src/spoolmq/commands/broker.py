@@ -47,4 +47,9 @@ def register(command: CommandFactory) -> None:
         help="on (default, as in Kafka): publishing to or consuming from a missing topic "
         "creates it; off: refused with an error",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the broker logs to stderr (default: info)",
+    )
