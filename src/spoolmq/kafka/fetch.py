@@ -24,6 +24,7 @@ from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.store.reader import Reader as StoreReader
 
 _RECORDS_PER_BATCH = 500
+MAX_WAIT_MS = 30_000
 _EARLIEST = -2
 _LATEST = -1
 
@@ -65,7 +66,9 @@ async def handle_fetch(ctx: RequestContext, version: int, r: Reader) -> bytes:
     # v7's forgotten_topics_data only matters to sessions, which we do not keep.
 
     readers: dict[tuple[str, int], StoreReader] = ctx.conn.setdefault("readers", {})
-    deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
+    # A client's wait is bounded (clients use 500 ms by default) so that a hostile
+    # max_wait_ms of days cannot park a connection's task that long.
+    deadline = time.monotonic() + min(max(max_wait_ms, 0), MAX_WAIT_MS) / 1000
     while True:
         dirs = [core.partition_dir(t, p.partition) for t, parts in topics for p in parts]
         armed = core.watcher.arm(dirs)
