@@ -258,3 +258,34 @@ def test_offsets_for_times_seeks_by_timestamp(running: tuple[BrokerProcess, str,
     values = [next(consumer).value for _ in range(3)]
     consumer.close()
     assert values == [b"late0", b"late1", b"late2"]
+
+
+def test_admin_client_creates_describes_and_cannot_delete_topics(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    _, address, data = running
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        admin.create_topics(
+            [NewTopic("admin-made", 4, 1, topic_configs={"retention.ms": "3600000"})]
+        )
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("admin-made", 4, 1)])
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "admin-made")])
+        text = repr(described)
+        # (kafka-python shows only the settings that differ from the defaults.)
+        assert "'retention.ms': {'value': '3600000'" in text, text
+        # Deleting needs the broker stopped: answered as delete.topic.enable=false.
+        try:
+            outcome = repr(admin.delete_topics(["admin-made"]))
+        except KafkaError as exc:
+            outcome = repr(exc)
+        assert "TopicDeletionDisabled" in outcome or "73" in outcome, outcome
+    finally:
+        admin.close()
+    with Store(data) as store:
+        config = store.topic_config("admin-made")
+    assert (config.partitions, config.retention_ms) == (4, 3600000)
