@@ -17,8 +17,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
         format="%(asctime)s manager[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
     listen = parse_address(args.listen) if args.listen else None
+    kafka = parse_address(args.kafka) if args.kafka else None
     manager = BrokerManager(
-        BrokerSettings(data_dir=data_dir(args), listen=listen, log_level=args.log_level)
+        BrokerSettings(
+            data_dir=data_dir(args), listen=listen, log_level=args.log_level, kafka=kafka
+        )
     )
     return manager.run()
 
@@ -26,4 +29,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def register(command: CommandFactory) -> None:
     p = command("broker", cmd_broker, "run a broker in the foreground")
     p.add_argument("--listen", metavar="HOST:PORT", help="also accept TCP clients here")
+    p.add_argument(
+        "--kafka",
+        metavar="HOST:PORT",
+        help="also speak the Kafka protocol here (e.g. 127.0.0.1:9092; docs/KAFKA.md); "
+        "an address other than loopback requires SASL/SCRAM",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

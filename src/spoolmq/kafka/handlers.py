@@ -6,6 +6,7 @@ kafka/dispatch.py has a single list to join with groups.py and sasl.py.
 
 from __future__ import annotations
 
+from spoolmq.kafka import fetch, produce, topics
 from spoolmq.kafka.api import ApiHandler
 
-APIS: list[ApiHandler] = []
+APIS: list[ApiHandler] = [*produce.APIS, *fetch.APIS, *topics.APIS]
