@@ -18,7 +18,8 @@ from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
-from spoolmq.errors import InvalidArgumentError
+from spoolmq.errors import GroupActiveError, InvalidArgumentError
+from spoolmq.kafka.group_store import kafka_group_members
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic
 from spoolmq.types import TopicPartition
@@ -99,6 +100,8 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
     ``state.db`` when no broker runs."""
     targets = {TopicPartition(c.topic, c.partition): c.target for c in changes}
     if broker_running(data):
+        if kafka_group_members(data, group):  # the Kafka front's members are not the broker's
+            raise GroupActiveError(f"group {group!r} has Kafka consumers joined; stop them first")
         with Admin(data) as admin:
             admin.reset_group(group, targets)
     else:

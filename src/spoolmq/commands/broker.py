@@ -20,7 +20,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
     kafka = parse_address(args.kafka) if args.kafka else None
     manager = BrokerManager(
         BrokerSettings(
-            data_dir=data_dir(args), listen=listen, log_level=args.log_level, kafka=kafka
+            data_dir=data_dir(args),
+            listen=listen,
+            log_level=args.log_level,
+            kafka=kafka,
+            kafka_tls=tuple(args.kafka_tls) if args.kafka_tls else None,
         )
     )
     return manager.run()
@@ -34,5 +38,11 @@ def register(command: CommandFactory) -> None:
         metavar="HOST:PORT",
         help="also speak the Kafka protocol here (e.g. 127.0.0.1:9092; docs/KAFKA.md); "
         "an address other than loopback requires SASL/SCRAM",
+    )
+    p.add_argument(
+        "--kafka-tls",
+        nargs=2,
+        metavar=("CERT", "KEY"),
+        help="serve the Kafka listener over TLS with this certificate chain and key (PEM)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
