@@ -11,4 +11,5 @@ from __future__ import annotations
 COMMAND_MODULES: tuple[str, ...] = (
     "spoolmq.commands.broker",
     "spoolmq.commands.stats",
+    "spoolmq.commands.users",
 )
