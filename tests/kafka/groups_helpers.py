@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -44,3 +45,50 @@ class ManualTimers:
 
     def pending(self) -> int:
         return sum(1 for t in self.timers if not t.cancelled)
+
+
+def outward_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback (where a listener must demand
+    SASL), or None. A UDP "connect" sends nothing; it only makes the OS pick the address."""
+    import ipaddress
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))
+            host = str(sock.getsockname()[0])
+        except OSError:
+            return None
+    return None if ipaddress.ip_address(host).is_loopback else host
+
+
+def self_signed_certificate(directory: Path, host: str) -> tuple[Path, Path]:
+    """A throwaway certificate for ``host`` (an IP address) and its key, made by the
+    ``openssl`` command (the ``cryptography`` package is not installed here)."""
+    import subprocess
+
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=spoolmq-test",
+            "-addext",
+            f"subjectAltName=IP:{host}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return cert, key
