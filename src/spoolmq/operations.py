@@ -19,7 +19,7 @@ from spoolmq.broker.group_view import partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
 from spoolmq.errors import GroupActiveError, InvalidArgumentError
-from spoolmq.kafka.group_store import kafka_group_members
+from spoolmq.kafka.group_store import kafka_group_members, kafka_partition_owners
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic
 from spoolmq.types import TopicPartition
@@ -43,7 +43,9 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
                 continue
             committed = store.state.committed_offsets(name)
             ends = {tp: store.log_end_offset(*tp) for tp in committed}
-            result[name] = partition_rows(committed, ends)
+            result[name] = partition_rows(
+                committed, ends, consumers=kafka_partition_owners(data, name)
+            )
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")

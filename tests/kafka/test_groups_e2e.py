@@ -86,22 +86,38 @@ def test_two_members_share_rebalance_on_leave_and_the_survivor_resumes_from_comm
     running: tuple[BrokerProcess, str, Path],
 ) -> None:
     _, address, data = running
-    produce(address, "orders", [f"first-{i}".encode() for i in range(30)])
     seen: list[tuple[str, int, int]] = []
     a, b = Member(address, "g1", "orders", seen), Member(address, "g1", "orders", seen)
     a.start()
     b.start()
     try:
+        # Each member's view lags a rebalance by one poll; wait for the settled split.
         wait_until(
-            lambda: a.assigned and b.assigned and len(a.assigned | b.assigned) == PARTITIONS,
+            lambda: (
+                a.assigned
+                and b.assigned
+                and a.assigned | b.assigned == {0, 1, 2}
+                and not a.assigned & b.assigned
+            ),
             60,
-            "both members to get partitions",
+            "both members to share the partitions",
         )
-        assert not a.assigned & b.assigned, "a partition is with one member at a time"
-        wait_until(lambda: len(seen) >= 30, 60, "the first 30 records to be consumed")
-        members = wait_until(lambda: kafka_group_members(data, "g1"), 30, "recorded members")
-        assert len(members) == 2
+        members = wait_until(
+            lambda: len(m := kafka_group_members(data, "g1")) == 2 and m, 30, "two members"
+        )
         assert sorted(p for m in members for p in m["assignment"]["orders"]) == [0, 1, 2]
+        produce(address, "orders", [f"first-{i}".encode() for i in range(30)])
+        wait_until(lambda: len(seen) >= 30, 60, "the first 30 records to be consumed")
+        assert {name for name, _, _ in seen} == {a.name_, b.name_}, "both members consumed"
+        wait_until(
+            lambda: sum(r["committed"] for r in group_rows(data, "g1").get("g1", [])) == 30,
+            30,
+            "the commits",
+        )
+        # `spoolmq groups describe` names each partition's Kafka member.
+        owners = {r["partition"]: r["consumers"] for r in group_rows(data, "g1")["g1"]}
+        assert sorted(len(o) for o in owners.values()) == [1, 1, 1]
+        assert {o[0] for o in owners.values()} == {m["member_id"] for m in members}
 
         b.stop.set()
         b.join(60)

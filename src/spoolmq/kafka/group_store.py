@@ -139,3 +139,14 @@ def kafka_group_members(data_dir: Path, group: str) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def kafka_partition_owners(data_dir: Path, group: str) -> dict[TopicPartition, list[str]]:
+    """Which joined Kafka member of ``group`` owns each partition (the ``consumer`` column
+    of ``spoolmq groups describe``); empty for a group with no Kafka members."""
+    owners: dict[TopicPartition, list[str]] = {}
+    for member in kafka_group_members(data_dir, group):
+        for topic, partitions in (member["assignment"] or {}).items():
+            for partition in partitions:
+                owners.setdefault(TopicPartition(topic, partition), []).append(member["member_id"])
+    return owners
