@@ -217,3 +217,34 @@ def test_kcat_balanced_consumer_reads_a_topic(running: tuple[BrokerProcess, str,
     assert sorted(done.stdout.split()) == sorted(values)
     rows: list[dict[str, Any]] = group_rows(data, "kcat-group")["kcat-group"]
     assert sum(r["committed"] for r in rows) == len(values)
+
+
+def test_admin_client_lists_and_describes_a_kafka_group(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    from kafka import KafkaAdminClient
+
+    _, address, _ = running
+    seen: list[tuple[str, int, int]] = []
+    member = Member(address, "g3", "orders", seen)
+    member.start()
+    admin = KafkaAdminClient(bootstrap_servers=address, request_timeout_ms=30_000)
+    try:
+        wait_until(lambda: member.assigned == {0, 1, 2}, 60, "the member's assignment")
+        assert {"group_id": "g3", "protocol_type": "consumer"} in admin.list_groups()
+        described = admin.describe_groups(["g3", "never-seen"])
+        g3 = described["g3"]
+        assert (g3["group_state"], g3["protocol_type"], g3["error"]) == ("Stable", "consumer", None)
+        assert g3["protocol_data"] in ("range", "roundrobin")
+        (m,) = g3["members"]
+        assert (m["client_id"], m["client_host"]) == (member.name_, "/127.0.0.1")
+        assert m["member_metadata"]["topics"] == ["orders"]
+        assert m["member_assignment"]["assigned_partitions"] == [
+            {"topic": "orders", "partitions": [0, 1, 2]}
+        ]
+        assert described["never-seen"]["group_state"] == "Dead"
+    finally:
+        admin.close()
+        member.stop.set()
+        member.join(60)
+    assert member.error is None, member.error
