@@ -285,6 +285,11 @@ class Coordinator:
             group.protocol = ""
             group.leader_id = ""
             self._on_change(group)
+            # An empty group holds nothing the coordinator needs (its offsets are in
+            # state.db): forget it, so the groups in memory are the live ones only and
+            # MAX_GROUPS bounds those, not every group id ever seen.
+            if self.groups.get(group.group_id) is group:
+                del self.groups[group.group_id]
             return
         group.protocol = self._select_protocol(group)
         if group.leader_id not in group.members:

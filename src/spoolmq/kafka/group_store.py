@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from spoolmq.store.state import KafkaGroupRow, KafkaMemberRow, StateDB
 from spoolmq.types import TopicPartition
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Partitions listed in one decoded assignment, at most: a display aid, never the truth.
 _MAX_ASSIGNED_PARTITIONS = 100_000
@@ -83,6 +85,14 @@ def group_rows(group: Group, now_ms: int) -> tuple[KafkaGroupRow, list[KafkaMemb
     return row, members
 
 
+def _log_failure(future: Future[None]) -> None:
+    # Membership rows are a view for `spoolmq groups`; failing to write one must not
+    # stop the coordinator, but it must not pass unseen either.
+    exc = future.exception()
+    if exc is not None:
+        log.error("kafka groups: recording membership in state.db failed: %s", exc)
+
+
 class GroupStore:
     """The coordinator's handle on ``state.db`` (one per Kafka child)."""
 
@@ -91,7 +101,7 @@ class GroupStore:
         self._clock = clock
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-groups-db")
         # A new child starts with no members: clear what the previous one recorded.
-        self._worker.submit(self.state.clear_kafka_members)
+        self._worker.submit(self.state.clear_kafka_members).add_done_callback(_log_failure)
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """Run ``call`` on the database thread and wait for it without blocking the loop."""
@@ -101,7 +111,9 @@ class GroupStore:
         """Queue the group's membership for writing (called by the coordinator's
         ``on_change``, which cannot wait); a failure is logged by the executor's future."""
         row, members = group_rows(group, self._clock.now_ms())
-        self._worker.submit(self.state.record_kafka_group, row, members)
+        self._worker.submit(self.state.record_kafka_group, row, members).add_done_callback(
+            _log_failure
+        )
 
     def partitions(self) -> dict[str, int]:
         return {name: config.partitions for name, config in self.state.topics().items()}

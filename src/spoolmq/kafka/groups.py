@@ -234,15 +234,22 @@ async def handle_offset_fetch(ctx: RequestContext, version: int, r: Reader) -> b
 
 async def handle_describe_groups(ctx: RequestContext, version: int, r: Reader) -> bytes:
     names = r.array(Reader.string, min_size=2)
-    coordinator = _groups(ctx).coordinator
+    groups = _groups(ctx)
+    coordinator = groups.coordinator
+    recorded = {
+        row.group_name: row for row in await groups.store.run(groups.store.state.kafka_groups)
+    }
     w = _throttle(Writer(), version, 1)
     w.int32(len(names))
     for name in names:
         group = coordinator.group(name)
         if group is None:
-            # Kafka describes a group it does not know as Dead, without an error.
-            w.int16(ErrorCode.NONE).string(name).string(GroupState.DEAD.value)
-            w.string("").string("").int32(0)
+            # A group with no members is Empty if it ever existed (its offsets remain),
+            # and Dead if not, as Kafka answers, without an error either way.
+            row = recorded.get(name)
+            state = GroupState.EMPTY if row is not None else GroupState.DEAD
+            w.int16(ErrorCode.NONE).string(name).string(state.value)
+            w.string(row.protocol_type if row is not None else "").string("").int32(0)
             continue
         w.int16(ErrorCode.NONE).string(name).string(group.state.value)
         w.string(group.protocol_type)
