@@ -59,3 +59,22 @@ def test_refusals_are_one_line_errors(tmp_path: Path) -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
     assert not users_path(data).exists()
+
+
+def test_concurrent_adds_lose_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    names = [f"user{i}" for i in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "spoolmq", "users", "add", name, "--data", str(data)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    ]
+    for proc in procs:
+        _, err = proc.communicate("pw\n", timeout=120)
+        assert proc.returncode == 0, err
+    assert sorted(load_users(data)) == names

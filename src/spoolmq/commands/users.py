@@ -41,7 +41,7 @@ def cmd_users(args: argparse.Namespace) -> int:
         Credential,
         check_user_name,
         load_users,
-        save_users,
+        update_users,
     )
 
     data = data_dir(args, must_exist=args.action != "add")
@@ -58,17 +58,23 @@ def cmd_users(args: argparse.Namespace) -> int:
     name = check_user_name(args.name)
     if args.action == "add":
         make_private_dirs(data)
-        users = load_users(data)
-        if name in users and not args.replace:
-            raise InvalidArgumentError(f"user {name!r} exists (pass --replace to change it)")
-        users[name] = Credential.derive(read_password())
-        save_users(data, users)
+        # Read the password before taking the lock: a person typing must not hold it.
+        credential = Credential.derive(read_password())
+
+        def add(users: dict[str, Credential]) -> None:
+            if name in users and not args.replace:
+                raise InvalidArgumentError(f"user {name!r} exists (pass --replace to change it)")
+            users[name] = credential
+
+        update_users(data, add)
         print(f"user {name} {'replaced' if args.replace else 'added'}")
         return 0
-    users = load_users(data)
-    if users.pop(name, None) is None:
-        raise InvalidArgumentError(f"no user {name!r}")
-    save_users(data, users)
+
+    def remove(users: dict[str, Credential]) -> None:
+        if users.pop(name, None) is None:
+            raise InvalidArgumentError(f"no user {name!r}")
+
+    update_users(data, remove)
     print(f"user {name} removed")
     return 0
 

@@ -34,11 +34,14 @@ import json
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from spoolmq.errors import ConfigError, InvalidArgumentError
-from spoolmq.files import write_durably
+from spoolmq.files import FILE_MODE, write_durably
 
 MECHANISM = "SCRAM-SHA-256"
 USERS_FILE = "users"
@@ -149,6 +152,16 @@ def save_users(data_dir: Path, users: dict[str, Credential]) -> None:
     """Replace the users file atomically (a reader sees the old or the new one), 0600."""
     body = {"version": 1, "users": {n: c.to_json() for n, c in sorted(users.items())}}
     write_durably([(users_path(data_dir), json.dumps(body, indent=2).encode() + b"\n")])
+
+
+def update_users(data_dir: Path, change: Callable[[dict[str, Credential]], None]) -> None:
+    """Load the users, let ``change`` edit them, save them: under ``users.lock``, so two
+    ``spoolmq users`` commands at once cannot lose each other's change."""
+    lock = FileLock(str(Path(data_dir) / f"{USERS_FILE}.lock"), timeout=30, mode=FILE_MODE)
+    with lock:
+        users = load_users(data_dir)
+        change(users)
+        save_users(data_dir, users)
 
 
 def check_user_name(name: str) -> str:
