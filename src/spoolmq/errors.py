@@ -131,6 +131,16 @@ class ProtocolError(SpoolError):
     code = "protocol"
 
 
+class KafkaDecodeError(ProtocolError):
+    """A Kafka request frame is truncated, oversized or otherwise does not parse.
+
+    Raised by the bounded reader of the Kafka front before any allocation the
+    frame asks for; the server closes that one connection and nothing else.
+    """
+
+    code = "kafka_decode"
+
+
 class AuthenticationError(SpoolError):
     """The authkey was wrong or missing."""
 

@@ -26,10 +26,12 @@ from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
 from spoolmq.errors import (
     CorruptRecordError,
+    GroupActiveError,
     InvalidArgumentError,
     UnknownTopicError,
 )
 from spoolmq.files import write_durably
+from spoolmq.kafka.group_store import kafka_group_members, kafka_partition_owners
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic, topic_dir
 from spoolmq.types import TopicPartition
@@ -53,7 +55,9 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
                 continue
             committed = store.state.committed_offsets(name)
             ends = {tp: store.log_end_offset(*tp) for tp in committed}
-            result[name] = partition_rows(committed, ends)
+            result[name] = partition_rows(
+                committed, ends, consumers=kafka_partition_owners(data, name)
+            )
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")
@@ -120,6 +124,8 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
     ``state.db`` when no broker runs."""
     targets = {TopicPartition(c.topic, c.partition): c.target for c in changes}
     if broker_running(data):
+        if kafka_group_members(data, group):  # the Kafka front's members are not the broker's
+            raise GroupActiveError(f"group {group!r} has Kafka consumers joined; stop them first")
         with Admin(data) as admin:
             admin.reset_group(group, targets)
     else:

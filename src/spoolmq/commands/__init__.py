@@ -14,4 +14,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spoolmq.commands.ui",
     "spoolmq.commands.read",
     "spoolmq.commands.top",
+    "spoolmq.commands.users",
 )

@@ -19,6 +19,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     )
     listen = parse_address(args.listen) if args.listen else None
     metrics = check_loopback(parse_address(args.metrics)) if args.metrics else None
+    kafka = parse_address(args.kafka) if args.kafka else None
     manager = BrokerManager(
         BrokerSettings(
             data_dir=data_dir(args),
@@ -26,6 +27,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             metrics=metrics,
             store={"auto_create_topics": args.auto_create_topics == "on"},
+            kafka=kafka,
+            kafka_tls=tuple(args.kafka_tls) if args.kafka_tls else None,
         )
     )
     return manager.run()
@@ -52,4 +55,16 @@ def register(command: CommandFactory) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="what the broker logs to stderr (default: info)",
+    )
+    p.add_argument(
+        "--kafka",
+        metavar="HOST:PORT",
+        help="also speak the Kafka protocol here (e.g. 127.0.0.1:9092; docs/KAFKA.md); "
+        "an address other than loopback requires SASL/SCRAM",
+    )
+    p.add_argument(
+        "--kafka-tls",
+        nargs=2,
+        metavar=("CERT", "KEY"),
+        help="serve the Kafka listener over TLS with this certificate chain and key (PEM)",
     )
