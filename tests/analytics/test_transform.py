@@ -255,13 +255,13 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
         spark,
         "group string, topic string, partition int, offset long, published_at long, "
         "first_delivered_at long, attempts long, acked_at long, dead_lettered boolean, "
-        "expired boolean, finished_at long, held_back boolean",
+        "expired boolean, finished_at long, held_back boolean, due_at long",
         [
-            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, 1030, None),
-            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, 1140, None),
-            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, 1311, None),
-            ("g", "t", 0, 3, 2000, None, None, None, False, True, 5000, None),
-            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, 1600, None),
+            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, 1030, None, None),
+            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, 1140, None, None),
+            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, 1311, None, None),
+            ("g", "t", 0, 3, 2000, None, None, None, False, True, 5000, None, None),
+            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, 1600, None, None),
         ],
     )
     # The events carry published_at (the per-message shape); with no record, nothing is
@@ -311,8 +311,10 @@ def test_a_delayed_or_retrying_keyed_message_holds_back_its_key(spark: SparkSess
     assert rows[("g", "first_delivery")]["messages"] == 6
     assert rows[("g", "first_delivery")]["max"] == 2010.0
     assert rows[("g", "ack")]["messages"] == 3
+    # Offset 0 was due at 3000 and delivered at 3010: the only delayed message.
+    assert (rows[("g", "lateness")]["messages"], rows[("g", "lateness")]["max"]) == (1, 10.0)
     # One group: its pooled rows (group null) are its own.
-    for measure in ("queue", "first_delivery", "ack"):
+    for measure in ("queue", "first_delivery", "ack", "lateness"):
         assert rows[(None, measure)].asDict() == rows[("g", measure)].asDict() | {"group": None}
 
 

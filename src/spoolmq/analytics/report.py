@@ -125,7 +125,7 @@ def latency_chart(rows: Sequence[Row], path: Path) -> Path:
     """p50/p90/p99 of each wait after publish, per topic and group (never pooled: a group
     that started late would otherwise lend its waits to the others)."""
     figure, axes = plt.subplots(figsize=_SIZE)
-    order = {"first_delivery": 0, "queue": 1, "ack": 2}
+    order = {"first_delivery": 0, "queue": 1, "ack": 2, "lateness": 3}
     own = [r for r in rows if r.get("group") is not None]
     labels = sorted(
         {(r["topic"], r["group"], r["measure"]) for r in own},
@@ -137,7 +137,12 @@ def latency_chart(rows: Sequence[Row], path: Path) -> Path:
         for index, key in enumerate(("p50", "p90", "p99")):
             xs = [i + (index - 1) * width for i in range(len(labels))]
             axes.bar(xs, [by_label[label][key] for label in labels], width, label=key)
-        names = {"first_delivery": "to 1st delivery", "queue": "queue only", "ack": "to ACK"}
+        names = {
+            "first_delivery": "to 1st delivery",
+            "queue": "queue only",
+            "ack": "to ACK",
+            "lateness": "delay's lateness",
+        }
         axes.set_xticks(range(len(labels)))
         axes.set_xticklabels(
             [f"{t} · {g}\n{names.get(m, m)}" for t, g, m in labels], fontsize="x-small"
@@ -312,7 +317,8 @@ def render_html(
         '<p class="meta"><em>first_delivery</em>: publish to first delivery, every message. '
         "<em>queue</em>: the same for messages that were due at once and had no earlier message "
         "of their key unfinished: the time the queue itself took. <em>ack</em>: publish to "
-        "ACK, retries included.</p>",
+        "ACK, retries included. <em>lateness</em>: delayed messages only, from when they were "
+        "due to their first delivery.</p>",
         "<h2>Consumer-group lag</h2>",
         _image(charts["lag"], "lag per group over time"),
         html_table(

@@ -445,7 +445,8 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
     time), or an earlier message of its key in its partition was still unfinished for this
     group when it was published (the broker delivers a key's messages in order, one at a
     time, so a delayed or retrying message holds back its key). Null when its record is
-    gone (nothing is known of its key or delay).
+    gone (nothing is known of its key or delay). ``due_at`` is a delayed message's
+    ``deliver_at`` (null for a message due at once).
     """
     typed = _message_events(events)
     kind = F.col("type")
@@ -496,6 +497,7 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         "expired",
         "finished_at",
         F.when(F.col("_stored"), delayed | waits_for_key).alias("held_back"),
+        F.when(delayed, F.col("_deliver_at")).alias("due_at"),
     )
 
 
@@ -506,7 +508,9 @@ def latency(outcomes: DataFrame) -> DataFrame:
     - ``first_delivery``: to the first delivery (e2e latency), every message;
     - ``queue``: the same, only for messages not ``held_back`` (due at once, no earlier
       message of their key unfinished): the time the queue itself took;
-    - ``ack``: to the ACK.
+    - ``ack``: to the ACK;
+    - ``lateness``: for delayed messages, from when they were due (``due_at``) to their
+      first delivery (never negative: the broker does not deliver early).
     """
     first = F.col("first_delivered_at") - F.col("published_at")
     waits = outcomes.select(
@@ -522,6 +526,10 @@ def latency(outcomes: DataFrame) -> DataFrame:
                 F.struct(
                     F.lit("ack").alias("measure"),
                     (F.col("acked_at") - F.col("published_at")).alias("ms"),
+                ),
+                F.struct(
+                    F.lit("lateness").alias("measure"),
+                    (F.col("first_delivered_at") - F.col("due_at")).alias("ms"),
                 ),
             )
         ).alias("_wait"),
