@@ -24,6 +24,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -197,8 +198,22 @@ def build_store(data: Path, count: int, shape: str = "new", seed: int = 7) -> di
     return written
 
 
-def run_job(data: Path, out: Path, master: str) -> dict[str, float]:
-    """Run the job as a new process; its wall time and the driver's peak RSS."""
+def _cpu_seconds(process: psutil.Process) -> float:
+    """CPU time (user + system) of the process and its children (the JVM) so far."""
+    total = 0.0
+    for each in (process, *process.children(recursive=True)):
+        try:
+            times = each.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def run_job(data: Path, out: Path, master: str) -> dict[str, Any]:
+    """Run the job as a new process: its wall time, CPU time, the driver's peak RSS, and
+    wall and CPU time per step (the job names each step on stderr as it starts it; a
+    step's figures run to the next step's line)."""
     command = [
         sys.executable,
         "-m",
@@ -214,6 +229,19 @@ def run_job(data: Path, out: Path, master: str) -> dict[str, float]:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     process = psutil.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    marks: list[tuple[str, float, float]] = [("starting Python and the JVM", started, 0.0)]
+    output: list[str] = []
+
+    def read() -> None:  # step lines as they come, with the time and CPU so far
+        assert process.stdout is not None
+        for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            output.append(line)
+            if line.startswith("  ") and line.strip():
+                marks.append((line.strip(), time.perf_counter(), _cpu_seconds(process)))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     peak_total = peak_python = peak_jvm = peak_anonymous = 0
     cpu_seconds: dict[int, float] = {}  # last seen per process: CPU is a figure less
     # disturbed than wall time by other work on a shared machine
@@ -236,17 +264,25 @@ def run_job(data: Path, out: Path, master: str) -> dict[str, float]:
         peak_total = max(peak_total, python_rss + jvm_rss)
         time.sleep(0.1)  # sampling another process's memory: nothing to wait on
     wall = time.perf_counter() - started
-    output = process.stdout.read().decode() if process.stdout else ""
+    reader.join(30)
     if process.returncode != 0:
-        raise SystemExit(f"the job failed ({process.returncode}):\n{output[-3000:]}")
+        text = "\n".join(output)
+        raise SystemExit(f"the job failed ({process.returncode}):\n{text[-3000:]}")
+    cpu = sum(cpu_seconds.values())
+    ends = [*marks[1:], ("end", started + wall, cpu)]
+    steps = [
+        (name, end_at - at, max(0.0, end_cpu - at_cpu))
+        for (name, at, at_cpu), (_, end_at, end_cpu) in zip(marks, ends, strict=True)
+    ]
     return {
         "wall_s": wall,
-        "cpu_s": sum(cpu_seconds.values()),
+        "cpu_s": cpu,
         "load_1min": (load_before + os.getloadavg()[0]) / 2,
         "rss_total_mib": peak_total / 2**20,
         "anonymous_mib": peak_anonymous / 2**20,
         "rss_python_mib": peak_python / 2**20,
         "rss_jvm_mib": peak_jvm / 2**20,
+        "steps": steps,
     }
 
 
@@ -286,7 +322,7 @@ def main() -> None:
             if summary["topics"][TOPIC]["messages"] != count:
                 raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
             rows.append((count, written["events"], size, figures))
-            print(figures, flush=True)
+            print({k: v for k, v in figures.items() if k != "steps"}, flush=True)
         finally:
             if args.keep:
                 print(f"kept {root}")
@@ -309,6 +345,11 @@ def main() -> None:
             f"{f['rss_total_mib']:.0f} MiB ({f['rss_python_mib']:.0f} + "
             f"{f['rss_jvm_mib']:.0f}) | {f['anonymous_mib']:.0f} MiB | {f['load_1min']:.1f} |"
         )
+    for count, _, _, f in rows:
+        print(f"\nper step, {count:,} messages (wall s / CPU s, Python + JVM):\n")
+        print("| step | wall | CPU |\n|---|---|---|")
+        for name, wall, cpu in f["steps"]:
+            print(f"| {name} | {wall:.1f} s | {cpu:.1f} s |")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from spoolmq.broker.dead_letter import DeadLetterHeader
+from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.broker.manager import LOCK_FILE, broker_lock, broker_running
 from spoolmq.clock import ManualClock
-from spoolmq.errors import InvalidArgumentError
+from spoolmq.errors import InvalidArgumentError, UnknownTopicError
 from spoolmq.operations import (
     ResetChange,
     ResetTo,
@@ -18,6 +20,7 @@ from spoolmq.operations import (
     dead_letters,
     group_rows,
     plan_reset,
+    purge_dead_letters,
     replay_dead_letters,
 )
 from spoolmq.store import Store
@@ -81,9 +84,9 @@ def test_dead_letters_replay_once_without_their_dlq_headers(data_dir: Path) -> N
             )
         letters = dead_letters(store, "jobs")
         assert [(d.dlq_offset, d.topic, d.offset, d.reason) for d in letters] == [
-            (0, "jobs", "10", "boom"),
-            (1, "jobs", "11", "boom"),
-            (2, "jobs", "12", "boom"),
+            (0, "jobs", 10, "boom"),
+            (1, "jobs", 11, "boom"),
+            (2, "jobs", 12, "boom"),
         ]
         first = replay_dead_letters(store, "jobs")
         again = replay_dead_letters(store, "jobs")
@@ -93,7 +96,86 @@ def test_dead_letters_replay_once_without_their_dlq_headers(data_dir: Path) -> N
     assert [(r.value, r.key, r.headers) for r in replayed] == [
         ({"job": n}, b"\x00k", [("trace", f"t{n}")]) for n in range(3)
     ]
-    assert dead_letters(Store(data_dir), "never-failed") == []
+    with Store(data_dir) as store:
+        store.create_topic("never-failed")
+        assert dead_letters(store, "never-failed") == []
+        with pytest.raises(UnknownTopicError, match="'nope' does not exist"):
+            dead_letters(store, "nope")
+        with pytest.raises(UnknownTopicError):
+            replay_dead_letters(store, "nope")
+        with pytest.raises(UnknownTopicError):
+            purge_dead_letters(store, "nope")
+
+
+def _dead_letter(store: Store, n: int, reason: str) -> None:
+    store.append(
+        "jobs.dlq",
+        {"job": n},
+        headers=[
+            (DeadLetterHeader.REASON, reason),
+            (DeadLetterHeader.TOPIC, "jobs"),
+            (DeadLetterHeader.PARTITION, "0"),
+            (DeadLetterHeader.OFFSET, str(n)),
+            (DeadLetterHeader.ATTEMPTS, "5"),
+        ],
+    )
+
+
+@pytest.fixture
+def letters(data_dir: Path) -> Iterator[Store]:
+    """jobs.dlq holds 4 dead letters stored at t = 1000, 1100, 1200, 1300 ms; reasons
+    alternate "timeout" and "KeyError: 'id'"."""
+    clock = ManualClock(1_000)
+    store = Store(data_dir, clock=clock)
+    store.create_topic("jobs")
+    for n in range(4):
+        _dead_letter(store, n, "timeout" if n % 2 == 0 else "KeyError: 'id'")
+        clock.advance(100)
+    yield store
+    store.close()
+
+
+def test_a_replay_picks_by_offset_and_reason_and_a_dry_run_writes_nothing(
+    letters: Store,
+) -> None:
+    dry = replay_dead_letters(letters, "jobs", reason="^Key", dry_run=True)
+    assert [d.dlq_offset for d in dry.letters] == [1, 3]
+    assert (dry.replayed, dry.dry_run) == (0, True)
+    assert letters.log_end_offset("jobs", 0) == 0
+    picked = replay_dead_letters(letters, "jobs", offsets=[(0, 2), (0, 3)], reason="time")
+    assert [d.dlq_offset for d in picked.letters] == [2]
+    assert [r.value for r in letters.reader("jobs", 0)] == [{"job": 2}]
+    with pytest.raises(InvalidArgumentError, match="no dead letter at partition@offset 0@9"):
+        replay_dead_letters(letters, "jobs", offsets=[(0, 9)])
+    with pytest.raises(InvalidArgumentError, match="not a regular expression"):
+        replay_dead_letters(letters, "jobs", reason="(")
+
+
+def test_a_replay_to_one_group_carries_the_header_and_is_its_own_redrive(
+    letters: Store,
+) -> None:
+    everyone = replay_dead_letters(letters, "jobs", offsets=[(0, 0)])
+    billing = replay_dead_letters(letters, "jobs", offsets=[(0, 0)], to_group="billing")
+    again = replay_dead_letters(letters, "jobs", offsets=[(0, 0)], to_group="billing")
+    assert (everyone.replayed, billing.replayed, again.already_replayed) == (1, 1, 1)
+    records = list(letters.reader("jobs", 0))
+    assert [r.headers for r in records] == [[], [(ONLY_GROUP_HEADER, "billing")]]
+
+
+def test_a_purge_hides_what_it_picked_and_counts_it(letters: Store) -> None:
+    assert purge_dead_letters(letters, "jobs", before_ms=1_150) == 2  # stored at 1000, 1100
+    assert [d.dlq_offset for d in dead_letters(letters, "jobs")] == [2, 3]
+    assert purge_dead_letters(letters, "jobs", offsets=[(0, 3)]) == 1
+    assert [d.dlq_offset for d in dead_letters(letters, "jobs")] == [2]
+    # A replay never republishes a purged letter; a purged offset cannot be picked again.
+    assert [d.dlq_offset for d in replay_dead_letters(letters, "jobs").letters] == [2]
+    with pytest.raises(InvalidArgumentError, match="0@3"):
+        purge_dead_letters(letters, "jobs", offsets=[(0, 3)])
+    assert purge_dead_letters(letters, "jobs") == 1
+    assert dead_letters(letters, "jobs") == []
+    assert purge_dead_letters(letters, "jobs") == 0
+    marks = letters.path / "logs" / "jobs.dlq" / "purged.json"
+    assert marks.stat().st_mode & 0o777 == 0o600
 
 
 def test_broker_running_is_the_lock_not_a_leftover_file(data_dir: Path) -> None:

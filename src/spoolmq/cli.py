@@ -14,20 +14,28 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from spoolmq.commands import COMMAND_MODULES
-from spoolmq.commands.common import Handler
+from spoolmq.commands.common import Handler, require_extra
 from spoolmq.commands.common import data_dir as _data
+from spoolmq.commands.common import natural as _natural
+from spoolmq.commands.common import positive as _positive
 from spoolmq.commands.common import print_json as _print_json
 from spoolmq.commands.common import print_table as _table
+from spoolmq.commands.common import seconds as _seconds
+from spoolmq.commands.common import seconds_positive as _seconds_positive
 from spoolmq.config import TopicConfig, parse_duration_ms
 from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
+
+if TYPE_CHECKING:
+    from spoolmq.operations import DeadLetter
 
 # -- publish and consume ------------------------------------------------------------------------
 
@@ -62,44 +70,104 @@ def cmd_publish(args: argparse.Namespace) -> int:
         "ttl": args.ttl,
         "acks": args.acks,
     }
+    existed = _topic_exists(args, args.topic)
     with Publisher(data=args.data) as publisher:
         if args.value is not None:
-            values = [_parse_value(args.value)]
-        else:
-            values = []
-            for number, line in enumerate(sys.stdin, 1):
-                if not line.strip():
-                    continue
-                try:
-                    values.append(orjson.loads(line))
-                except orjson.JSONDecodeError as exc:
-                    raise InvalidArgumentError(f"stdin line {number} is not JSON: {exc}") from None
-        futures = [publisher.publish_async(args.topic, value, **options) for value in values]
-        publisher.flush()
-        for future in futures:
-            position = future.result()
-            sys.stdout.write(
-                orjson.dumps(
-                    {
-                        "topic": position.topic,
-                        "partition": position.partition,
-                        "offset": position.offset,
-                    }
-                ).decode()
-                + "\n"
+            _print_positions(
+                [publisher.publish_async(args.topic, _parse_value(args.value), **options)]
             )
+            publisher.flush()
+        else:
+            for values in _stdin_values():
+                futures = [publisher.publish_async(args.topic, v, **options) for v in values]
+                publisher.flush()
+                _print_positions(futures)
+    _say_if_created(args, args.topic, existed)
     return 0
+
+
+def _stdin_values() -> Iterator[list[Any]]:
+    """The JSON values of stdin's lines, in lists of what has arrived: each read returns
+    what the pipe holds now (``tail -f app.log | spoolmq publish logs`` publishes a line
+    when it is written, not at EOF) and a fast pipe still gives large batches."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+        fd = -1
+    pending = b""
+    number = 0
+    while True:
+        chunk = os.read(fd, 1 << 16) if fd >= 0 else sys.stdin.read().encode()
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop() if chunk else b""
+        values = []
+        for line in lines:
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                values.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise InvalidArgumentError(f"stdin line {number} is not JSON: {exc}") from None
+        if values:
+            yield values
+        if not chunk:
+            return
+
+
+def _print_positions(futures: Sequence[Any]) -> None:
+    for future in futures:
+        position = future.result()
+        sys.stdout.write(
+            orjson.dumps(
+                {
+                    "topic": position.topic,
+                    "partition": position.partition,
+                    "offset": position.offset,
+                }
+            ).decode()
+            + "\n"
+        )
+    sys.stdout.flush()
+
+
+def _topic_exists(args: argparse.Namespace, topic: str) -> bool | None:
+    """Whether ``topic`` exists now (None when there is no data directory to ask)."""
+    from spoolmq.store.names import check_topic
+    from spoolmq.store.state import StateDB
+
+    check_topic(topic)
+    data = _data(args)
+    if not (data / "state.db").exists():
+        return None
+    state = StateDB(data / "state.db")
+    try:
+        return state.topic(topic) is not None
+    finally:
+        state.close()
+
+
+def _say_if_created(args: argparse.Namespace, topic: str, existed: bool | None) -> None:
+    """Tell the user, on stderr, that using ``topic`` created it: a typo in a topic name
+    otherwise makes a new topic in silence."""
+    if existed is False and _topic_exists(args, topic):
+        sys.stderr.write(
+            f"spoolmq: created topic {topic!r} (the broker creates a topic on first use; "
+            "`spoolmq broker --auto-create-topics off` refuses instead)\n"
+        )
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from spoolmq.client import Consumer
 
     count = 0
+    existed = _topic_exists(args, args.topic)
     with Consumer(
         args.topic, args.group, data=args.data, start=args.start, auto_ack=args.no_ack
     ) as consumer:
+        _say_if_created(args, args.topic, existed)
         while args.max is None or count < args.max:
-            message = consumer.receive(timeout=args.timeout)
+            message = consumer.receive(timeout=None if args.follow else args.timeout)
             if message is None:
                 break
             key = message.key
@@ -113,6 +181,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         "key": _hex_bytes(key),
                         "value": _hex_bytes(value),
                         "headers": [[n, _hex_bytes(v)] for n, v in message.headers],
+                        "tags": list(message.tags),
                         "timestamp": message.timestamp,
                         "attempt": message.attempt,
                     }
@@ -132,18 +201,29 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     from spoolmq.store import Store
 
+    if args.action == "delete":
+        _refuse_if_broker_running(_data(args, must_exist=True), "delete a topic")
     with Store(_data(args, must_exist=args.action != "create")) as store:
-        if args.action == "create":
-            settings: dict[str, Any] = {"partitions": args.partitions}
+        if args.action in ("create", "alter"):
+            settings: dict[str, Any] = {}
             if args.retention is not None:
                 settings["retention_ms"] = parse_duration_ms(args.retention)
             if args.compact:
                 settings["cleanup_policy"] = "compact"
-            config = store.create_topic(args.name, exist_ok=False, **settings)
+            if args.action == "create":
+                config = store.create_topic(
+                    args.name, partitions=args.partitions, exist_ok=False, **settings
+                )
+                done = f"created topic {args.name} with {config.partitions} partition(s)"
+            else:
+                if not settings:
+                    raise InvalidArgumentError("topics alter needs --retention or --compact")
+                config = store.alter_topic(args.name, **settings)
+                done = f"topic {args.name} now keeps messages {_duration(config.retention_ms)}"
             if args.json:
                 _print_json({"name": args.name, **config.as_dict()})
             else:
-                print(f"created topic {args.name} with {config.partitions} partition(s)")
+                print(done)
         elif args.action == "list":
             topics = store.topics()
             if args.json:
@@ -178,8 +258,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
                     ["partition", "log start", "log end", "segments"],
                     [list(r.values()) for r in rows],
                 )
-        elif args.action == "delete":
-            _refuse_if_broker_running(_data(args), "delete a topic")
+        else:
             store.delete_topic(args.name)
             print(f"deleted topic {args.name}")
     return 0
@@ -208,8 +287,12 @@ def cmd_groups(args: argparse.Namespace) -> int:
     data = _data(args, must_exist=True)
     if args.action == "reset":
         return _reset_group(args, data)
-    from spoolmq.operations import group_rows
+    from spoolmq.operations import delete_group, group_rows
 
+    if args.action == "delete":
+        delete_group(data, args.group)
+        print(f"deleted consumer group {args.group}")
+        return 0
     groups = group_rows(data, args.group if args.action == "describe" else None)
     if args.action == "list":
         summary = [
@@ -231,6 +314,8 @@ def cmd_groups(args: argparse.Namespace) -> int:
             )
         return 0
     rows = groups[args.group]
+    if args.members:
+        return _print_members(data, args)
     if args.json:
         _print_json(rows)
     else:
@@ -261,6 +346,35 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_members(data: Path, args: argparse.Namespace) -> int:
+    from spoolmq.operations import group_members
+
+    members = group_members(data, args.group)
+    if args.json:
+        _print_json(members)
+        return 0
+    _table(
+        f"members of group {args.group}" + ("" if members else " (none connected)"),
+        ["consumer", "pid", "name", "connected", "last seen", "in-flight"],
+        [
+            [
+                m["consumer"],
+                m["pid"],
+                m["name"],
+                _moment(m["since"] * 1000) if m["since"] else None,
+                _moment(m["last_seen"]) if m["last_seen"] else "not yet",
+                m["in_flight"],
+            ]
+            for m in members
+        ],
+    )
+    return 0
+
+
+def _moment(ms: float) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="seconds")
+
+
 def _reset_group(args: argparse.Namespace, data: Path) -> int:
     from spoolmq.operations import ResetTo, apply_reset, plan_reset
     from spoolmq.store import Store
@@ -271,24 +385,34 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
         to = ResetTo("latest")
     elif args.to_offset is not None:
         to = ResetTo("offset", args.to_offset)
+    elif args.shift_by is not None:
+        to = ResetTo("shift", args.shift_by)
     else:
         to = ResetTo("time", _parse_datetime(args.to_datetime))
     with Store(data) as store:
-        changes = plan_reset(store, args.group, args.topic, to)
+        changes = plan_reset(store, args.group, None if args.all_topics else args.topic, to)
+    if args.execute:
+        # Applied before anything is printed: a refusal (a consumer is connected) is then
+        # the only thing the user sees, never a table that looks like it happened.
+        apply_reset(data, args.group, changes)
     rows = [
         {"topic": c.topic, "partition": c.partition, "from": c.current, "to": c.target}
         for c in changes
     ]
     if args.json:
         _print_json({"group": args.group, "executed": args.execute, "changes": rows})
-    else:
+    elif args.execute:
         _table(
-            f"reset of group {args.group}" + ("" if args.execute else " (dry run: add --execute)"),
+            f"reset group {args.group}: done",
             ["topic", "partition", "from", "to"],
             [list(r.values()) for r in rows],
         )
-    if args.execute:
-        apply_reset(data, args.group, changes)
+    else:
+        _table(
+            f"PREVIEW of a reset of group {args.group}: nothing changed; add --execute to do it",
+            ["topic", "partition", "from", "to"],
+            [list(r.values()) for r in rows],
+        )
     return 0
 
 
@@ -308,60 +432,96 @@ def _parse_datetime(text: str) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from spoolmq.operations import dead_letters, replay_dead_letters
+    from spoolmq.operations import dead_letters, purge_dead_letters, replay_dead_letters
     from spoolmq.store import Store
     from spoolmq.store.names import check_topic
 
     check_topic(args.topic)  # a bad name is the mistake to report, wherever the data is
+    picked = getattr(args, "offset", None)  # replay and purge have --offset; list not
+    offsets = [(args.partition, offset) for offset in picked] if picked else None
     with Store(_data(args, must_exist=True)) as store:
         if args.action == "replay":
-            result = replay_dead_letters(store, args.topic)
+            result = replay_dead_letters(
+                store,
+                args.topic,
+                offsets=offsets,
+                reason=args.reason,
+                to_group=args.to_group,
+                dry_run=args.dry_run,
+            )
+            where = args.topic + (f" for group {args.to_group} only" if args.to_group else "")
             if args.json:
                 _print_json(
-                    {"replayed": result.replayed, "already_replayed": result.already_replayed}
+                    {
+                        "dry_run": result.dry_run,
+                        "to_group": result.to_group,
+                        "selected": len(result.letters),
+                        "replayed": result.replayed,
+                        "already_replayed": result.already_replayed,
+                        "letters": [_letter_row(d) for d in result.letters],
+                    }
+                )
+            elif result.dry_run:
+                _letters_table(
+                    f"dry run: would replay {len(result.letters)} dead letter(s) to {where}",
+                    result.letters,
                 )
             else:
                 print(
-                    f"replayed {result.replayed} dead letter(s) to {args.topic}; "
+                    f"replayed {result.replayed} dead letter(s) to {where}; "
                     f"{result.already_replayed} had been replayed before"
                 )
             return 0
+        if args.action == "purge":
+            before = None if args.before is None else _parse_datetime(args.before)
+            count = purge_dead_letters(store, args.topic, before_ms=before, offsets=offsets)
+            if args.json:
+                _print_json({"purged": count})
+            else:
+                print(f"purged {count} dead letter(s) of {args.topic}")
+            return 0
         letters = dead_letters(store, args.topic)
     if args.json:
-        _print_json(
-            [
-                {
-                    "dlq_partition": d.dlq_partition,
-                    "dlq_offset": d.dlq_offset,
-                    "topic": d.topic,
-                    "partition": d.partition,
-                    "offset": d.offset,
-                    "group": d.group,
-                    "attempts": d.attempts,
-                    "reason": d.reason,
-                    "key": _hex_bytes(d.record.key),
-                    "value": _hex_bytes(d.record.value),
-                }
-                for d in letters
-            ]
-        )
+        _print_json([_letter_row(d) for d in letters])
     else:
-        _table(
-            f"dead letters of {args.topic}",
-            ["offset", "from", "group", "attempts", "reason", "key"],
-            [
-                [
-                    d.dlq_offset,
-                    f"{d.topic}/{d.partition}@{d.offset}",
-                    d.group,
-                    d.attempts,
-                    d.reason,
-                    _hex_bytes(d.record.key),
-                ]
-                for d in letters
-            ],
-        )
+        _letters_table(f"dead letters of {args.topic}", letters)
     return 0
+
+
+def _letter_row(d: DeadLetter) -> dict[str, Any]:
+    return {
+        "dlq_partition": d.dlq_partition,
+        "dlq_offset": d.dlq_offset,
+        "topic": d.topic,
+        "partition": d.partition,
+        "offset": d.offset,
+        "group": d.group,
+        "attempts": d.attempts,
+        "reason": d.reason,
+        "timestamp": d.record.timestamp,
+        "key": _hex_bytes(d.record.key),
+        "value": _hex_bytes(d.record.value),
+        "tags": list(d.record.tags),
+    }
+
+
+def _letters_table(title: str, letters: Sequence[DeadLetter]) -> None:
+    _table(
+        title,
+        ["partition", "offset", "from", "group", "attempts", "reason", "key"],
+        [
+            [
+                d.dlq_partition,
+                d.dlq_offset,
+                f"{d.topic}/{d.partition}@{d.offset}",
+                d.group,
+                d.attempts,
+                d.reason,
+                _hex_bytes(d.record.key),
+            ]
+            for d in letters
+        ],
+    )
 
 
 def _hex_bytes(value: Any) -> Any:
@@ -374,29 +534,58 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     with Store(_data(args, must_exist=True)) as store:
         problems = store.check(args.topic)
+        names = [args.topic] if args.topic else sorted(store.topics())
+        partitions = segments = offsets = 0
+        for name in names:
+            for number in range(store.topic_config(name).partitions):
+                partitions += 1
+                segments += len(store.partition_log(name, number).segment_bases())
+                offsets += store.log_end_offset(name, number) - store.log_start_offset(name, number)
+    checked = {"topics": len(names), "partitions": partitions, "segments": segments}
     if args.json:
         _print_json(
-            [
-                {
-                    "topic": p.topic,
-                    "partition": p.partition,
-                    "segment": p.segment,
-                    "position": p.position,
-                    "problem": p.problem,
-                }
-                for p in problems
-            ]
+            {
+                "checked": {**checked, "offsets": offsets},
+                "problems": [
+                    {
+                        "topic": p.topic,
+                        "partition": p.partition,
+                        "offset": p.offset,
+                        "segment": p.segment,
+                        "position": p.position,
+                        "problem": p.problem,
+                    }
+                    for p in problems
+                ],
+            }
         )
     elif problems:
         for problem in problems:
-            print(f"{problem.segment} byte {problem.position}: {problem.problem}")
+            print(
+                f"{problem.topic}/{problem.partition} offset {problem.offset} "
+                f"({problem.segment} byte {problem.position}): {problem.problem}"
+            )
+        print(
+            f"{len(problems)} problem(s). What to do: a torn tail (a crash mid-write) is "
+            "moved to quarantine/ and cut off when a writer next opens the partition (start "
+            "the broker, or publish); damage inside a segment is never skipped: consumers of "
+            "that partition stop at the offset. Stop the broker, keep a copy of the segment, "
+            "and repair or remove the line at that byte (one JSON record per line, "
+            "docs/FORMAT.md), then run `spoolmq check` again."
+        )
     else:
-        print("no problems found")
+        print(
+            f"no problems found: {len(names)} topic(s), {partitions} partition(s), "
+            f"{segments} segment(s), {offsets} offset(s) checked"
+        )
     return 1 if problems else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from spoolmq.demo import run_demo
+
+    if not args.no_analytics:
+        require_extra("analytics", "spoolmq demo's report (or pass --no-analytics)")
 
     return run_demo(args)
 
@@ -408,6 +597,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_analytics(args: argparse.Namespace) -> int:
+    require_extra("analytics", "spoolmq analytics")
     from spoolmq.analytics import main
 
     forwarded = ["--data", str(_data(args))]
@@ -423,78 +613,186 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's rule for a user's mistake: one line on stderr, starting
-    with ``spoolmq:``, and exit status 2 (argparse prints the whole usage block first)."""
+    with ``spoolmq:``, naming the ``--help`` of the (sub)command it is about, and exit status
+    2 (argparse prints the whole usage block first)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"spoolmq: {message} (see `{self.prog} --help`)\n")
 
 
+_DATA_HELP = "data directory (default: $SPOOLMQ_DATA or ./queue_data)"
+_JSON_HELP = "print JSON instead of a table"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from spoolmq import __version__
+
     parser = _Parser(
         prog="spoolmq", description="A durable, file-based message and task queue for one host."
     )
+    parser.add_argument("--version", action="version", version=f"spoolmq {__version__}")
+    # Accepted before the command too (``spoolmq --data DIR topics list``); its own dest,
+    # since a subcommand's default would overwrite a shared one. ``main`` merges them.
+    parser.add_argument("--data", dest="data_before", metavar="DATA", help=_DATA_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--data", help="data directory (default: $SPOOLMQ_DATA or ./queue_data)")
-        p.set_defaults(handler=handler)
+    def leaf(parent: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--data", help=_DATA_HELP)
+        p.set_defaults(handler=handler, prog=p.prog)
         return p
 
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        return leaf(sub, name, handler, help_text)
+
+    def family(name: str, help_text: str) -> Any:
+        """A command with actions of its own (``topics create``): each action is a parser,
+        so ``spoolmq topics create --help`` shows create's options and nothing else."""
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        return p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
     p = command("publish", cmd_publish, "publish messages (VALUE, or one JSON per stdin line)")
-    p.add_argument("topic")
-    p.add_argument("value", nargs="?", help="a JSON value, or text; omit to read stdin")
-    p.add_argument("--key")
-    p.add_argument("--header", action="append", metavar="NAME=VALUE")
-    p.add_argument("--tag", action="append")
-    p.add_argument("--delay", type=float, help="seconds before it may be delivered")
-    p.add_argument("--ttl", type=float, help="seconds after which it is not delivered")
-    p.add_argument("--acks", default="all", choices=["0", "1", "all"])
+    p.add_argument("topic", help="the topic to publish to")
+    p.add_argument(
+        "value",
+        nargs="?",
+        help="a JSON value, or text; omit to publish each stdin line as it arrives",
+    )
+    p.add_argument("--key", help="the message key (same key: same partition, in order)")
+    p.add_argument(
+        "--header", action="append", metavar="NAME=VALUE", help="a header (repeat for more)"
+    )
+    p.add_argument("--tag", action="append", help="a tag consumers can filter on (repeatable)")
+    p.add_argument("--delay", type=_seconds, help="seconds before it may be delivered")
+    p.add_argument("--ttl", type=_seconds, help="seconds after which it is not delivered")
+    p.add_argument(
+        "--acks",
+        default="all",
+        choices=["0", "1", "all"],
+        help="all: answer after fsync (default); 1: after the write; 0: do not wait",
+    )
 
     p = command(
         "consume", cmd_consume, "consume messages as JSON lines, ACKing each after printing"
     )
-    p.add_argument("topic")
-    p.add_argument("--group", required=True)
-    p.add_argument("--max", type=int, help="stop after this many messages")
-    p.add_argument("--start", default="earliest", choices=["earliest", "latest"])
-    p.add_argument("--timeout", type=float, default=5.0, help="stop after this many idle seconds")
+    p.add_argument("topic", help="the topic to consume")
+    p.add_argument("--group", required=True, help="the consumer group (its offsets are kept)")
+    p.add_argument("--max", type=_positive, help="stop after this many messages")
+    p.add_argument(
+        "--start",
+        default="earliest",
+        choices=["earliest", "latest"],
+        help="where a new group starts (default earliest)",
+    )
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument(
+        "--timeout",
+        type=_seconds_positive,
+        default=5.0,
+        help="stop after this many seconds with no message (default 5)",
+    )
+    wait.add_argument(
+        "--follow", action="store_true", help="never stop for want of messages (Ctrl-C ends)"
+    )
     p.add_argument("--no-ack", action="store_true", help="at-most-once (auto ACK)")
 
-    p = command("topics", cmd_topics, "create, list, describe or delete topics")
-    p.add_argument("action", choices=["create", "list", "describe", "delete"])
-    p.add_argument("name", nargs="?")
-    p.add_argument("--partitions", type=int, default=1)
-    p.add_argument("--retention", help="e.g. 14d, 12h, never")
-    p.add_argument("--compact", action="store_true", help="keep the newest record per key")
-    p.add_argument("--json", action="store_true")
+    topics = family("topics", "create, list, describe, alter or delete topics")
+    p = leaf(topics, "create", cmd_topics, "create a topic")
+    p.add_argument("name", help="the topic's name")
+    p.add_argument("--partitions", type=_positive, default=1, help="partition count (default 1)")
+    _topic_settings(p)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(topics, "list", cmd_topics, "list the topics and their settings")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(topics, "describe", cmd_topics, "a topic's partitions: log start, end, segments")
+    p.add_argument("name", help="the topic's name")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(topics, "alter", cmd_topics, "change a topic's retention or cleanup policy")
+    p.add_argument("name", help="the topic's name")
+    _topic_settings(p)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(topics, "delete", cmd_topics, "delete a topic and its files (no broker running)")
+    p.add_argument("name", help="the topic's name")
 
-    p = command("groups", cmd_groups, "list, describe or reset consumer groups")
-    p.add_argument("action", choices=["list", "describe", "reset"])
-    p.add_argument("group", nargs="?")
-    p.add_argument("--topic")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--to-earliest", action="store_true")
-    target.add_argument("--to-latest", action="store_true")
-    target.add_argument("--to-offset", type=int)
-    target.add_argument("--to-datetime", metavar="ISO")
-    p.add_argument("--execute", action="store_true", help="do the reset (default: show it)")
-    p.add_argument("--json", action="store_true")
+    groups = family("groups", "list, describe, reset or delete consumer groups")
+    p = leaf(groups, "list", cmd_groups, "every group with its lag and in-flight count")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(groups, "describe", cmd_groups, "a group's offsets, lag and consumers")
+    p.add_argument("group", help="the consumer group")
+    p.add_argument(
+        "--members",
+        action="store_true",
+        help="its connected consumers instead: pid, name, last seen, in-flight",
+    )
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(groups, "reset", cmd_groups, "move a group's committed offsets (preview first)")
+    p.add_argument("group", help="the consumer group")
+    on = p.add_mutually_exclusive_group(required=True)
+    on.add_argument("--topic", help="reset the group on this topic")
+    on.add_argument(
+        "--all-topics", action="store_true", help="reset it on every topic it has offsets in"
+    )
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="to the log start")
+    target.add_argument("--to-latest", action="store_true", help="to the log end (skip all)")
+    target.add_argument("--to-offset", type=_natural, help="to this offset (kept in the log)")
+    target.add_argument(
+        "--to-datetime", metavar="ISO", help="to the first message at or after this time"
+    )
+    target.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="N",
+        help="by N from the committed offset (negative: back), kept in the log",
+    )
+    p.add_argument("--execute", action="store_true", help="do the reset (default: preview)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p = leaf(groups, "delete", cmd_groups, "forget a group (refused while consumers are connected)")
+    p.add_argument("group", help="the consumer group")
 
-    p = command("dlq", cmd_dlq, "list or replay a topic's dead letters")
-    p.add_argument("action", choices=["list", "replay"])
-    p.add_argument("topic")
-    p.add_argument("--json", action="store_true")
+    dlq = family("dlq", "list, replay or purge a topic's dead letters")
+    for action, help_text in (
+        ("list", "a topic's dead letters: where from, why, how many attempts"),
+        ("replay", "publish dead letters to their topic again (all, or those picked)"),
+        ("purge", "drop dead letters (all, or those picked)"),
+    ):
+        p = leaf(dlq, action, cmd_dlq, help_text)
+        p.add_argument("topic", help="the topic whose dead letters (TOPIC.dlq) to use")
+        if action != "list":
+            p.add_argument(
+                "--offset",
+                type=_natural,
+                action="append",
+                metavar="N",
+                help="only the dead letter at offset N of TOPIC.dlq (repeat for more)",
+            )
+            p.add_argument(
+                "--partition",
+                type=_natural,
+                default=0,
+                help="the TOPIC.dlq partition the --offset values are in (default 0)",
+            )
+        if action == "replay":
+            p.add_argument("--reason", metavar="REGEX", help="only those whose reason matches")
+            p.add_argument(
+                "--to-group", metavar="GROUP", help="deliver them to this consumer group only"
+            )
+            p.add_argument(
+                "--dry-run", action="store_true", help="show what would be replayed, do nothing"
+            )
+        if action == "purge":
+            p.add_argument("--before", metavar="ISO", help="only those stored before this time")
+        p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     p = command("check", cmd_check, "verify every record's checksum and offsets")
-    p.add_argument("topic", nargs="?")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("topic", nargs="?", help="check only this topic (default: all)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     p = command(
         "demo", cmd_demo, "run a broker, publishers and consumers on a fresh data directory"
     )
-    p.add_argument("--messages", type=int, default=2000)
-    p.add_argument("--no-analytics", action="store_true")
+    p.add_argument("--messages", type=_positive, default=2000, help="messages to publish")
+    p.add_argument("--no-analytics", action="store_true", help="skip the Spark report")
 
     p = command("bench", cmd_bench, "measure throughput, latency and memory (vs Redis Streams)")
     from spoolmq.bench import add_arguments
@@ -512,29 +810,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _topic_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--retention", help="how long messages are kept: a number and a unit (14d, 12h), or never"
+    )
+    p.add_argument("--compact", action="store_true", help="keep the newest record per key")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``. argparse hands out positionals in one go, so in ``publish jobs
+    --delay 3 VALUE`` the optional VALUE is already taken (empty) when VALUE comes: it is
+    left over. Give it to ``publish`` instead of refusing a command a user would write."""
+    args, extra = parser.parse_known_args(argv)
+    if (
+        extra
+        and args.command == "publish"
+        and args.value is None
+        and len(extra) == 1
+        and not extra[0].startswith("--")
+    ):
+        args.value, extra = extra[0], []
+    if extra:
+        sub = _Parser(prog=getattr(args, "prog", "spoolmq"))
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.data is None:
+        args.data = args.data_before
+    elif args.data_before is not None and args.data_before != args.data:
+        sub = _Parser(prog=args.prog)
+        sub.error(f"--data is given twice: {args.data_before} and {args.data}")
+    return args
+
+
 def _validate(args: argparse.Namespace) -> None:
-    if args.command == "topics" and args.action != "list" and not args.name:
-        raise InvalidArgumentError(f"topics {args.action} needs a topic NAME")
     if args.command == "topics" and args.action == "create":
         TopicConfig(partitions=args.partitions)
-    if args.command == "groups":
-        if args.action in ("describe", "reset") and not args.group:
-            raise InvalidArgumentError(f"groups {args.action} needs a GROUP")
-        if args.action == "reset":
-            if not args.topic:
-                raise InvalidArgumentError("groups reset needs --topic")
-            if not (
-                args.to_earliest or args.to_latest or args.to_offset is not None or args.to_datetime
-            ):
-                raise InvalidArgumentError(
-                    "groups reset needs one of --to-earliest, --to-latest, --to-offset, "
-                    "--to-datetime"
-                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
         _validate(args)
         handler: Handler = args.handler

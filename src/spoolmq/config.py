@@ -7,12 +7,15 @@ Durations are milliseconds in code and accept ``"500ms"``, ``"30s"``, ``"15m"``,
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from spoolmq.errors import ConfigError
 
@@ -38,7 +41,12 @@ _SIZE_UNITS = {
 
 
 def parse_duration_ms(text: str | int | float) -> int:
-    """``"14d"`` -> 1209600000. A bare number is seconds. ``-1``/``"never"`` means unlimited."""
+    """``"14d"`` -> 1209600000; text needs a unit (ms, s, m, h, d, w). A Python number is
+    seconds. ``-1``/``"never"`` means unlimited.
+
+    >>> parse_duration_ms("14d"), parse_duration_ms(1.5), parse_duration_ms("never")
+    (1209600000, 1500, -1)
+    """
     if isinstance(text, bool):
         raise ConfigError(f"a duration must be a number or a string like '30s', not {text!r}")
     if isinstance(text, int | float):
@@ -46,12 +54,15 @@ def parse_duration_ms(text: str | int | float) -> int:
     value = text.strip().lower()
     if value in ("never", "-1", "unlimited"):
         return -1
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", value)
+    # Text needs its unit: "5" read as 5 seconds surprised a user who meant 5 days, and
+    # a unit costs nothing to type. A Python number is seconds, as documented.
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)", value)
     if not match:
         raise ConfigError(
-            f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w (e.g. '14d')"
+            f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w "
+            "(e.g. '14d'), or 'never'"
         )
-    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"])
+    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
 
 
 def parse_size_bytes(text: str | int) -> int:
@@ -70,6 +81,57 @@ def parse_size_bytes(text: str | int) -> int:
 
 
 T = TypeVar("T")
+
+
+def setting_names(function: Callable[..., Any]) -> list[str]:
+    """The keyword arguments ``function`` takes (``self`` and ``*args``/``**kwargs`` not)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    ]
+
+
+def check_settings(owner: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse settings ``owner`` does not know with a :class:`ConfigError` that names the
+    closest known one and lists them all (a typo is otherwise a bare ``TypeError``).
+
+    >>> try:
+    ...     check_settings("Consumer", ["prefech"], ["prefetch", "lease"])
+    ... except ConfigError as exc:
+    ...     print(exc)
+    Consumer has no setting 'prefech' (did you mean 'prefetch'?); known settings: lease, prefetch
+    """
+    names = sorted(set(known))
+    unknown = [name for name in given if name not in names]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, names, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(
+        f"{owner} has no setting {', '.join(hints)}; known settings: {', '.join(names)}"
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def known_settings(function: Callable[P, R]) -> Callable[P, R]:
+    """Make a constructor refuse unknown keyword arguments with :func:`check_settings`'s
+    ConfigError (the README promises it) instead of Python's TypeError."""
+    names = setting_names(function)
+    owner = function.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(function)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        check_settings(owner, kwargs, names)
+        return function(*args, **kwargs)
+
+    return checked
 
 
 def _build(cls: type[T], values: Mapping[str, Any], what: str) -> T:
@@ -143,6 +205,19 @@ class TopicConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def differences(self, other: TopicConfig) -> str:
+        """Each setting where ``other`` differs, as ``name: self's (wanted other's)``.
+
+        >>> TopicConfig(partitions=1).differences(TopicConfig(partitions=3))
+        'partitions: 1 (wanted 3)'
+        """
+        mine, theirs = self.as_dict(), other.as_dict()
+        return ", ".join(
+            f"{name}: {mine[name]} (wanted {theirs[name]})"
+            for name in mine
+            if mine[name] != theirs[name]
+        )
 
 
 @dataclass(frozen=True, slots=True)

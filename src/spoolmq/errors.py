@@ -131,6 +131,16 @@ class ProtocolError(SpoolError):
     code = "protocol"
 
 
+class KafkaDecodeError(ProtocolError):
+    """A Kafka request frame is truncated, oversized or otherwise does not parse.
+
+    Raised by the bounded reader of the Kafka front before any allocation the
+    frame asks for; the server closes that one connection and nothing else.
+    """
+
+    code = "kafka_decode"
+
+
 class AuthenticationError(SpoolError):
     """The authkey was wrong or missing."""
 
@@ -167,6 +177,12 @@ class GroupActiveError(SpoolError):
     """The group has live consumers, so its offsets cannot be reset."""
 
     code = "group_active"
+
+
+class WorkersFailedError(SpoolError):
+    """A worker process of ``run_workers`` could not start or exited with an error."""
+
+    code = "workers_failed"
 
 
 # --- tasks ---------------------------------------------------------------------

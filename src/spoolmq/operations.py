@@ -10,17 +10,30 @@ files are read and written directly.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
+from filelock import FileLock
+
 from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
+from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
-from spoolmq.errors import InvalidArgumentError
+from spoolmq.errors import (
+    CorruptRecordError,
+    GroupActiveError,
+    InvalidArgumentError,
+    UnknownTopicError,
+)
+from spoolmq.files import write_durably
+from spoolmq.kafka.group_store import kafka_group_members, kafka_partition_owners
 from spoolmq.store import Message, Record, Store
-from spoolmq.store.names import dlq_topic
+from spoolmq.store.names import dlq_topic, topic_dir
 from spoolmq.types import TopicPartition
 
 # -- consumer groups -------------------------------------------------------------------------
@@ -42,7 +55,9 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
                 continue
             committed = store.state.committed_offsets(name)
             ends = {tp: store.log_end_offset(*tp) for tp in committed}
-            result[name] = partition_rows(committed, ends)
+            result[name] = partition_rows(
+                committed, ends, consumers=kafka_partition_owners(data, name)
+            )
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")
@@ -53,10 +68,11 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
 @dataclass(frozen=True, slots=True)
 class ResetTo:
     """Where a group reset moves each partition: ``earliest`` (the log start), ``latest``
-    (the log end), ``offset`` (``value``, clamped into the log) or ``time`` (the first
-    record at or after ``value`` ms)."""
+    (the log end), ``offset`` (``value``, clamped into the log), ``time`` (the first
+    record at or after ``value`` ms) or ``shift`` (``value`` from the committed offset, or
+    from the log start if the group never committed there; clamped into the log)."""
 
-    kind: Literal["earliest", "latest", "offset", "time"]
+    kind: Literal["earliest", "latest", "offset", "time", "shift"]
     value: int = 0
 
 
@@ -71,9 +87,15 @@ class ResetChange:
     target: int
 
 
-def plan_reset(store: Store, group: str, topic: str, to: ResetTo) -> list[ResetChange]:
-    """What resetting ``group`` on every partition of ``topic`` would change; nothing is
-    written (a dry run shows this, then :func:`apply_reset` applies it)."""
+def plan_reset(store: Store, group: str, topic: str | None, to: ResetTo) -> list[ResetChange]:
+    """What resetting ``group`` on every partition of ``topic`` (None: of every topic the
+    group has committed offsets in) would change; nothing is written (a preview shows
+    this, then :func:`apply_reset` applies it)."""
+    if topic is None:
+        topics = sorted({tp.topic for tp in store.state.committed_offsets(group)})
+        if not topics:
+            raise InvalidArgumentError(f"consumer group {group!r} has no committed offsets")
+        return [c for name in topics for c in plan_reset(store, group, name, to)]
     config = store.topic_config(topic)
     current = store.state.committed_offsets(group, topic)
     changes = []
@@ -86,6 +108,9 @@ def plan_reset(store: Store, group: str, topic: str, to: ResetTo) -> list[ResetC
             target = end
         elif to.kind == "offset":
             target = min(max(to.value, start), end)
+        elif to.kind == "shift":
+            committed = current.get(TopicPartition(topic, partition))
+            target = min(max((start if committed is None else committed) + to.value, start), end)
         else:
             target = store.offset_for_timestamp(topic, partition, to.value)
         tp = TopicPartition(topic, partition)
@@ -99,6 +124,8 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
     ``state.db`` when no broker runs."""
     targets = {TopicPartition(c.topic, c.partition): c.target for c in changes}
     if broker_running(data):
+        if kafka_group_members(data, group):  # the Kafka front's members are not the broker's
+            raise GroupActiveError(f"group {group!r} has Kafka consumers joined; stop them first")
         with Admin(data) as admin:
             admin.reset_group(group, targets)
     else:
@@ -106,43 +133,97 @@ def apply_reset(data: Path, group: str, changes: list[ResetChange]) -> None:
             store.state.reset_group(group, targets)
 
 
+def delete_group(data: Path, group: str) -> None:
+    """Forget ``group``: its committed offsets, open deliveries and scheduled retries.
+    Through the running broker, which refuses while the group has live consumers
+    (:class:`GroupActiveError`); directly in ``state.db`` when no broker runs. An unknown
+    group is an :class:`InvalidArgumentError`."""
+    if broker_running(data):
+        with Admin(data) as admin:
+            admin.delete_group(group)
+        return
+    with Store(data) as store:
+        if group not in store.state.groups():
+            raise InvalidArgumentError(f"no consumer group {group!r}")
+        store.state.delete_group(group)
+
+
+def group_members(data: Path, group: str) -> list[dict[str, Any]]:
+    """The consumers connected in ``group`` (consumer id, client id, pid, name, connected
+    since in epoch s, last seen in epoch ms, in-flight): from the running broker, so none
+    when no broker runs."""
+    if not broker_running(data):
+        return []
+    with Admin(data) as admin:
+        described = admin.describe_groups().get(group, {})
+    return list(described.get("members", []))
+
+
 # -- dead letters ----------------------------------------------------------------------------
+
+PURGED_FILE = "purged.json"  # in logs/<topic>.dlq/: the DLQ offsets purged, by partition
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A message in ``<topic>.dlq``: where it is, where it came from, why it failed."""
+    """A message in ``<topic>.dlq``: where it is, where it came from, why it failed.
+    ``partition``, ``offset`` and ``attempts`` are numbers (None if a header is missing or
+    not a number: a message written to the DLQ by hand)."""
 
     dlq_partition: int
     dlq_offset: int
     topic: str | None  # the original's topic, partition and offset (x-dlq-* headers)
-    partition: str | None
-    offset: str | None
+    partition: int | None
+    offset: int | None
     group: str | None  # the group that gave up on it
-    attempts: str | None
+    attempts: int | None
     reason: str | None
     record: Record
 
 
-def dead_letters(store: Store, topic: str) -> list[DeadLetter]:
-    """Every dead letter of ``topic``, oldest first per DLQ partition (none if the
-    topic never dead-lettered anything)."""
+def _number(text: str | None) -> int | None:
+    """A header's decimal number, None when absent or not one.
+
+    >>> _number("12"), _number(None), _number("x")
+    (12, None, None)
+    """
+    return int(text) if text is not None and text.isascii() and text.isdecimal() else None
+
+
+def _check_has_topic(store: Store, topic: str) -> str:
+    """``topic``'s DLQ name, after making sure one of the two exists: a DLQ command on a
+    mistyped topic is an error, not an empty success."""
     name = dlq_topic(topic)
+    topics = store.topics()
+    if topic not in topics and name not in topics:
+        raise UnknownTopicError(f"topic {topic!r} does not exist")
+    return name
+
+
+def dead_letters(store: Store, topic: str) -> list[DeadLetter]:
+    """Every dead letter of ``topic`` not purged, oldest first per DLQ partition (none if
+    the topic never dead-lettered anything; :class:`UnknownTopicError` if neither ``topic``
+    nor its DLQ exists)."""
+    name = _check_has_topic(store, topic)
     if name not in store.topics():
         return []
+    purged = _purged(store, name)
     found = []
     for partition in range(store.topic_config(name).partitions):
+        gone = purged.get(partition, set())
         for record in store.reader(name, partition):
+            if record.offset in gone:
+                continue
             headers = {h: v for h, v in record.headers if isinstance(v, str)}
             found.append(
                 DeadLetter(
                     dlq_partition=partition,
                     dlq_offset=record.offset,
                     topic=headers.get(DeadLetterHeader.TOPIC),
-                    partition=headers.get(DeadLetterHeader.PARTITION),
-                    offset=headers.get(DeadLetterHeader.OFFSET),
+                    partition=_number(headers.get(DeadLetterHeader.PARTITION)),
+                    offset=_number(headers.get(DeadLetterHeader.OFFSET)),
                     group=headers.get(DeadLetterHeader.GROUP),
-                    attempts=headers.get(DeadLetterHeader.ATTEMPTS),
+                    attempts=_number(headers.get(DeadLetterHeader.ATTEMPTS)),
                     reason=headers.get(DeadLetterHeader.REASON),
                     record=record,
                 )
@@ -150,34 +231,157 @@ def dead_letters(store: Store, topic: str) -> list[DeadLetter]:
     return found
 
 
+def _select(
+    letters: list[DeadLetter],
+    *,
+    offsets: Iterable[tuple[int, int]] | None = None,
+    reason: str | None = None,
+    before_ms: int | None = None,
+) -> list[DeadLetter]:
+    """The letters every given criterion picks: at one of ``offsets`` ((DLQ partition,
+    DLQ offset) pairs, each of which must be a dead letter), with a reason matching the
+    regular expression ``reason``, stored before ``before_ms``."""
+    chosen = letters
+    if offsets is not None:
+        wanted = set()
+        for pair in offsets:
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and all(type(n) is int and n >= 0 for n in pair)
+            ):
+                raise InvalidArgumentError(
+                    f"a dead letter is picked by (partition, offset), not {pair!r}"
+                )
+            wanted.add(pair)
+        present = {(d.dlq_partition, d.dlq_offset) for d in letters}
+        missing = sorted(wanted - present)
+        if missing:
+            shown = ", ".join(f"{p}@{o}" for p, o in missing[:5])
+            raise InvalidArgumentError(f"no dead letter at partition@offset {shown}")
+        chosen = [d for d in chosen if (d.dlq_partition, d.dlq_offset) in wanted]
+    if reason is not None:
+        try:
+            pattern = re.compile(reason)
+        except re.error as exc:
+            raise InvalidArgumentError(f"--reason is not a regular expression: {exc}") from None
+        chosen = [d for d in chosen if pattern.search(d.reason or "")]
+    if before_ms is not None:
+        chosen = [d for d in chosen if d.record.timestamp < before_ms]
+    return chosen
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
-    replayed: int  # appended to the topic by this call
-    already_replayed: int  # appended by an earlier replay: not again
+    """What a replay did: ``replayed`` appended by this call, ``already_replayed`` appended
+    by an earlier replay (not again). ``letters`` are the dead letters selected; with
+    ``dry_run`` nothing was appended and both counts are 0."""
+
+    replayed: int
+    already_replayed: int
+    letters: tuple[DeadLetter, ...] = ()
+    to_group: str | None = None
+    dry_run: bool = False
 
 
-def replay_dead_letters(store: Store, topic: str) -> ReplayResult:
-    """Republish every dead letter of ``topic`` to ``topic``, without its ``x-dlq-*``
-    headers. Each DLQ offset is published once however often this runs (idempotent
-    publishing, keyed by the DLQ partition and offset), so a replay that was interrupted
-    can simply be run again."""
-    letters = dead_letters(store, topic)
+def replay_dead_letters(
+    store: Store,
+    topic: str,
+    *,
+    offsets: Iterable[tuple[int, int]] | None = None,
+    reason: str | None = None,
+    to_group: str | None = None,
+    dry_run: bool = False,
+) -> ReplayResult:
+    """Republish dead letters of ``topic`` to ``topic``, without their ``x-dlq-*`` headers:
+    all of them, or those at ``offsets`` ((DLQ partition, DLQ offset) pairs) and/or whose
+    reason matches the regular expression ``reason``. With ``to_group`` only that consumer
+    group is given them (the :data:`ONLY_GROUP_HEADER` header); ``dry_run`` selects and
+    returns them without appending anything.
+
+    Each DLQ offset is published once per destination however often this runs
+    (idempotent publishing, keyed by the DLQ partition and offset, and the group), so a
+    replay that was interrupted can simply be run again."""
+    if to_group is not None and (not isinstance(to_group, str) or not to_group.strip()):
+        raise InvalidArgumentError(f"--to-group needs a group name, not {to_group!r}")
+    letters = _select(dead_letters(store, topic), offsets=offsets, reason=reason)
+    if dry_run:
+        return ReplayResult(0, 0, tuple(letters), to_group, dry_run=True)
+    producer = f"dlq-replay:{dlq_topic(topic)}"
+    extra: list[tuple[str, str | bytes]] = []
+    if to_group is not None:
+        producer += f":group={to_group}"
+        extra = [(ONLY_GROUP_HEADER, to_group)]
     replayed = 0
     for letter in letters:
         record = letter.record
+        kept = [
+            (h, v)
+            for h, v in record.headers
+            if not is_dead_letter_header(h) and h != ONLY_GROUP_HEADER
+        ]
         position = store.append_batch(
             topic,
             [
                 Message(
                     value=record.value,
                     key=record.key,
-                    headers=[(h, v) for h, v in record.headers if not is_dead_letter_header(h)],
+                    headers=[*kept, *extra],
                     tags=record.tags,
-                    producer_id=f"dlq-replay:{dlq_topic(topic)}:{letter.dlq_partition}",
+                    producer_id=f"{producer}:{letter.dlq_partition}",
                     sequence=record.offset,
                 )
             ],
         )[0]
         if not position.duplicate:
             replayed += 1
-    return ReplayResult(replayed, len(letters) - replayed)
+    return ReplayResult(replayed, len(letters) - replayed, tuple(letters), to_group)
+
+
+def purge_dead_letters(
+    store: Store,
+    topic: str,
+    *,
+    before_ms: int | None = None,
+    offsets: Iterable[tuple[int, int]] | None = None,
+) -> int:
+    """Purge dead letters of ``topic``: all of them, or those stored before ``before_ms``
+    (epoch ms) and/or at ``offsets`` ((DLQ partition, DLQ offset) pairs). Returns how many.
+
+    A log is append-only and a broker may be appending to the DLQ's active segment, so a
+    purge does not cut records out of files: it records the purged offsets in
+    ``logs/<topic>.dlq/purged.json`` (durably, under a file lock, so concurrent purges
+    add up), and every DLQ reader here (``dlq list``, ``dlq replay``, the console) skips
+    them. The bytes go when the DLQ topic's retention deletes their segments; offsets
+    below the log start are dropped from the file then."""
+    name = _check_has_topic(store, topic)
+    chosen = _select(dead_letters(store, topic), offsets=offsets, before_ms=before_ms)
+    if not chosen:
+        return 0
+    directory = topic_dir(store.path, name)
+    with FileLock(str(directory / f".{PURGED_FILE}.lock"), mode=0o600):
+        purged = _purged(store, name)
+        for letter in chosen:
+            purged.setdefault(letter.dlq_partition, set()).add(letter.dlq_offset)
+        for partition, marks in purged.items():
+            start = store.log_start_offset(name, partition)
+            purged[partition] = {o for o in marks if o >= start}
+        text = {str(p): sorted(marks) for p, marks in sorted(purged.items()) if marks}
+        write_durably([(directory / PURGED_FILE, orjson.dumps(text))])
+    return len(chosen)
+
+
+def _purged(store: Store, name: str) -> dict[int, set[int]]:
+    """The purged offsets of DLQ topic ``name``, by partition (none if never purged)."""
+    try:
+        text = (topic_dir(store.path, name) / PURGED_FILE).read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        stored = orjson.loads(text)
+        return {int(p): {int(o) for o in marks} for p, marks in stored.items()}
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        raise CorruptRecordError(
+            f"{topic_dir(store.path, name) / PURGED_FILE} is damaged; delete it to show "
+            "every dead letter again (purged ones included)"
+        ) from None

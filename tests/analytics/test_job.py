@@ -22,7 +22,8 @@ pytestmark = pytest.mark.spark
 
 TABLES = {
     "lines", "partitions", "throughput_per_minute", "latency", "processing_time",
-    "delivery_attempts", "outcomes", "consumers", "lag_now", "lag_over_time", "top_keys",
+    "delivery_attempts", "outcomes", "failure_reasons", "consumers", "lag_now",
+    "lag_over_time", "top_keys",
     "payload_sizes",
 }  # fmt: skip
 

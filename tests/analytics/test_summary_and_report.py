@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from pathlib import Path
 
 import pytest
 
 from spoolmq.analytics import report
-from spoolmq.analytics.summary import build_summary, chart_bucket_ms
+from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention, top_reasons
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _wait(group: str | None, measure: str, *figures: float) -> dict[str, object]:
+    return {"topic": "t", "group": group, "measure": measure,
+            **dict(zip(("p50", "p90", "p99", "max"), figures, strict=True))}  # fmt: skip
 
 
 def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
@@ -22,15 +28,11 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
             {"topic": "t.dlq", "partition": 0, "messages": 0, "bytes": 0, "log_end_offset": 0},
         ],
         latency=[
-            {
-                "topic": "t",
-                "measure": "first_delivery",
-                "p50": 1.0,
-                "p90": 2.0,
-                "p99": 3.0,
-                "max": 4.0,
-            },
-            {"topic": "t", "measure": "ack", "p50": 5.0, "p90": 6.0, "p99": 7.0, "max": 8.0},
+            # Pooled over the topic's groups (group None), and group a's own rows.
+            _wait(None, "first_delivery", 1.0, 2.0, 3.0, 4.0),
+            _wait(None, "ack", 5.0, 6.0, 7.0, 8.0),
+            _wait("a", "first_delivery", 0.5, 0.6, 0.7, 0.8),
+            _wait("a", "queue", 0.1, 0.2, 0.3, 0.4),
         ],
         attempts=[
             {"topic": "t", "group": "a", "attempts": 1, "messages": 4},
@@ -129,6 +131,7 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
     assert t["partitions"]["1"] == {"messages": 2, "bytes": 20, "log_end_offset": 7}
     assert t["e2e_latency_ms"] == {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
     assert t["ack_latency_ms"] == {"p50": 5.0, "p90": 6.0, "p99": 7.0, "max": 8.0}
+    assert t["queue_latency_ms"] is None
     assert t["delivery_attempts"] == {"1": 9, "3": 1}
     assert (t["tracked"], t["acked"], t["retried"], t["dead_lettered"], t["expired"]) == (
         10, 9, 1, 1, 0,
@@ -140,6 +143,13 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
     assert dlq["delivery_attempts"] == {}
     assert summary["groups"] == {"a": {"t": {"0": {"committed": 1, "log_end_offset": 3, "lag": 2}}}}
     assert summary["consumers"]["a"]["c1"]["processing_ms"]["p90"] == 3.0
+    # Per group, nothing summed: a's 4 ACKs of 5 and its own latencies, b's 5 of 5.
+    a, b = summary["by_group"]["a"]["t"], summary["by_group"]["b"]["t"]
+    assert (a["acked"], a["retried"], a["dead_lettered"], a["tracked"]) == (4, 1, 1, 5)
+    assert (b["acked"], b["retried"], b["dead_lettered"], b["tracked"]) == (5, 0, 0, 5)
+    assert a["e2e_latency_ms"] == {"p50": 0.5, "p90": 0.6, "p99": 0.7, "max": 0.8}
+    assert a["queue_latency_ms"] == {"p50": 0.1, "p90": 0.2, "p99": 0.3, "max": 0.4}
+    assert b["e2e_latency_ms"] is None and (a["retry_rate"], b["dlq_rate"]) == (0.2, 0.0)
     assert summary["consumers"]["b"]["c2"]["processing_ms"] is None
 
 
@@ -149,6 +159,7 @@ def test_an_empty_store_gives_an_empty_summary() -> None:
         lag_now=[], consumers=[], processing=[], lines=[], files={},
     )  # fmt: skip
     assert summary["topics"] == {} and summary["groups"] == {} and summary["consumers"] == {}
+    assert summary["by_group"] == {}
     assert summary["inputs"]["segment_lines"] == 0
 
 
@@ -218,3 +229,47 @@ def test_render_html_inlines_charts_and_lists_what_was_skipped(tmp_path: Path) -
     assert 'src="http' not in page and "<script" not in page
     assert "2 segments line(s): unparsable" in page
     assert "/d&lt;&amp;&gt;" in page and "2026-01-02 03:04:05 UTC" in page
+
+
+def test_chart_buckets_without_rows_are_zero_or_unknown_not_interpolated() -> None:
+    rows = [
+        {"bucket_start_ms": 1_000, "published": 4},
+        {"bucket_start_ms": 4_000, "published": 6},
+    ]
+    stamps, values = report._every_bucket(rows, 1_000, "published", 0.0)
+    assert (stamps, values) == ([1_000, 2_000, 3_000, 4_000], [4.0, 0.0, 0.0, 6.0])
+    _, lags = report._every_bucket(rows, 1_000, "published", math.nan)
+    assert math.isnan(lags[1]) and math.isnan(lags[2]) and lags[3] == 6.0
+    assert report._every_bucket([], 1_000, "published", 0.0) == ([], [])
+
+
+def test_needs_attention_names_dead_letters_growing_lag_and_slow_consumers() -> None:
+    reasons = [
+        {"group": "g", "topic": "t", "type": "dead_lettered", "reason": "bad", "events": 2},
+        {"group": "g", "topic": "t", "type": "dead_lettered", "reason": None, "events": 3},
+        {"group": "g", "topic": "t", "type": "nacked", "reason": "x", "events": 9},
+    ]
+    assert top_reasons(reasons, "dead_lettered") == {("g", "t"): {"(none)": 3, "bad": 2}}
+    summary = {
+        "skipped": {"segments": {}, "events": {"unparsable": 1}},
+        "by_group": {
+            "g": {"t": {"dead_lettered": 5, "dead_letter_reasons": {"(none)": 3, "bad": 2}}},
+            "h": {"t": {"dead_lettered": 0, "dead_letter_reasons": {}}},
+        },
+    }
+    lag = [
+        {"group": "g", "bucket_start_ms": 10_000, "lag": 50},
+        {"group": "g", "bucket_start_ms": 5_000, "lag": 5},
+        {"group": "h", "bucket_start_ms": 5_000, "lag": 9},
+        {"group": "h", "bucket_start_ms": 10_000, "lag": 0},
+    ]
+    processing = [
+        {"group": "g", "consumer": c, "p50": p50}
+        for c, p50 in (("c1", 1.0), ("c2", 1.2), ("c3", 5.0))
+    ]
+    assert needs_attention(summary, lag, processing) == [
+        "1 events line(s) skipped: unparsable",
+        "group g dead-lettered 5 message(s) of t; reasons: (none) (3), bad (2)",
+        "group g's lag grew from 5 to 50 messages",
+        "consumer c3 of group g takes 5.0 ms per message (p50), its group's median is 1.2 ms",
+    ]

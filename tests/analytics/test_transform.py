@@ -17,6 +17,8 @@ pytestmark = pytest.mark.spark
 
 SEGMENT = "topic string, partition int, line string"
 RECORDS = "topic string, partition int, offset long, timestamp long, key string, bytes long"
+# Records as parse_records gives them to delivery_outcomes: with their delay, if any.
+DUE_RECORDS = RECORDS + ", deliver_at long"
 EVENTS = (
     "ts long, type string, group string, topic string, partition int, offset long, "
     "consumer string, attempt long, published_at long, processing_ms double, "
@@ -63,13 +65,13 @@ def test_parse_records_keeps_good_lines_and_names_every_problem(spark: SparkSess
     )
     expected = frame(
         spark,
-        RECORDS + ", batch_records long, problem string",
+        DUE_RECORDS + ", batch_records long, problem string",
         [
-            ("t", 0, 0, 1000, "k", len(good) + 1, None, None),
-            ("t", 0, 1, 1000, None, len(tricky) + 1, None, None),
-            ("t", 1, 2, 1001, "AAE=", len(raw_key) + 1, 2, None),
-            ("t", 1, 3, 1001, "k", len(bad_crc) + 1, None, "checksum mismatch"),
-            ("t", 1, None, None, None, len(torn) + 1, None, "unparsable"),
+            ("t", 0, 0, 1000, "k", len(good) + 1, None, None, None),
+            ("t", 0, 1, 1000, None, len(tricky) + 1, None, None, None),
+            ("t", 1, 2, 1001, "AAE=", len(raw_key) + 1, None, 2, None),
+            ("t", 1, 3, 1001, "k", len(bad_crc) + 1, None, None, "checksum mismatch"),
+            ("t", 1, None, None, None, len(torn) + 1, None, None, "unparsable"),
         ],
     )
     assertDataFrameEqual(transform.parse_records(lines), expected)
@@ -253,36 +255,89 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
         spark,
         "group string, topic string, partition int, offset long, published_at long, "
         "first_delivered_at long, attempts long, acked_at long, dead_lettered boolean, "
-        "expired boolean",
+        "expired boolean, finished_at long, held_back boolean, due_at long",
         [
-            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False),
-            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False),
-            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False),
-            ("g", "t", 0, 3, 2000, None, None, None, False, True),
-            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False),
+            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, 1030, None, None),
+            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, 1140, None, None),
+            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, 1311, None, None),
+            ("g", "t", 0, 3, 2000, None, None, None, False, True, 5000, None, None),
+            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, 1600, None, None),
         ],
     )
-    # The events carry published_at (the per-message shape): no record is needed.
-    assert transform.undated_events(delivery_events).isEmpty()
-    assertDataFrameEqual(transform.delivery_outcomes(delivery_events, None), expected)
-    no_records = frame(spark, RECORDS, [])
+    # The events carry published_at (the per-message shape); with no record, nothing is
+    # known of a message's key or delay: held_back is null.
+    no_records = frame(spark, DUE_RECORDS, [])
     assertDataFrameEqual(transform.delivery_outcomes(delivery_events, no_records), expected)
 
 
+def test_a_delayed_or_retrying_keyed_message_holds_back_its_key(spark: SparkSession) -> None:
+    records = frame(
+        spark,
+        DUE_RECORDS,
+        [
+            ("t", 0, 0, 1000, "k", 10, 3000),  # delayed until 3000
+            ("t", 0, 1, 1100, "k", 10, None),  # behind offset 0 (unfinished until 3050)
+            ("t", 0, 2, 1200, None, 10, None),  # keyless: waits for nobody
+            ("t", 0, 3, 3100, "k", 10, None),  # 0 and 1 are done by then
+            ("t", 0, 4, 3200, "j", 10, None),  # j's first: offset 5 comes after it
+            ("t", 0, 5, 3150, "j", 10, None),  # (stamps need not grow with offsets)
+        ],
+    )
+    events = frame(
+        spark,
+        EVENTS,
+        [
+            event(3010, "delivered", 0, published_at=None),
+            event(3050, "acked", 0, published_at=None),
+            event(3060, "delivered", 1, published_at=None),
+            event(3070, "acked", 1, published_at=None),
+            event(1210, "delivered", 2, published_at=None),
+            event(1220, "acked", 2, published_at=None),
+            event(3110, "delivered", 3, published_at=None),
+            event(3300, "delivered", 4, published_at=None),
+            event(3400, "dead_lettered", 4, published_at=None),
+            event(3500, "delivered", 5, published_at=None),
+        ],
+    )
+    outcomes = transform.delivery_outcomes(events, records)
+    held = {r["offset"]: r["held_back"] for r in outcomes.collect()}
+    # Offset 5 was published (3150) before 4 finished (3400): held back by its key.
+    assert held == {0: True, 1: True, 2: False, 3: False, 4: False, 5: True}
+    rows = {(r["group"], r["measure"]): r for r in transform.latency(outcomes).collect()}
+    # Queue waits of 2 and 3 (10 ms each) and 4 (100 ms); every first delivery counts in
+    # first_delivery; ACK waits of 0, 1 and 2.
+    assert (rows[("g", "queue")]["messages"], rows[("g", "queue")]["max"]) == (3, 100.0)
+    assert rows[("g", "queue")]["p50"] == 10.0
+    assert rows[("g", "first_delivery")]["messages"] == 6
+    assert rows[("g", "first_delivery")]["max"] == 2010.0
+    assert rows[("g", "ack")]["messages"] == 3
+    # Offset 0 was due at 3000 and delivered at 3010: the only delayed message.
+    assert (rows[("g", "lateness")]["messages"], rows[("g", "lateness")]["max"]) == (1, 10.0)
+    # One group: its pooled rows (group null) are its own.
+    for measure in ("queue", "first_delivery", "ack", "lateness"):
+        assert rows[(None, measure)].asDict() == rows[("g", measure)].asDict() | {"group": None}
+
+
 def test_latency_attempts_and_rates(spark: SparkSession, delivery_events: DataFrame) -> None:
-    outcomes = transform.delivery_outcomes(delivery_events, frame(spark, RECORDS, []))
-    # First delivery waits: 10, 5, 1, 500 ms. Sorted 1, 5, 10, 500: p50 at rank 1.5 is
-    # 5 + 0.5 * 5 = 7.5; p90 at 2.7 is 10 + 0.7 * 490 = 353; p99 at 2.97 is 10 + 0.97 * 490.
-    # ACK waits: 30, 140, 600: p50 140; p90 at 1.8 is 140 + 0.8 * 460 = 508; p99 at 1.98.
+    outcomes = transform.delivery_outcomes(delivery_events, frame(spark, DUE_RECORDS, []))
+    # Pooled over both groups (group null). First delivery waits: 10, 5, 1, 500 ms. Sorted
+    # 1, 5, 10, 500: p50 at rank 1.5 is 5 + 0.5 * 5 = 7.5; p90 at 2.7 is 10 + 0.7 * 490 =
+    # 353; p99 at 2.97 is 10 + 0.97 * 490. ACK waits: 30, 140, 600: p50 140; p90 at 1.8 is
+    # 140 + 0.8 * 460 = 508; p99 at 1.98. Group g alone: 10, 5, 1 and 30, 140; h: 500, 600.
+    # No record: no message is known to be due at once, so no queue figure.
     assertDataFrameEqual(
         transform.latency(outcomes),
         frame(
             spark,
-            "topic string, measure string, messages long, p50 double, p90 double, p99 double, "
-            "max double",
+            "topic string, group string, measure string, messages long, p50 double, "
+            "p90 double, p99 double, max double",
             [
-                ("t", "first_delivery", 4, 7.5, 353.0, 10 + 0.97 * 490, 500.0),
-                ("t", "ack", 3, 140.0, 508.0, 140 + 0.98 * 460, 600.0),
+                ("t", None, "first_delivery", 4, 7.5, 353.0, 10 + 0.97 * 490, 500.0),
+                ("t", None, "ack", 3, 140.0, 508.0, 140 + 0.98 * 460, 600.0),
+                ("t", "g", "first_delivery", 3, 5.0, 9.0, 9.9, 10.0),
+                ("t", "g", "ack", 2, 85.0, 129.0, 138.9, 140.0),
+                ("t", "h", "first_delivery", 1, 500.0, 500.0, 500.0, 500.0),
+                ("t", "h", "ack", 1, 600.0, 600.0, 600.0, 600.0),
             ],
         ),
     )

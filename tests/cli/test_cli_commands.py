@@ -19,16 +19,32 @@ from spoolmq.cli import main
 from spoolmq.testing import BrokerProcess
 
 POSITION_KEYS = {"topic", "partition", "offset"}
-MESSAGE_KEYS = {"topic", "partition", "offset", "key", "value", "headers", "timestamp", "attempt"}
+MESSAGE_KEYS = {
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "value",
+    "headers",
+    "tags",
+    "timestamp",
+    "attempt",
+}
+CREATED = "spoolmq: created topic"
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """Run a command in-process; it must succeed; return what it printed."""
+def cli(capsys: pytest.CaptureFixture[str], *args: str, created: str | None = None) -> str:
+    """Run a command in-process; it must succeed; return what it printed. Its stderr is
+    empty, or (``created``) exactly the notice that it created that topic."""
     capsys.readouterr()
     status = main(list(args))
     captured = capsys.readouterr()
     assert status == 0, captured.err
-    assert captured.err == ""
+    if created is None:
+        assert captured.err == ""
+    else:
+        assert captured.err.startswith(f"{CREATED} {created!r}")
+        assert len(captured.err.splitlines()) == 1
     return captured.out
 
 
@@ -40,7 +56,18 @@ def test_publish_a_value_and_stdin_lines(
     broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     d = ["--data", str(data_dir)]
-    out = cli(capsys, "publish", "orders", '{"id": 1}', "--key", "c7", "--header", "h=v", *d)
+    out = cli(
+        capsys,
+        "publish",
+        "orders",
+        '{"id": 1}',
+        "--key",
+        "c7",
+        "--header",
+        "h=v",
+        *d,
+        created="orders",
+    )
     assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 0}]
     out = cli(capsys, "publish", "orders", "plain text", "--tag", "vip", "--tag", "eu", *d)
     assert json_lines(out) == [{"topic": "orders", "partition": 0, "offset": 1}]
@@ -247,26 +274,29 @@ def test_dlq_list_and_replay(
             "group",
             "attempts",
             "reason",
+            "timestamp",
             "key",
             "value",
+            "tags",
         }
         for row in rows
     )
+    # Numbers are JSON numbers, not the header strings they are stored as.
     assert sorted(
         (r["offset"], r["key"], r["value"]["order"], r["attempts"], r["reason"]) for r in rows
     ) == [
-        ("0", "a", 1, "2", "card declined 1"),
-        ("1", "b", 2, "2", "card declined 2"),
+        (0, "a", 1, 2, "card declined 1"),
+        (1, "b", 2, 2, "card declined 2"),
     ]
-    assert {(r["topic"], r["partition"], r["group"]) for r in rows} == {("pay", "0", "billing")}
-    assert orjson.loads(cli(capsys, "dlq", "replay", "pay", "--json", *d)) == {
-        "replayed": 2,
-        "already_replayed": 0,
-    }
-    assert orjson.loads(cli(capsys, "dlq", "replay", "pay", "--json", *d)) == {
-        "replayed": 0,
-        "already_replayed": 2,
-    }
+    assert {(r["topic"], r["partition"], r["group"]) for r in rows} == {("pay", 0, "billing")}
+    assert all(type(r["timestamp"]) is int and type(r["dlq_offset"]) is int for r in rows)
+
+    def replay() -> tuple[int, int, int]:
+        result = orjson.loads(cli(capsys, "dlq", "replay", "pay", "--json", *d))
+        return result["selected"], result["replayed"], result["already_replayed"]
+
+    assert replay() == (2, 2, 0)
+    assert replay() == (2, 0, 2)
     with Store(data_dir) as store:
         replayed = list(store.reader("pay", 0, offset=2))
     assert sorted((r.key, r.value["order"]) for r in replayed) == [("a", 1), ("b", 2)]
@@ -323,16 +353,22 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
 
 
 COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]
+FAMILIES = {
+    "topics": ["create", "list", "describe", "alter", "delete"],
+    "groups": ["list", "describe", "reset", "delete"],
+    "dlq": ["list", "replay", "purge"],
+}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main([command, "--help"])
-    assert exited.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"usage: spoolmq {command}")
-    assert "--data" in out
+    for words in [[command, a] for a in FAMILIES[command]] if command in FAMILIES else [[command]]:
+        with pytest.raises(SystemExit) as exited:
+            main([*words, "--help"])
+        assert exited.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: spoolmq {' '.join(words)}")
+        assert "--data" in out
 
 
 def test_the_data_directory_comes_from_the_option_the_environment_or_the_cwd(

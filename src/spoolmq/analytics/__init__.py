@@ -5,6 +5,6 @@ functions on DataFrames), load (``job``: Parquet tables and ``summary.json``; ``
 charts and ``report.html``). Only the CLI imports this package: it needs pyspark and a JVM.
 """
 
-from spoolmq.analytics.job import main, run
+from spoolmq.analytics.job import analyse, main, run
 
-__all__ = ["main", "run"]
+__all__ = ["analyse", "main", "run"]

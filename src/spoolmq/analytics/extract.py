@@ -8,18 +8,22 @@ small ``state.db`` tables are read with ``sqlite3`` in the driver.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from spoolmq.analytics import schemas
 from spoolmq.errors import SchemaVersionError, StorageError
 
 # The newest state.db schema this job understands (spoolmq.store.state.SCHEMA_VERSION).
-# Version 2 added the producer runs; the tables read here are those of version 1.
-_STATE_SCHEMA_VERSION = 2
+# Version 2 added the producer runs, version 3 the Kafka group membership; the tables
+# read here are those of version 1.
+_STATE_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,14 @@ def list_inputs(data_dir: Path) -> Inputs:
     segments = sorted((data_dir / "logs").glob("*/*/" + "[0-9]" * 20 + ".jsonl"))
     events = sorted((data_dir / "events").glob("date=*/*.jsonl"))
     return Inputs(segment_files=segments, event_files=events)
+
+
+def size_of(path: Path) -> int:
+    """A file's size; 0 when retention deleted it since it was listed."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def read_state(data_dir: Path) -> StateTables:
@@ -80,10 +92,35 @@ def read_state(data_dir: Path) -> StateTables:
     return StateTables(topics=topics, partitions=partitions, group_offsets=offsets)
 
 
+def local_frame(
+    spark: SparkSession, rows: Sequence[Sequence[Any]], schema: StructType
+) -> DataFrame:
+    """A small DataFrame of driver-side rows, built from literals in the query plan.
+
+    ``spark.createDataFrame(rows)`` would ship the rows as pickled Python objects, which
+    the executors must unpickle in Python workers: a cluster whose hosts have no Python (or
+    not the driver's virtualenv) fails there. Literals are evaluated by the JVM alone.
+    """
+    if not rows:
+        return spark.range(0).select(
+            *(F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields)
+        )
+    structs = [
+        F.struct(
+            *(
+                F.lit(value).cast(f.dataType).alias(f.name)
+                for value, f in zip(row, schema.fields, strict=True)
+            )
+        )
+        for row in rows
+    ]
+    return spark.range(1).select(F.inline(F.array(*structs)))
+
+
 def segment_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
     """One row per segment line: topic and partition (from the path) and the line's text."""
     if not files:
-        return spark.createDataFrame([], schemas.SEGMENT_LINES)
+        return local_frame(spark, [], schemas.SEGMENT_LINES)
     raw = spark.read.text([str(path) for path in files])
     # .../logs/<topic>/<partition>/<base>.jsonl (cheaper per line than a regular expression)
     path = F.col("_metadata.file_path")
@@ -97,14 +134,14 @@ def segment_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
 def event_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
     """One row per delivery event line (its text)."""
     if not files:
-        return spark.createDataFrame([], schemas.EVENT_LINES)
+        return local_frame(spark, [], schemas.EVENT_LINES)
     return spark.read.text([str(path) for path in files]).select(F.col("value").alias("line"))
 
 
 def state_frames(spark: SparkSession, state: StateTables) -> tuple[DataFrame, DataFrame, DataFrame]:
     """The state tables as small DataFrames: topics, partitions, group offsets."""
     return (
-        spark.createDataFrame(state.topics, schemas.STATE_TOPICS),
-        spark.createDataFrame(state.partitions, schemas.STATE_PARTITIONS),
-        spark.createDataFrame(state.group_offsets, schemas.STATE_GROUP_OFFSETS),
+        local_frame(spark, state.topics, schemas.STATE_TOPICS),
+        local_frame(spark, state.partitions, schemas.STATE_PARTITIONS),
+        local_frame(spark, state.group_offsets, schemas.STATE_GROUP_OFFSETS),
     )

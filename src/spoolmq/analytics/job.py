@@ -28,8 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, transform
-from spoolmq.analytics.session import build_session
-from spoolmq.analytics.summary import build_summary, chart_bucket_ms
+from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
+from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, SpoolError
 
@@ -54,11 +54,11 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
 
 
 def _save(frame: DataFrame, out_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Compute a small aggregate table once, write it as Parquet, return its rows."""
-    rows = frame.collect()
-    written = frame.sparkSession.createDataFrame(rows, frame.schema)
-    written.coalesce(1).write.mode("overwrite").parquet(str(out_dir / "tables" / name))
-    return [row.asDict() for row in rows]
+    """Compute a small aggregate table once, write it as Parquet, return its rows (read
+    back from the few-kilobyte file, rather than recomputed or sent back from Python)."""
+    path = str(out_dir / "tables" / name)
+    frame.coalesce(1).write.mode("overwrite").parquet(path)
+    return _rows(frame.sparkSession.read.parquet(path))
 
 
 def _save_large(frame: DataFrame, out_dir: Path, name: str) -> None:
@@ -91,20 +91,15 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     parsed = transform.parse_records(extract.segment_lines(spark, inputs.segment_files))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     incomplete = transform.incomplete_batches(parsed)
-    cuts = spark.createDataFrame(incomplete.collect(), incomplete.schema)  # a row or two
+    cuts = extract.local_frame(spark, incomplete.collect(), incomplete.schema)  # a row or two
     records_all = transform.mark_incomplete_batches(parsed, cuts)
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
 
     tell("parsing delivery events")
     events_all = transform.parse_events(extract.event_lines(spark, inputs.event_files))
-    events_all = events_all.drop("key", "key_b64", "bytes", "reason").persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    events_all = events_all.drop("key", "key_b64", "bytes").persist(StorageLevel.MEMORY_AND_DISK)
     events = events_all.where("problem IS NULL")
-    # Frame lines leave the publish time to the record: join the records (a shuffle of
-    # every record and outcome) only if there are any; per-message lines carry it.
-    dated_by = None if transform.undated_events(events).isEmpty() else records
-    outcomes = transform.delivery_outcomes(events, dated_by).persist(StorageLevel.MEMORY_AND_DISK)
+    outcomes = transform.delivery_outcomes(events, records).persist(StorageLevel.MEMORY_AND_DISK)
 
     tables: dict[str, list[dict[str, Any]]] = {}
     tables["lines"] = _save(transform.line_counts(records_all, events_all), out_dir, "lines")
@@ -120,10 +115,12 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     tell("delivery attempts, retries, expiry and dead letters")
     tables["attempts"] = _save(transform.attempts_histogram(outcomes), out_dir, "delivery_attempts")
     tables["outcomes"] = _save(transform.outcome_rates(outcomes), out_dir, "outcomes")
+    reasons = transform.failure_reasons(events)
+    tables["failure_reasons"] = _save(reasons, out_dir, "failure_reasons")
     tell("consumers")
     tables["consumers"] = _save(transform.consumer_stats(events), out_dir, "consumers")
     tell("consumer-group lag")
-    ends = spark.createDataFrame(tables["partitions"], partitions.schema)
+    ends = spark.read.parquet(str(out_dir / "tables" / "partitions"))
     tables["lag_now"] = _save(transform.lag_now(group_offsets, ends), out_dir, "lag_now")
     snapshots = transform.lag_over_time(events)
     _save_large(snapshots, out_dir, "lag_over_time")
@@ -143,6 +140,7 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     ] + [stamp for stamp in (span or {}) if stamp is not None]
     bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
     lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
+    lag_buckets = _rows(transform.lag_by_bucket(snapshots, lag_bucket))
     charts = {
         "throughput": report.throughput_chart(
             _rows(transform.throughput(records, events, bucket)),
@@ -151,7 +149,7 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         ),
         "latency": report.latency_chart(tables["latency"], out_dir / "charts" / "latency.png"),
         "lag": report.lag_chart(
-            _rows(transform.lag_by_bucket(snapshots, lag_bucket)),
+            lag_buckets,
             lag_bucket,
             out_dir / "charts" / "lag.png",
         ),
@@ -173,7 +171,9 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         processing=tables["processing"],
         lines=tables["lines"],
         files={"segments": len(inputs.segment_files), "events": len(inputs.event_files)},
+        reasons=tables["failure_reasons"],
     )
+    summary["attention"] = needs_attention(summary, lag_buckets, tables["processing"])
     _write_atomically(
         out_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
     )
@@ -189,7 +189,9 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         summary,
         charts,
         {
-            "latency": sorted(tables["latency"], key=lambda r: (r["topic"], r["measure"])),
+            "latency": sorted(
+                tables["latency"], key=lambda r: (r["topic"], r["group"] or "", r["measure"])
+            ),
             "lag_now": sorted(
                 tables["lag_now"], key=lambda r: (r["group"], r["topic"], r["partition"])
             ),
@@ -227,20 +229,18 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the job with progress on stderr; print where the report is. SpoolError on bad
-    input (the CLI turns it into one line on stderr)."""
+def analyse(data_dir: Path, out_dir: Path | None = None, master: str | None = None) -> Result:
+    """Start Spark, run the job with its progress on stderr, stop Spark: what ``spoolmq
+    analytics`` and the demo do (the demo prints the figures this returns, so its summary
+    and the report are the same numbers). ``master`` None: local[*], or what spark-submit
+    was given."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    args = build_parser().parse_args(argv)
-    data_dir = resolve_data_dir(args.data)
     if not data_dir.is_dir():
         raise InvalidArgumentError(f"no data directory at {data_dir}")
-    out_dir = Path(args.out) if args.out else default_out_dir(data_dir)
-    master = args.master or (None if _under_spark_submit() else "local[*]")
+    out = out_dir or default_out_dir(data_dir)
     console = Console(stderr=True)
-    started = time.monotonic()
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -255,12 +255,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not console.is_terminal:
                 console.print(f"  {text}")
 
-        spark = build_session(master)
+        inputs = extract.list_inputs(data_dir)
+        size = sum(extract.size_of(path) for path in (*inputs.segment_files, *inputs.event_files))
+        spark = build_session(
+            master or (None if _under_spark_submit() else "local[*]"),
+            small=size < SMALL_INPUT_BYTES,
+        )
         try:
-            result = run(spark, data_dir, out_dir, step)
+            result = run(spark, data_dir, out, step)
         finally:
             spark.stop()
         progress.update(task, description="done")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; print where the report is. SpoolError on bad input (the CLI turns it
+    into one line on stderr)."""
+    args = build_parser().parse_args(argv)
+    data_dir = resolve_data_dir(args.data)
+    started = time.monotonic()
+    result = analyse(data_dir, Path(args.out) if args.out else None, args.master)
     topics = result.summary["topics"]
     skipped = sum(n for reasons in result.summary["skipped"].values() for n in reasons.values())
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def _time_chart(
         formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
         axes.xaxis.set_major_formatter(formatter)
         # From zero, with a little room below it so a flat line at 0 (no lag) stays visible.
-        top = max((max(values) for _, _, values, _ in series if values), default=0.0) or 1.0
+        known = [v for _, _, values, _ in series for v in values if not math.isnan(v)]
+        top = max(known, default=0.0) or 1.0
         axes.set_ylim(-0.03 * top, 1.08 * top)
         axes.set_ylabel(ylabel)
         axes.set_xlabel(f"time (UTC), {bucket_ms / 1000:g} s buckets")
@@ -78,18 +80,32 @@ def _points(rows: Sequence[Row], column: str, name: str) -> list[Row]:
     return sorted((r for r in rows if r[column] == name), key=lambda r: r["bucket_start_ms"])
 
 
+def _every_bucket(
+    points: Sequence[Row], bucket_ms: int, value: str, missing: float
+) -> tuple[list[int], list[float]]:
+    """Every bucket from the first point's to the last's, with ``missing`` where there is
+    no row: 0 where no row means nothing happened (a line drawn from the last busy bucket
+    to the next would show traffic that never was), NaN where it means nothing is known
+    (matplotlib breaks the line there). The job's bucket size keeps this to ~300 points."""
+    if not points:
+        return [], []
+    given = {r["bucket_start_ms"]: float(r[value]) for r in points}
+    first, last = points[0]["bucket_start_ms"], points[-1]["bucket_start_ms"]
+    stamps = list(range(first, last + 1, bucket_ms))
+    return stamps, [given.get(stamp, missing) for stamp in stamps]
+
+
 def throughput_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
     """Messages stored and ACKed per second over time, one line pair per topic."""
     seconds = bucket_ms / 1000
     series: list[Series] = []
     for topic in sorted({r["topic"] for r in rows}):
         points = _points(rows, "topic", topic)
-        stamps = [r["bucket_start_ms"] for r in points]
-        stored = [r["published"] / seconds for r in points]
-        series.append((f"{topic} stored", stamps, stored, ".-"))
+        stamps, stored = _every_bucket(points, bucket_ms, "published", 0.0)
+        series.append((f"{topic} stored", stamps, [n / seconds for n in stored], ".-"))
         if any(r["acked"] for r in points):
-            acked = [r["acked"] / seconds for r in points]
-            series.append((f"{topic} ACKed", stamps, acked, ".--"))
+            stamps, acked = _every_bucket(points, bucket_ms, "acked", 0.0)
+            series.append((f"{topic} ACKed", stamps, [n / seconds for n in acked], ".--"))
     return _time_chart(series, bucket_ms, "messages/s", "Throughput", "no messages", path)
 
 
@@ -97,36 +113,45 @@ def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
     """Each group's lag (summed over its partitions) over time."""
     series: list[Series] = []
     for group in sorted({r["group"] for r in rows}):
-        points = _points(rows, "group", group)
-        lags = [float(r["lag"]) for r in points]
-        series.append((group, [r["bucket_start_ms"] for r in points], lags, "o-"))
+        # No snapshot in a bucket (no broker running): unknown, not zero.
+        stamps, lags = _every_bucket(_points(rows, "group", group), bucket_ms, "lag", math.nan)
+        series.append((group, stamps, lags, "o-"))
     return _time_chart(
         series, bucket_ms, "messages behind", "Consumer-group lag", "no lag snapshots", path
     )
 
 
 def latency_chart(rows: Sequence[Row], path: Path) -> Path:
-    """p50/p90/p99 of publish→first delivery and publish→ACK per topic."""
+    """p50/p90/p99 of each wait after publish, per topic and group (never pooled: a group
+    that started late would otherwise lend its waits to the others)."""
     figure, axes = plt.subplots(figsize=_SIZE)
-    order = {"first_delivery": 0, "ack": 1}
+    order = {"first_delivery": 0, "queue": 1, "ack": 2, "lateness": 3}
+    own = [r for r in rows if r.get("group") is not None]
     labels = sorted(
-        {(r["topic"], r["measure"]) for r in rows},
-        key=lambda label: (label[0], order.get(label[1], 2)),
+        {(r["topic"], r["group"], r["measure"]) for r in own},
+        key=lambda label: (label[0], label[1], order.get(label[2], 3)),
     )
     if labels:
-        by_label = {(r["topic"], r["measure"]): r for r in rows}
+        by_label = {(r["topic"], r["group"], r["measure"]): r for r in own}
         width = 0.25
         for index, key in enumerate(("p50", "p90", "p99")):
             xs = [i + (index - 1) * width for i in range(len(labels))]
             axes.bar(xs, [by_label[label][key] for label in labels], width, label=key)
-        names = {"first_delivery": "to first delivery", "ack": "to ACK"}
+        names = {
+            "first_delivery": "to 1st delivery",
+            "queue": "queue only",
+            "ack": "to ACK",
+            "lateness": "delay's lateness",
+        }
         axes.set_xticks(range(len(labels)))
-        axes.set_xticklabels([f"{t}\n{names.get(m, m)}" for t, m in labels], fontsize="small")
+        axes.set_xticklabels(
+            [f"{t} · {g}\n{names.get(m, m)}" for t, g, m in labels], fontsize="x-small"
+        )
         axes.set_ylabel("ms after publish")
         axes.legend(fontsize="small")
     else:
         _empty(axes, "no deliveries")
-    axes.set_title("End-to-end latency")
+    axes.set_title("Latency per topic and group")
     return _save(figure, path)
 
 
@@ -225,6 +250,10 @@ def render_html(
         for source, reasons in summary["skipped"].items()
         for reason, count in reasons.items()
     ]
+    attention = summary.get("attention", [])
+    if attention:
+        items = "".join(f"<li>{html.escape(text)}</li>" for text in attention)
+        parts.append(f'<div class="warn"><strong>Needs attention</strong><ul>{items}</ul></div>')
     if skipped:
         items = "".join(
             f"<li>{count:,} {html.escape(source)} line(s): {html.escape(reason)}</li>"
@@ -256,15 +285,18 @@ def render_html(
                 ("messages", "messages"),
                 ("bytes", "bytes"),
                 ("partitions", "partitions"),
-                ("acked", "ACKed"),
-                ("retried", "retried"),
-                ("dead_lettered", "dead-lettered"),
-                ("expired", "expired"),
-                ("p50", "e2e p50 ms"),
-                ("p99", "e2e p99 ms"),
+                ("acked", "ACKed (sum of groups)"),
+                ("retried", "retried (sum of groups)"),
+                ("dead_lettered", "dead-lettered (sum of groups)"),
+                ("expired", "expired (sum of groups)"),
+                ("p50", "e2e p50 ms (groups pooled)"),
+                ("p99", "e2e p99 ms (groups pooled)"),
             ],
             overview,
         ),
+        '<p class="meta">Counts here add up every group\'s outcomes (a message read by two '
+        "groups counts twice) and latencies pool every group's deliveries; the tables below "
+        "give each group its own.</p>",
         "<h2>Throughput</h2>",
         _image(charts["throughput"], "throughput over time"),
         "<h2>Latency</h2>",
@@ -272,6 +304,7 @@ def render_html(
         html_table(
             [
                 ("topic", "topic"),
+                ("group", "group"),
                 ("measure", "publish to"),
                 ("messages", "messages"),
                 ("p50", "p50 ms"),
@@ -279,8 +312,13 @@ def render_html(
                 ("p99", "p99 ms"),
                 ("max", "max ms"),
             ],
-            tables["latency"],
+            [{**r, "group": r["group"] or "(all groups pooled)"} for r in tables["latency"]],
         ),
+        '<p class="meta"><em>first_delivery</em>: publish to first delivery, every message. '
+        "<em>queue</em>: the same for messages that were due at once and had no earlier message "
+        "of their key unfinished: the time the queue itself took. <em>ack</em>: publish to "
+        "ACK, retries included. <em>lateness</em>: delayed messages only, from when they were "
+        "due to their first delivery.</p>",
         "<h2>Consumer-group lag</h2>",
         _image(charts["lag"], "lag per group over time"),
         html_table(

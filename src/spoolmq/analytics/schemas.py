@@ -24,6 +24,7 @@ RECORD_LINE = StructType(
         StructField("key", StringType()),
         StructField("key_b64", StringType()),
         StructField("batch_records", LongType()),
+        StructField("deliver_at", LongType()),
         StructField("crc", LongType()),
     ]
 )

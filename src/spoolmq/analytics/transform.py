@@ -112,6 +112,7 @@ def parse_records(lines: DataFrame) -> DataFrame:
         "timestamp",
         F.coalesce(F.col("key"), F.col("key_b64")).alias("key"),
         (F.octet_length("line") + 1).cast("long").alias("bytes"),
+        "deliver_at",
         "batch_records",
         problem.alias("problem"),
     )
@@ -429,68 +430,118 @@ def _message_events(events: DataFrame) -> DataFrame:
     )
 
 
-def undated_events(events: DataFrame) -> DataFrame:
-    """The events about a message that do not carry its publish time (``published_at``):
-    rows of frame lines. When there are none (a store of brokers before issue 10),
-    delivery_outcomes needs no records."""
-    return _message_events(events).where(F.col("published_at").isNull())
-
-
-def delivery_outcomes(events: DataFrame, records: DataFrame | None) -> DataFrame:
+def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
     """One row per (group, topic, partition, offset) that has delivery events.
 
     ``published_at`` is the one the message's events carry (per-message lines have it),
     else the ``timestamp`` of its record in ``records`` (frame lines leave it out): one
-    join of the outcomes, not of every event, with the records the job already parsed;
-    ``records`` None skips the join (see undated_events). A record deleted by retention
-    leaves it null: its events still count, its latencies cannot be measured.
+    join of the outcomes, not of every event, with the records the job already parsed.
+    A record deleted by retention leaves it null: its events still count, its latencies
+    cannot be measured.
+
+    ``finished_at`` is when the group was done with the message (its ACK, dead letter or
+    expiry). ``held_back`` says the message could not be delivered at once for a reason
+    of its own making, not the queue's: it was delayed (``deliver_at`` after its publish
+    time), or an earlier message of its key in its partition was still unfinished for this
+    group when it was published (the broker delivers a key's messages in order, one at a
+    time, so a delayed or retrying message holds back its key). Null when its record is
+    gone (nothing is known of its key or delay). ``due_at`` is a delayed message's
+    ``deliver_at`` (null for a message due at once).
     """
     typed = _message_events(events)
-    delivered = F.col("type") == EventType.DELIVERED
+    kind = F.col("type")
+    delivered = kind == EventType.DELIVERED
+    final = kind.isin(EventType.ACKED, EventType.DEAD_LETTERED, EventType.EXPIRED)
     outcomes = typed.groupBy("group", "topic", "partition", "offset").agg(
         F.max("published_at").alias("_event_published_at"),
         F.min(F.when(delivered, F.col("ts"))).alias("first_delivered_at"),
         F.max(F.when(delivered, F.col("attempt"))).alias("attempts"),
-        F.min(F.when(F.col("type") == EventType.ACKED, F.col("ts"))).alias("acked_at"),
-        F.max(F.col("type") == EventType.DEAD_LETTERED).alias("dead_lettered"),
-        F.max(F.col("type") == EventType.EXPIRED).alias("expired"),
+        F.min(F.when(kind == EventType.ACKED, F.col("ts"))).alias("acked_at"),
+        F.max(kind == EventType.DEAD_LETTERED).alias("dead_lettered"),
+        F.max(kind == EventType.EXPIRED).alias("expired"),
+        F.min(F.when(final, F.col("ts"))).alias("finished_at"),
     )
-    if records is None:
-        return outcomes.withColumnRenamed("_event_published_at", "published_at")
     # (topic, partition, offset) is unique among records: the join adds no rows.
-    stamps = records.select("topic", "partition", "offset", F.col("timestamp").alias("_stamp"))
-    return outcomes.join(stamps, ["topic", "partition", "offset"], "left").select(
+    facts = records.select(
+        "topic",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("_stamp"),
+        F.col("key").alias("_key"),
+        F.col("deliver_at").alias("_deliver_at"),
+        F.lit(True).alias("_stored"),
+    )
+    joined = outcomes.join(facts, ["topic", "partition", "offset"], "left")
+    published = F.coalesce(F.col("_event_published_at"), F.col("_stamp"))
+    # The latest finish among the key's earlier messages (never finished: later than any
+    # publish), for this group; a keyless message waits for no other.
+    earlier = (
+        Window.partitionBy("group", "topic", "partition", "_key")
+        .orderBy("offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    unfinished = F.lit(2**62).cast("long")
+    before_it = F.max(F.coalesce(F.col("finished_at"), unfinished)).over(earlier)
+    delayed = F.coalesce(F.col("_deliver_at") > published, F.lit(False))
+    waits_for_key = F.col("_key").isNotNull() & F.coalesce(before_it > published, F.lit(False))
+    return joined.select(
         "group",
         "topic",
         "partition",
         "offset",
-        F.coalesce(F.col("_event_published_at"), F.col("_stamp")).alias("published_at"),
+        published.alias("published_at"),
         "first_delivered_at",
         "attempts",
         "acked_at",
         "dead_lettered",
         "expired",
+        "finished_at",
+        F.when(F.col("_stored"), delayed | waits_for_key).alias("held_back"),
+        F.when(delayed, F.col("_deliver_at")).alias("due_at"),
     )
 
 
 def latency(outcomes: DataFrame) -> DataFrame:
-    """Per topic: publish to first delivery (``first_delivery``) and publish to ACK
-    (``ack``): messages, p50, p90, p99, max in ms, over every group's deliveries."""
+    """Per topic and group, and per topic over every group's outcomes pooled (``group``
+    null): messages, p50, p90, p99, max in ms of three waits from publish:
+
+    - ``first_delivery``: to the first delivery (e2e latency), every message;
+    - ``queue``: the same, only for messages not ``held_back`` (due at once, no earlier
+      message of their key unfinished): the time the queue itself took;
+    - ``ack``: to the ACK;
+    - ``lateness``: for delayed messages, from when they were due (``due_at``) to their
+      first delivery (never negative: the broker does not deliver early).
+    """
+    first = F.col("first_delivered_at") - F.col("published_at")
     waits = outcomes.select(
         "topic",
-        F.lit("first_delivery").alias("measure"),
-        (F.col("first_delivered_at") - F.col("published_at")).alias("ms"),
-    ).unionByName(
-        outcomes.select(
-            "topic",
-            F.lit("ack").alias("measure"),
-            (F.col("acked_at") - F.col("published_at")).alias("ms"),
-        )
-    )
+        "group",
+        F.explode(
+            F.array(
+                F.struct(F.lit("first_delivery").alias("measure"), first.alias("ms")),
+                F.struct(
+                    F.lit("queue").alias("measure"),
+                    F.when(~F.col("held_back"), first).alias("ms"),
+                ),
+                F.struct(
+                    F.lit("ack").alias("measure"),
+                    (F.col("acked_at") - F.col("published_at")).alias("ms"),
+                ),
+                F.struct(
+                    F.lit("lateness").alias("measure"),
+                    (F.col("first_delivered_at") - F.col("due_at")).alias("ms"),
+                ),
+            )
+        ).alias("_wait"),
+    ).select("topic", "group", "_wait.measure", "_wait.ms")
+    # Grouping sets: one pass gives both the per-group and the pooled rows.
     return (
         waits.where(F.col("ms").isNotNull())
-        .groupBy("topic", "measure")
+        .groupingSets(
+            [["topic", "measure", "group"], ["topic", "measure"]], "topic", "measure", "group"
+        )
         .agg(F.count(F.lit(1)).alias("messages"), *_percentile_columns(F.col("ms")))
+        .select("topic", "group", "measure", "messages", "p50", "p90", "p99", "max")
     )
 
 
@@ -504,6 +555,18 @@ def processing_time(events: DataFrame) -> DataFrame:
             F.avg("processing_ms").alias("mean"),
             *_percentile_columns(F.col("processing_ms")),
         )
+    )
+
+
+def failure_reasons(events: DataFrame) -> DataFrame:
+    """Per topic, group, event type (``nacked``, ``dead_lettered``) and ``reason``: how many
+    events. A NACK's reason is what the consumer gave (null when it gave none); a dead
+    letter's is why it went to the DLQ."""
+    kinds = (EventType.NACKED, EventType.DEAD_LETTERED)
+    return (
+        events.where(F.col("type").isin(*kinds))
+        .groupBy("topic", "group", "type", "reason")
+        .agg(F.count(F.lit(1)).alias("events"))
     )
 
 

@@ -63,8 +63,12 @@ PEER_PARTITIONS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``spoolmq bench`` (the CLI adds ``--data``, which the bench ignores)."""
     parser.add_argument("--n", type=int, default=100_000, help="messages per throughput phase")
-    parser.add_argument("--producers", type=int, default=2)
-    parser.add_argument("--consumers", type=int, default=2)
+    parser.add_argument(
+        "--producers", type=int, default=2, help="publishing processes in the produce phase"
+    )
+    parser.add_argument(
+        "--consumers", type=int, default=2, help="consuming processes in the consume phase"
+    )
     parser.add_argument("--size", type=int, default=200, help="approximate message bytes")
     parser.add_argument(
         "--rate",
@@ -74,7 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration", type=float, default=10.0, help="seconds of the latency phase, per rate"
     )
-    parser.add_argument("--acks", default="all", choices=["0", "1", "all"])
+    parser.add_argument(
+        "--acks",
+        default="all",
+        choices=["0", "1", "all"],
+        help="what the publishers wait for (all: the fdatasync)",
+    )
     parser.add_argument(
         "--partitions", type=int, default=1, help="partitions of spoolmq's topic (peers: one)"
     )

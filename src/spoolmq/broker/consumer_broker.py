@@ -81,6 +81,7 @@ _ACKED = EventType.ACKED
 class _Consumer(ClientConnection):
     group: str | None = None
     consumer_id: str = ""
+    last_seen_ms: int = 0  # when it last sent a frame (``groups describe --members``)
 
     @property
     def name(self) -> str:
@@ -331,6 +332,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
     def _handle_frame(self, consumer: _Consumer, op: str, frame: dict[str, Any]) -> None:
         now = self.clock.now_ms()
+        consumer.last_seen_ms = now
         if op == "subscribe":
             self._subscribe(consumer, frame, now)
             return
@@ -498,9 +500,23 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         action = request.get("action")
         if action == "describe_groups":
             groups = {name: runtime.group for name, runtime in self.groups.items()}
-            return {"op": "ok", "groups": describe_groups(groups, self.log_ends)}
+            described = describe_groups(groups, self.log_ends)
+            for consumer in self.clients.values():
+                if consumer.group in described:
+                    group = groups[consumer.group]
+                    described[consumer.group].setdefault("members", []).append(
+                        {
+                            "consumer": consumer.consumer_id,
+                            "client_id": consumer.client_id,
+                            "in_flight": len(group.in_flight_tags(consumer.consumer_id)),
+                            "last_seen": consumer.last_seen_ms,
+                        }
+                    )
+            return {"op": "ok", "groups": described}
         if action == "reset_group":
             return {"op": "ok", **self.reset_group(request)}
+        if action == "delete_group":
+            return {"op": "ok", **self.delete_group(request)}
         if action == "stats":
             return {"op": "ok", "stats": self.figures()}
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
@@ -523,6 +539,26 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             runtime.close()  # the group starts afresh with new readers
         self.store.state.reset_group(name, dict(new.items()))
         return {"reset": len(new)}
+
+    def delete_group(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Forget a group with no live consumer: its runtime here and its rows in state.db."""
+        name = request.get("group")
+        if not isinstance(name, str):
+            raise ProtocolError("delete_group needs 'group'")
+        runtime = self.groups.get(name)
+        if runtime is not None and runtime.group.consumers:
+            raise GroupActiveError(
+                f"group {name!r} has {len(runtime.group.consumers)} live consumer(s); "
+                "stop them before deleting it"
+            )
+        if runtime is None and name not in self.store.state.groups():
+            raise InvalidArgumentError(f"no consumer group {name!r}")
+        if runtime is not None:
+            self._checkpoint(wait=True)
+            del self.groups[name]
+            runtime.close()
+        self.store.state.delete_group(name)
+        return {"deleted": name}
 
     def figures(self) -> dict[str, Any]:
         return {

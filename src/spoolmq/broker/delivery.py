@@ -55,6 +55,15 @@ _RELEASED = EventType.RELEASED
 # A record's key_identity (spoolmq.store.record): text and raw-bytes keys never collide.
 Key = str | None
 
+#: The reserved header naming the one consumer group a message is for (``dlq replay
+#: --to-group`` sets it): every other group passes over it as though it were ACKed, so a
+#: redrive for one group does not make the groups that already processed it do it again.
+#: docs/FORMAT.md lists the reserved headers.
+ONLY_GROUP_HEADER = "x-spoolmq-only-group"
+# How the header's name appears in a stored line: a byte search decides, for almost every
+# record, that it has no such header without parsing the line.
+_ONLY_GROUP_BYTES = orjson.dumps(ONLY_GROUP_HEADER)
+
 _EXPIRED_TAGS_KEPT = 10_000
 _MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
 
@@ -548,8 +557,15 @@ class Group:
             plain_passes = matches(spec, (), ())
             for index in range(count) if spec else sorted(extras or ()):
                 extra = extras.get(index) if extras else None
-                if spec and not (
-                    plain_passes if extra is None else _passes(spec, extra, lines[index])
+                if (
+                    spec
+                    and not (plain_passes if extra is None else _passes(spec, extra, lines[index]))
+                ) or (
+                    # The byte search first, inline: almost no record has the header.
+                    extra is not None
+                    and extra[3]
+                    and _ONLY_GROUP_BYTES in lines[index]
+                    and not _for_group(self.name, extra, lines[index])
                 ):
                     self.filtered += 1
                     self._finish_run(state, start + index, 1, now, link=False)
@@ -1125,6 +1141,26 @@ def record_extra(fields: Mapping[str, Any]) -> Extra | None:
     if deliver_at is None and expires_at is None and not tags and not headers:
         return None
     return (deliver_at, expires_at, tags, headers or [])
+
+
+def _for_group(group: str, extra: Extra, line: bytes) -> bool:
+    """Is a record with these extras for ``group``: true unless it has an
+    :data:`ONLY_GROUP_HEADER` naming another group.
+
+    >>> line = b'{"headers":[["x-spoolmq-only-group","billing"]]}'
+    >>> extra = (None, None, None, [["x-spoolmq-only-group", "billing"]])
+    >>> _for_group("billing", extra, line), _for_group("audit", extra, line)
+    (True, False)
+    """
+    headers = extra[3]
+    if not headers or _ONLY_GROUP_BYTES not in line:
+        return True
+    if headers is True:  # a notice says only that there are headers: read them
+        headers = orjson.loads(line).get("headers") or []
+    for entry in headers:
+        if len(entry) == 2 and entry[0] == ONLY_GROUP_HEADER:
+            return bool(entry[1] == group)
+    return True
 
 
 def _passes(spec: Mapping[str, Any], extra: Extra, line: bytes) -> bool:

@@ -30,6 +30,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import (
     Connection,
@@ -103,6 +104,9 @@ class BrokerSettings:
             this time is closed.
         restart_backoff_max_s: the longest wait before restarting a crashed child.
         metrics: serve Prometheus ``GET /metrics`` on this (host, port); None: not at all.
+        kafka: also serve the Kafka protocol on this (host, port), from a third child
+            (docs/KAFKA.md); None: off.
+        kafka_tls: (certificate file, key file) for TLS on the Kafka listener.
     """
 
     data_dir: Path
@@ -112,6 +116,8 @@ class BrokerSettings:
     handshake_timeout_s: float = 5.0
     restart_backoff_max_s: float = 5.0
     metrics: tuple[str, int] | None = None
+    kafka: tuple[str, int] | None = None
+    kafka_tls: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -186,6 +192,12 @@ class BrokerManager:
             "publisher": _Child("publisher", PublisherBroker),
             "consumer": _Child("consumer", ConsumerBroker),
         }
+        if settings.kafka is not None:
+            # Imported here: the Kafka front builds on broker.child, which imports
+            # this package.
+            from spoolmq.kafka.child import KafkaChild
+
+            self._children["kafka"] = _Child("kafka", KafkaChild)
         self._control_lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._threads: list[threading.Thread] = []
@@ -224,6 +236,8 @@ class BrokerManager:
         self._open_listeners()
         self._start_child(self._children["consumer"])
         self._start_child(self._children["publisher"])
+        if "kafka" in self._children:
+            self._start_child(self._children["kafka"])
         deadline = time.monotonic() + 60
         while not all(child.ready.is_set() for child in self._children.values()):
             if time.monotonic() > deadline:
@@ -275,17 +289,8 @@ class BrokerManager:
                 self._notice_writer.close()
             self._notice_writer = notice_write
         channels = ChildChannels(child_end, watch_read, status_write, notice_read)
-        process = ctx.Process(
-            target=run_child,
-            args=(
-                child.child_class,
-                str(self.data_dir),
-                channels,
-                self.settings.log_level,
-                self.settings.store,
-            ),
-            name=f"spoolmq-{child.name}",
-        )
+        target, args = self._child_entry(child, channels)
+        process = ctx.Process(target=target, args=args, name=f"spoolmq-{child.name}")
         process.daemon = True
         process.start()
         # Only the child holds these ends now: its death reads as EOF on ours.
@@ -306,6 +311,18 @@ class BrokerManager:
         if self._notice_writer is not None and publisher.control is not None:
             with self._control_lock, contextlib.suppress(OSError):
                 send_control(publisher.control, {"op": "notices"}, self._notice_writer.fileno())
+
+    def _child_entry(
+        self, child: _Child, channels: ChildChannels
+    ) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        common = (str(self.data_dir), channels, self.settings.log_level, self.settings.store)
+        if child.name == "kafka" and self.settings.kafka is not None:
+            from spoolmq.kafka.child import KafkaSettings, run_kafka_child
+
+            host, port = self.settings.kafka
+            cert, key = self.settings.kafka_tls or (None, None)
+            return run_kafka_child, (*common, KafkaSettings(host, port, cert, key))
+        return run_child, (child.child_class, *common)
 
     def run(self) -> int:
         """Start, then supervise until SIGINT/SIGTERM. Returns the exit status."""
@@ -452,9 +469,11 @@ class BrokerManager:
         for listener in self._listeners:
             with contextlib.suppress(OSError):
                 listener.close()
-        for name in ("publisher", "consumer"):
-            child = self._children[name]
-            if child.process is None:
+        # The Kafka child first: its producers' frames reach the PublisherBroker
+        # before that one drains and stops.
+        for name in ("kafka", "publisher", "consumer"):
+            child = self._children.get(name)
+            if child is None or child.process is None:
                 continue
             if child.control is not None:
                 with self._control_lock, contextlib.suppress(OSError):
@@ -582,6 +601,7 @@ class BrokerManager:
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "publisher": self._children["publisher"].stats,
                 "consumer": self._children["consumer"].stats,
+                "kafka": self._children["kafka"].stats if "kafka" in self._children else None,
                 "restarts": {name: c.restarts for name, c in self._children.items()},
                 "pids": {
                     name: (c.process.pid if c.process is not None else None)
@@ -599,7 +619,21 @@ class BrokerManager:
                 # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
                 "listen": list(self.tcp_address) if self.tcp_address else None,
             }
-        if action in ("describe_groups", "reset_group"):
+        if action == "describe_groups":
+            answer = self._ask_consumer_broker(frame)
+            # The consumer broker knows its consumers by client id; the process behind
+            # each (pid, name, connected since) is known here, from its hello.
+            with self._registry_lock:
+                for described in answer.get("groups", {}).values():
+                    for member in described.get("members", []):
+                        client = self.registry.get(member["client_id"], {})
+                        member.update(
+                            pid=client.get("pid"),
+                            name=client.get("name"),
+                            since=client.get("since"),
+                        )
+            return answer
+        if action in ("reset_group", "delete_group"):
             return self._ask_consumer_broker(frame)
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
 

@@ -9,10 +9,12 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.config import known_settings
 from spoolmq.types import TopicPartition
 
 
 class Admin:
+    @known_settings
     def __init__(
         self,
         data: str | os.PathLike[str] | None = None,
@@ -44,6 +46,10 @@ class Admin:
             "reset_group", group=group, offsets=[[t, p, o] for (t, p), o in offsets.items()]
         )
         return int(reply.get("reset", 0))
+
+    def delete_group(self, group: str) -> None:
+        """Forget ``group`` (offsets, open deliveries); refused while it has live consumers."""
+        self.request("delete_group", group=group)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -55,13 +55,13 @@ from spoolmq.client.common import (
     expired_error,
     handler_failure,
     refusal_error,
-    reject_unknown,
     settle_frame,
     subscription_settings,
 )
 from spoolmq.client.connection import Address, resolve
 from spoolmq.client.consumer import tag_runs
 from spoolmq.client.delivered import DeliveredRecord
+from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -151,6 +151,7 @@ class AsyncPublisher:
     (it waits for room); ``publish_nowait`` never waits, so a caller of it bounds its own
     backlog by awaiting the futures (or ``flush``)."""
 
+    @known_settings
     def __init__(
         self,
         data: str | os.PathLike[str] | None = None,
@@ -165,9 +166,7 @@ class AsyncPublisher:
         delivery_timeout: float = 120.0,
         producer_id: str | None = None,
         name: str = "",
-        **unknown: Any,
     ) -> None:
-        reject_unknown(AsyncPublisher, unknown)
         check_publisher_limits(batch_size, max_in_flight, max_buffered)
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self.acks = normalize_acks(acks)
@@ -586,6 +585,7 @@ class AsyncConsumer:
     connects and subscribes; ``async for msg in c`` receives. The settings are the
     threaded Consumer's (see its docstring)."""
 
+    @known_settings
     def __init__(
         self,
         topics: str | Sequence[str],
@@ -605,9 +605,7 @@ class AsyncConsumer:
         reconnect_timeout: float = 60.0,
         handler: AsyncHandler | None = None,
         name: str = "",
-        **unknown: Any,
     ) -> None:
-        reject_unknown(AsyncConsumer, unknown)
         self.topics = consumer_topics(topics)
         self.group = group
         self.prefetch = prefetch

@@ -7,36 +7,16 @@ errors."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from spoolmq.errors import (
-    ConfigError,
     InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
     SpoolError,
     error_from_code,
 )
-
-
-def reject_unknown(cls: type, unknown: Mapping[str, Any]) -> None:
-    """ConfigError naming the settings ``cls`` does not know, and listing those it does
-    (read from its ``__init__``, so the list cannot go stale): a misspelt ``lingr_ms``
-    must fail loudly, not be ignored."""
-    if not unknown:
-        return
-    parameters = inspect.signature(cls).parameters.values()
-    known = [
-        p.name
-        for p in parameters
-        if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    raise ConfigError(
-        f"{cls.__name__} has no setting {', '.join(sorted(unknown))}; "
-        f"its settings are {', '.join(known)}"
-    )
 
 
 def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:

@@ -53,10 +53,12 @@ def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tupl
         conn = Client(address, family=family, authkey=authkey)
     except _MPAuthenticationError as exc:
         raise AuthenticationError(f"the broker refused the authkey: {exc}") from None
-    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError) as exc:
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError):
+        start = "`spoolmq broker`"
+        if isinstance(address, str):  # the data directory's socket: name that directory
+            start = f"`spoolmq broker --data {Path(address).parent}`"
         raise BrokerUnavailableError(
-            f"no broker is listening at {address} ({type(exc).__name__}); "
-            "start one with `spoolmq broker`"
+            f"no broker is listening at {address}; start one with {start}"
         ) from None
     except OSError as exc:
         raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None

@@ -29,6 +29,7 @@ from spoolmq.client.common import (
 )
 from spoolmq.client.connection import Address, connect, resolve
 from spoolmq.client.delivered import DeliveredRecord
+from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -92,6 +93,7 @@ class Consumer:
         reconnect_timeout: how long to keep trying to reach a broker that went away.
     """
 
+    @known_settings
     def __init__(
         self,
         topics: str | Sequence[str],
@@ -299,6 +301,15 @@ class Consumer:
             try:
                 handle(message)
             except Exception as exc:  # the handler's failure is the message's failure
+                # Logged once per failed message, with its traceback: a NACK's reason alone
+                # does not say where the handler failed.
+                logger.exception(
+                    "handler failed on %s/%d@%d (attempt %d)",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.attempt,
+                )
                 if not self.auto_ack and not message.settled:
                     message.nack(reason=handler_failure(exc), wait=False)
             else:

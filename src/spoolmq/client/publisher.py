@@ -25,6 +25,7 @@ from typing import Any, Unpack
 from spoolmq import protocol
 from spoolmq.client.common import answer_errors, check_publisher_limits, expired_error
 from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
     ProtocolError,
@@ -151,6 +152,7 @@ class Publisher:
         producer_id: idempotence id (default: a random one per Publisher).
     """
 
+    @known_settings
     def __init__(
         self,
         data: str | os.PathLike[str] | None = None,

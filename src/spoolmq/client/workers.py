@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from spoolmq.allocator import tune_allocator
 from spoolmq.client.consumer import Consumer, ReceivedMessage
+from spoolmq.config import check_settings, setting_names
+from spoolmq.errors import InvalidArgumentError, WorkersFailedError
+
+logger = logging.getLogger(__name__)
 
 
 def _worker(
@@ -37,6 +43,18 @@ def run_workers(
     group until each has handled ``max_messages`` or been idle for ``idle_timeout``
     seconds. Returns the workers' exit codes."""
     names = [topics] if isinstance(topics, str) else list(topics)
+    # Checked here, before any process starts: in a worker the mistake would only be a
+    # traceback in that worker's stderr.
+    check_settings("run_workers", consumer_options, setting_names(Consumer.__init__))
+    if processes < 1:
+        raise InvalidArgumentError(f"processes must be at least 1, not {processes!r}")
+    try:
+        pickle.dumps(handler)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise InvalidArgumentError(
+            "run_workers' handler must be a module-level function (worker processes import "
+            f"it by name): {exc}"
+        ) from None
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(
@@ -57,4 +75,16 @@ def run_workers(
         for worker in workers:
             worker.join(5)
         raise
-    return [worker.exitcode for worker in workers]
+    codes = [worker.exitcode for worker in workers]
+    failed = [(worker.name, code) for worker, code in zip(workers, codes, strict=True) if code]
+    if failed:
+        # Loud, and an exception (a script that calls run_workers exits non-zero): a worker
+        # that could not start (no broker, a handler it cannot import) or that died has
+        # printed its traceback on stderr; this says which and how.
+        shown = ", ".join(f"{name} exited with {code}" for name, code in failed)
+        logger.error("run_workers: %s", shown)
+        raise WorkersFailedError(
+            f"{len(failed)} of {len(workers)} worker process(es) failed: {shown} "
+            "(their tracebacks are on stderr above)"
+        )
+    return codes

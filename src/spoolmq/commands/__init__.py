@@ -11,7 +11,9 @@ from __future__ import annotations
 COMMAND_MODULES: tuple[str, ...] = (
     "spoolmq.commands.broker",
     "spoolmq.commands.stats",
+    "spoolmq.commands.ui",
     "spoolmq.commands.read",
     "spoolmq.commands.top",
+    "spoolmq.commands.users",
     "spoolmq.commands.tasks",
 )

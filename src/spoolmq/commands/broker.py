@@ -19,9 +19,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
     )
     listen = parse_address(args.listen) if args.listen else None
     metrics = check_loopback(parse_address(args.metrics)) if args.metrics else None
+    kafka = parse_address(args.kafka) if args.kafka else None
     manager = BrokerManager(
         BrokerSettings(
-            data_dir=data_dir(args), listen=listen, log_level=args.log_level, metrics=metrics
+            data_dir=data_dir(args),
+            listen=listen,
+            log_level=args.log_level,
+            metrics=metrics,
+            store={"auto_create_topics": args.auto_create_topics == "on"},
+            kafka=kafka,
+            kafka_tls=tuple(args.kafka_tls) if args.kafka_tls else None,
         )
     )
     return manager.run()
@@ -36,4 +43,28 @@ def register(command: CommandFactory) -> None:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. "
         "127.0.0.1:9464)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--auto-create-topics",
+        choices=["on", "off"],
+        default="on",
+        help="on (default, as in Kafka): publishing to or consuming from a missing topic "
+        "creates it; off: refused with an error",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the broker logs to stderr (default: info)",
+    )
+    p.add_argument(
+        "--kafka",
+        metavar="HOST:PORT",
+        help="also speak the Kafka protocol here (e.g. 127.0.0.1:9092; docs/KAFKA.md); "
+        "an address other than loopback requires SASL/SCRAM",
+    )
+    p.add_argument(
+        "--kafka-tls",
+        nargs=2,
+        metavar=("CERT", "KEY"),
+        help="serve the Kafka listener over TLS with this certificate chain and key (PEM)",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,3 +49,95 @@ def data_dir(args: argparse.Namespace, *, must_exist: bool = False) -> Path:
     if must_exist and not data.is_dir():
         raise ConfigError(f"no queue data directory at {data} (pass --data or set SPOOLMQ_DATA)")
     return data
+
+
+# -- numeric options: argparse ``type=`` functions ----------------------------------------
+# Each turns a bad value into argparse's one-line usage error instead of a traceback or
+# a value that silently means something else (``--timeout nan``, ``--max -1``).
+
+#: The largest number of seconds an option takes: a year is more than any wait a command
+#: makes, and keeps ``inf`` and ``1e12`` from overflowing the clocks they are added to.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def natural(text: str) -> int:
+    """A whole number, 0 or more.
+
+    >>> natural("3")
+    3
+    """
+    return _whole(text, minimum=0)
+
+
+def positive(text: str) -> int:
+    """A whole number, 1 or more."""
+    return _whole(text, minimum=1)
+
+
+def _whole(text: str, *, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {minimum} or more")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds from 0 to :data:`MAX_SECONDS`.
+
+    >>> seconds("2.5")
+    2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_SECONDS:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a number of seconds from 0 to {MAX_SECONDS:.0f} (a year)"
+        )
+    return value
+
+
+def seconds_positive(text: str) -> float:
+    """Like :func:`seconds`, but more than 0: a wait of 0 would end before the first
+    answer could arrive, so it would print nothing however much is waiting."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            "0 would stop before the broker's first delivery could arrive: "
+            "give a positive number of seconds (or --follow)"
+        )
+    return value
+
+
+# -- optional extras -------------------------------------------------------------------------
+
+#: Each extra of the package (pyproject.toml) and the modules its commands import.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "analytics": ("pyspark", "matplotlib"),
+    "ui": ("starlette", "uvicorn", "multipart"),
+    "kafka": ("cramjam",),
+}
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Refuse, as one line and a non-zero exit, to run ``what`` (a command) when a module of
+    ``extra`` cannot be imported, naming the install command, instead of the
+    ``ModuleNotFoundError`` traceback the first import deep inside would give. Call it at
+    the command's entry point, before anything starts.
+
+    A module that is there but fails to import for another reason still raises its own
+    error: that is not a missing extra."""
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] != module:
+                raise
+            raise ConfigError(
+                f"{what} needs the {extra!r} extra ({module} is not installed): "
+                f"pip install 'spoolmq[{extra}]' (or uv add 'spoolmq[{extra}]')"
+            ) from None

@@ -243,7 +243,7 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 def register(command: CommandFactory) -> None:
     p = command("read", cmd_read, "print a topic's messages from the store (no group, no broker)")
-    p.add_argument("topic")
+    p.add_argument("topic", help="the topic to read")
     p.add_argument(
         "--partition",
         type=_count,

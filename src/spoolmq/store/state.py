@@ -29,7 +29,7 @@ from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, U
 from spoolmq.files import chmod_sqlite_side_files, open_sqlite
 from spoolmq.types import TopicPartition
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -133,6 +133,29 @@ _MIGRATIONS: dict[int, str] = {
     DELETE FROM producer_sequences;
     INSERT INTO producer_marks SELECT topic, partition, log_end_offset FROM partitions;
     """,
+    # Version 3: the Kafka front's group coordinator records each Kafka consumer group's
+    # membership (on every rebalance, never per heartbeat) so ``spoolmq groups`` can show
+    # the members and refuse a reset while they are joined. Their offsets go in
+    # ``group_offsets`` like every group's. Nothing older needs converting.
+    3: """
+    CREATE TABLE kafka_groups (
+        group_name TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        protocol_type TEXT NOT NULL,
+        protocol TEXT NOT NULL,
+        leader_id TEXT NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE TABLE kafka_members (
+        group_name TEXT NOT NULL,
+        member_id TEXT NOT NULL,
+        client_id TEXT NOT NULL,
+        client_host TEXT NOT NULL,
+        assignment TEXT,
+        PRIMARY KEY (group_name, member_id)
+    ) WITHOUT ROWID;
+    """,
 }
 
 _TOPIC_COLUMNS = (
@@ -229,6 +252,29 @@ _UPSERT_COMMITTED = (
     "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
     "committed_offset = excluded.committed_offset, updated_at = excluded.updated_at"
 )
+
+
+class KafkaGroupRow(NamedTuple):
+    """A Kafka consumer group as its coordinator last recorded it."""
+
+    group_name: str
+    state: str
+    generation: int
+    protocol_type: str
+    protocol: str
+    leader_id: str
+    updated_at: int
+
+
+class KafkaMemberRow(NamedTuple):
+    """One member of a Kafka consumer group; ``assignment`` is its partitions as JSON
+    (``{"topic": [0, 1]}``), or None when the assignment is not the consumer protocol's."""
+
+    group_name: str
+    member_id: str
+    client_id: str
+    client_host: str
+    assignment: str | None
 
 
 class StateDB:
@@ -331,7 +377,8 @@ class StateDB:
                 existing = TopicConfig(**dict(zip(_TOPIC_COLUMNS, row, strict=True)))
                 if not exist_ok and existing != config:
                     raise TopicExistsError(
-                        f"topic {name!r} already exists with other settings: {existing.as_dict()}"
+                        f"topic {name!r} already exists with other settings: "
+                        f"{existing.differences(config)}"
                     )
                 return existing
             values = [getattr(config, column) for column in _TOPIC_COLUMNS]
@@ -565,10 +612,50 @@ class StateDB:
                     [(group, t, p) for t, p in offsets],
                 )
 
+    def delete_group(self, group: str) -> None:
+        """Forget everything about ``group``: its offsets, open deliveries and retries."""
+        with self.write() as db:
+            for table in ("group_offsets", "deliveries", "scheduled"):
+                db.execute(f"DELETE FROM {table} WHERE group_name = ?", (group,))
+
     def groups(self) -> list[str]:
+        """Every group with committed offsets, and every Kafka group that has members."""
         return [
-            row[0] for row in self.query("SELECT DISTINCT group_name FROM group_offsets ORDER BY 1")
+            row[0]
+            for row in self.query(
+                "SELECT group_name FROM group_offsets UNION "
+                "SELECT group_name FROM kafka_members ORDER BY 1"
+            )
         ]
+
+    # -- Kafka group membership (the Kafka front's coordinator) --------------------------
+
+    def record_kafka_group(self, group: KafkaGroupRow, members: Sequence[KafkaMemberRow]) -> None:
+        """Replace what is recorded of ``group`` (its row and all its members) at once."""
+        with self.write() as db:
+            db.execute("INSERT OR REPLACE INTO kafka_groups VALUES (?, ?, ?, ?, ?, ?, ?)", group)
+            db.execute("DELETE FROM kafka_members WHERE group_name = ?", (group.group_name,))
+            db.executemany("INSERT INTO kafka_members VALUES (?, ?, ?, ?, ?)", members)
+
+    def clear_kafka_members(self) -> None:
+        """Forget every Kafka membership: a new Kafka child starts with no member joined
+        (clients rejoin), so what the previous one recorded no longer holds."""
+        with self.write() as db:
+            db.execute("DELETE FROM kafka_members")
+            db.execute("UPDATE kafka_groups SET state = 'Empty', leader_id = ''")
+
+    def kafka_group(self, group: str) -> KafkaGroupRow | None:
+        rows = self.query("SELECT * FROM kafka_groups WHERE group_name = ?", (group,))
+        return KafkaGroupRow(*rows[0]) if rows else None
+
+    def kafka_groups(self) -> list[KafkaGroupRow]:
+        return [KafkaGroupRow(*row) for row in self.query("SELECT * FROM kafka_groups ORDER BY 1")]
+
+    def kafka_members(self, group: str) -> list[KafkaMemberRow]:
+        rows = self.query(
+            "SELECT * FROM kafka_members WHERE group_name = ? ORDER BY member_id", (group,)
+        )
+        return [KafkaMemberRow(*row) for row in rows]
 
     # -- deliveries (the ConsumerBroker's checkpoint) -------------------------------------
 

@@ -71,6 +71,18 @@ class CheckProblem:
     segment: str
     position: int
     problem: str
+    offset: int = -1  # the damaged record's offset: the one after the last good record
+
+
+def _missing(name: str, would_create: bool) -> str:
+    """Why topic ``name`` is refused: it does not exist, and (where using it would have
+    created it) topics are not created on first use here."""
+    if not would_create:
+        return f"topic {name!r} does not exist"
+    return (
+        f"topic {name!r} does not exist, and topics are not created on first use here "
+        f"(auto_create_topics is off): create it with `spoolmq topics create {name}`"
+    )
 
 
 class Store:
@@ -145,7 +157,7 @@ class Store:
         config = self.state.topic(name)
         if config is None:
             if not (create and self.config.auto_create_topics):
-                raise UnknownTopicError(f"topic {name!r} does not exist")
+                raise UnknownTopicError(_missing(name, create))
             config = self.state.create_topic(name, self.config.default_topic, exist_ok=True)
         self._topics[name] = config
         return config
@@ -242,7 +254,7 @@ class Store:
         config = self._existing_topic(topic)
         if config is None:
             if not self.config.auto_create_topics:
-                raise UnknownTopicError(f"topic {topic!r} does not exist")
+                raise UnknownTopicError(_missing(topic, True))
             for message in batch:
                 self._check_partition(topic, self.config.default_topic, message.partition)
             config = self.topic_config(topic, create=True)
@@ -444,9 +456,15 @@ class Store:
                         os.close(fd)
                     if scan.bad_position >= 0:
                         kind = "damage inside the segment" if scan.corrupt_inside else "torn tail"
+                        offset = scan.next_offset if scan.next_offset >= 0 else base
                         problems.append(
                             CheckProblem(
-                                name, number, path, scan.bad_position, f"{kind}: {scan.problem}"
+                                name,
+                                number,
+                                path,
+                                scan.bad_position,
+                                f"{kind}: {scan.problem}",
+                                offset,
                             )
                         )
                     elif scan.end != size:  # pragma: no cover - scan reads to the end

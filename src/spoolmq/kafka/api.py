@@ -1,0 +1,165 @@
+"""What every Kafka API handler sees: the request context, the handler record, error codes.
+
+The server (kafka/server.py) reads one size-prefixed frame, parses the request
+header (api key, version, correlation id, client id), finds the
+:class:`ApiHandler` for the key, checks the version against the handler's
+range, and awaits ``handle(ctx, version, reader)``. The handler reads the body
+with the bounded :class:`~spoolmq.kafka.wire.Reader` and returns the response
+*body*; the server prefixes the response header (the correlation id) and the
+frame size. Returning ``None`` means "send nothing" (a Produce with acks=0).
+
+Handlers live in kafka/produce.py, kafka/fetch.py, … (the core) and in
+kafka/groups.py and kafka/sasl.py (the coordinator and authentication); each
+module exports ``APIS: list[ApiHandler]`` and kafka/dispatch.py joins them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spoolmq.kafka.wire import Reader
+
+
+class ErrorCode(enum.IntEnum):
+    """Kafka's error codes (the subset a spoolmq broker can answer)."""
+
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_FOR_PARTITION = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
+    INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    POLICY_VIOLATION = 44
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    INVALID_PRODUCER_ID_MAPPING = 49
+    KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
+    UNKNOWN_PRODUCER_ID = 59
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    TOPIC_DELETION_DISABLED = 73
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+
+
+class ApiKey(enum.IntEnum):
+    """The API keys of the requests this front knows (docs/KAFKA.md has the versions)."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    DESCRIBE_CONFIGS = 32
+    SASL_AUTHENTICATE = 36
+
+
+# Requests served before authentication on a listener that requires it: the
+# client must be able to learn our versions and run the SASL exchange. Anything
+# else closes the connection, as a Kafka broker does.
+PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
+@dataclass
+class RequestContext:
+    """Per-connection state handed to every handler of that connection.
+
+    ``conn`` is scratch space private to the connection (the SASL exchange keeps
+    its step there); ``shared`` is one dict for the whole Kafka child (the group
+    coordinator keeps its groups there, the core its publisher link). ``node_id``,
+    ``host`` and ``port`` are what Metadata and FindCoordinator advertise: this
+    one node is every partition's leader and every group's coordinator.
+    """
+
+    data_dir: Path
+    host: str
+    port: int
+    node_id: int = 0
+    client_id: str | None = None
+    peer: str = ""
+    auth_required: bool = False
+    authenticated: bool = False
+    principal: str | None = None
+    tls: bool = False
+    # Set by a handler whose answer must be the last one (a failed SASL exchange).
+    close_after_response: bool = False
+    conn: dict[str, Any] = field(default_factory=dict)
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+Handle = Callable[[RequestContext, int, Reader], Awaitable[bytes | None]]
+
+
+@dataclass(frozen=True)
+class ApiHandler:
+    """One Kafka API: its key, the version range we advertise, and the coroutine.
+
+    ``flexible_from`` is the first version using the flexible (tagged-field)
+    encoding and request header v2, or None when no advertised version is
+    flexible (the case for the whole 2.0 table we advertise).
+    """
+
+    api_key: int
+    min_version: int
+    max_version: int
+    handle: Handle
+    flexible_from: int | None = None
+    name: str = ""
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+    def is_flexible(self, version: int) -> bool:
+        return self.flexible_from is not None and version >= self.flexible_from

@@ -1,0 +1,147 @@
+"""The Kafka child: a broker process of its own, started and supervised by the BrokerManager.
+
+It shares the manager's plumbing with the other two children (``BrokerChild``:
+control pipe, parent watch, status pipe, ``Ready``/``Stats``), but its loop is
+asyncio: the Kafka listener (kafka/server.py), the link to the PublisherBroker
+(kafka/link.py) and the growth watcher (kafka/watch.py) all run on one event
+loop, and the manager's pipes are watched with ``add_reader``. A crash or a kill
+of this child costs its Kafka connections only; the manager restarts it like the
+others, and the PublisherBroker and ConsumerBroker never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spoolmq.broker.child import BrokerChild, ChildChannels, child_setup, settle_gc
+from spoolmq.broker.status import Ready, Stats
+from spoolmq.kafka.core import KafkaCore
+from spoolmq.kafka.link import PublisherLink
+from spoolmq.kafka.server import KafkaServer, is_loopback_host
+from spoolmq.kafka.watch import GrowthWatcher
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """How the Kafka child listens (picklable: it crosses the ``spawn`` boundary)."""
+
+    host: str
+    port: int
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # None: required exactly when ``host`` is not a loopback address.
+    auth_required: bool | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def requires_auth(self) -> bool:
+        if self.auth_required is not None:
+            return self.auth_required
+        return not is_loopback_host(self.host)
+
+
+class KafkaChild(BrokerChild[Any]):
+    role = "kafka"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        channels: ChildChannels,
+        *,
+        store_settings: dict[str, Any] | None = None,
+        kafka: KafkaSettings | None = None,
+    ) -> None:
+        super().__init__(data_dir, channels, store_settings=store_settings)
+        self.data_dir = data_dir
+        self.kafka = kafka if kafka is not None else KafkaSettings("127.0.0.1", 9092)
+        self.core: KafkaCore | None = None
+        self.server: KafkaServer | None = None
+        self._stop: asyncio.Event | None = None
+
+    def figures(self) -> dict[str, Any]:
+        figures: dict[str, Any] = {"listen": None, "connections": 0}
+        if self.server is not None:
+            figures["listen"] = [self.kafka.host, self.server.port]
+            figures["connections"] = self.server.connection_count
+        if self.core is not None:
+            figures.update(self.core.figures)
+        return figures
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        finally:
+            self.close()
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        watcher = GrowthWatcher()
+        watcher.start()
+        link = PublisherLink(self.data_dir)
+        self.core = KafkaCore(self.store, link, watcher)
+        self.server = KafkaServer(
+            self.data_dir,
+            self.kafka.host,
+            self.kafka.port,
+            auth_required=self.kafka.requires_auth(),
+            ssl_context=self.kafka.ssl_context(),
+            shared={"core": self.core},
+        )
+        await self.server.start()
+        self.logger.info(
+            "kafka listener on %s:%d%s",
+            self.kafka.host,
+            self.server.port,
+            " (SASL required)" if self.server.auth_required else "",
+        )
+        loop.add_reader(self.control.fileno(), self._on_control)
+        loop.add_reader(self.parent_watch.fileno(), self._on_parent_gone)
+        settle_gc()
+        self._report(Ready(os.getpid()))
+        self._report(Stats(self.figures()))
+        try:
+            while not self.stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+                self._report(Stats(self.figures()))
+        finally:
+            loop.remove_reader(self.control.fileno())
+            loop.remove_reader(self.parent_watch.fileno())
+            await self.server.close()
+            link.close()
+            watcher.close()
+
+    def _on_control(self) -> None:
+        self._handle_control()
+        if self.stopping and self._stop is not None:
+            self._stop.set()
+
+    def _on_parent_gone(self) -> None:
+        self.logger.error("the manager is gone; stopping")
+        self.stopping = True
+        if self._stop is not None:
+            self._stop.set()
+
+
+def run_kafka_child(
+    data_dir: str,
+    channels: ChildChannels,
+    log_level: str,
+    store_settings: dict[str, Any],
+    kafka: KafkaSettings,
+) -> None:
+    """Entry point of the Kafka child process (spawned by the manager)."""
+    child_setup(KafkaChild.role, log_level)
+    KafkaChild(Path(data_dir), channels, store_settings=store_settings, kafka=kafka).run()

@@ -1,0 +1,169 @@
+"""What the core Kafka handlers share: the child's services, and the mapping between a
+Kafka record's bytes and a spoolmq record's fields.
+
+One store, two kinds of client (docs/KAFKA.md, "Bytes"): a Kafka value whose bytes
+are canonical JSON (``orjson.dumps(orjson.loads(v)) == v``) is stored as that JSON
+``value``, so the Spark job and spoolmq consumers read it as data; any other value
+is stored as ``value_b64``; a Kafka null value is a JSON ``null``. Keys that are
+UTF-8 text are stored as ``key`` (their bytes are what murmur2 hashes on both
+sides), others as ``key_b64``. Going out, a stored JSON value is sent as its
+``orjson.dumps`` bytes, which for a value that came from Kafka are exactly the
+bytes the producer sent.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from spoolmq.errors import SpoolError
+from spoolmq.kafka.api import ErrorCode, RequestContext
+from spoolmq.kafka.link import PublisherLink
+from spoolmq.kafka.watch import GrowthWatcher
+from spoolmq.store import Store
+from spoolmq.store.names import partition_dir
+from spoolmq.types import TopicPartition
+
+# The first bytes a JSON text can start with; anything else is not worth a parse.
+_JSON_START = frozenset(b'{["-0123456789tfn')
+
+
+@dataclass
+class KafkaCore:
+    """The services of one Kafka child: the store (reads, topics), the publisher link
+    (writes), the growth watcher (long polls)."""
+
+    store: Store
+    link: PublisherLink
+    watcher: GrowthWatcher
+    figures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return self.store.path
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        return partition_dir(self.store.path, TopicPartition(topic, partition))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.figures[name] = self.figures.get(name, 0) + n
+
+
+def core_of(ctx: RequestContext) -> KafkaCore:
+    core = ctx.shared.get("core")
+    if not isinstance(core, KafkaCore):  # pragma: no cover - the child always sets it
+        raise RuntimeError("the Kafka core services are not set up")
+    return core
+
+
+# -- bytes <-> stored fields --------------------------------------------------------------
+
+
+def canonical_json(data: bytes) -> tuple[bool, Any]:
+    """(True, value) when ``data`` is exactly ``orjson.dumps`` of some JSON value."""
+    if not data or data[0] not in _JSON_START:
+        return False, None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False, None
+    try:
+        again = orjson.dumps(value)
+    except TypeError:
+        return False, None
+    if again != data or value is None:
+        # b"null" must not be confused with Kafka's null value (a tombstone).
+        return False, None
+    return True, value
+
+
+def record_fields(
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+) -> dict[str, Any]:
+    """The fields of a publish-frame record for one Kafka record (store order)."""
+    record: dict[str, Any] = {}
+    if key is None:
+        record["key"] = None
+    else:
+        try:
+            record["key"] = key.decode("utf-8")
+        except UnicodeDecodeError:
+            record["key_b64"] = base64.b64encode(key).decode("ascii")
+    if value is None:
+        record["value"] = None
+    else:
+        is_json, parsed = canonical_json(value)
+        if is_json:
+            record["value"] = parsed
+        else:
+            record["value_b64"] = base64.b64encode(value).decode("ascii")
+    stored: list[list[str]] = []
+    for name, hvalue in headers:
+        if hvalue is None:
+            stored.append([name, ""])
+            continue
+        try:
+            stored.append([name, hvalue.decode("utf-8")])
+        except UnicodeDecodeError:
+            stored.append([name, base64.b64encode(hvalue).decode("ascii"), "b64"])
+    record["headers"] = stored
+    return record
+
+
+def fields_to_kafka(
+    fields: dict[str, Any],
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
+    """Key, value and headers bytes of a stored record's parsed fields."""
+    if "key_b64" in fields:
+        key: bytes | None = base64.b64decode(fields["key_b64"])
+    else:
+        text = fields.get("key")
+        key = None if text is None else str(text).encode("utf-8")
+    if "value_b64" in fields:
+        value: bytes | None = base64.b64decode(fields["value_b64"])
+    else:
+        raw = fields.get("value")
+        value = None if raw is None else orjson.dumps(raw)
+    headers: list[tuple[str, bytes | None]] = []
+    for entry in fields.get("headers") or ():
+        if len(entry) == 3:
+            headers.append((entry[0], base64.b64decode(entry[1])))
+        else:
+            headers.append((entry[0], str(entry[1]).encode("utf-8")))
+    return key, value, headers
+
+
+# -- errors -------------------------------------------------------------------------------
+
+_BY_CODE = {
+    "message_too_large": ErrorCode.MESSAGE_TOO_LARGE,
+    "unknown_topic": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    "unknown_partition": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    "invalid_topic": ErrorCode.INVALID_TOPIC_EXCEPTION,
+    "topic_exists": ErrorCode.TOPIC_ALREADY_EXISTS,
+    "offset_out_of_range": ErrorCode.OFFSET_OUT_OF_RANGE,
+    "serialization": ErrorCode.CORRUPT_MESSAGE,
+    "protocol": ErrorCode.CORRUPT_MESSAGE,
+    "invalid_argument": ErrorCode.INVALID_REQUEST,
+    "config": ErrorCode.INVALID_CONFIG,
+    "storage": ErrorCode.KAFKA_STORAGE_ERROR,
+    "corrupt_record": ErrorCode.KAFKA_STORAGE_ERROR,
+    # Retriable: the producer retries (idempotently when it is an idempotent one).
+    "broker_unavailable": ErrorCode.REQUEST_TIMED_OUT,
+    "publish_timeout": ErrorCode.REQUEST_TIMED_OUT,
+}
+
+
+def error_code_for(code: str) -> int:
+    """The Kafka error code for a spoolmq error code (docs/KAFKA.md, "Errors")."""
+    return int(_BY_CODE.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))
+
+
+def error_code_of(exc: SpoolError) -> int:
+    return error_code_for(exc.code)

@@ -1,0 +1,223 @@
+"""Fetch (api key 1, v4-v8) and ListOffsets (2, v1-v3): Kafka reads straight from the store.
+
+Fetch reads each partition with a ``spoolmq.store`` Reader (kept per connection
+and partition, so a consumer reading on from where it stopped costs no seek),
+turns the stored records into uncompressed RecordBatch v2 (``records.encode_batch``)
+and answers once ``min_bytes`` are there or ``max_wait_ms`` has passed. The wait
+is a long poll woken by the partitions' files growing (``watch.GrowthWatcher``):
+no sleeping and re-reading.
+
+Fetch sessions (KIP-227, v7+) are not kept: every answer has session id 0, which
+tells the client the session was not created, so it goes on sending full requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spoolmq.errors import SpoolError
+from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
+from spoolmq.kafka.core import KafkaCore, core_of, error_code_of, fields_to_kafka
+from spoolmq.kafka.records import OutRecord, encode_batch
+from spoolmq.kafka.wire import Reader, Writer
+from spoolmq.store.reader import Reader as StoreReader
+
+_RECORDS_PER_BATCH = 500
+MAX_WAIT_MS = 30_000
+_EARLIEST = -2
+_LATEST = -1
+
+
+class _Part:
+    __slots__ = ("data", "error", "high", "max_bytes", "offset", "partition", "start")
+
+    def __init__(self, partition: int, offset: int, max_bytes: int) -> None:
+        self.partition = partition
+        self.offset = offset
+        self.max_bytes = max_bytes
+        self.error = int(ErrorCode.NONE)
+        self.high = -1
+        self.start = -1
+        self.data = b""
+
+
+async def handle_fetch(ctx: RequestContext, version: int, r: Reader) -> bytes:
+    core = core_of(ctx)
+    r.int32()  # replica_id: always a consumer (-1) here
+    max_wait_ms = r.int32()
+    min_bytes = r.int32()
+    max_bytes = r.int32()
+    r.int8()  # isolation_level: no transactions, so both levels read the same
+    if version >= 7:
+        r.int32()  # session_id
+        r.int32()  # session_epoch
+    topics: list[tuple[str, list[_Part]]] = []
+    for _ in range(r.array_count(min_size=6)):
+        topic = r.string()
+        parts = []
+        for _ in range(r.array_count(min_size=16)):
+            partition = r.int32()
+            offset = r.int64()
+            if version >= 5:
+                r.int64()  # log_start_offset: a follower's, unused
+            parts.append(_Part(partition, offset, r.int32()))
+        topics.append((topic, parts))
+    # v7's forgotten_topics_data only matters to sessions, which we do not keep.
+
+    readers: dict[tuple[str, int], StoreReader] = ctx.conn.setdefault("readers", {})
+    # A client's wait is bounded (clients use 500 ms by default) so that a hostile
+    # max_wait_ms of days cannot park a connection's task that long.
+    deadline = time.monotonic() + min(max(max_wait_ms, 0), MAX_WAIT_MS) / 1000
+    while True:
+        dirs = [core.partition_dir(t, p.partition) for t, parts in topics for p in parts]
+        armed = core.watcher.arm(dirs)
+        total = _read_all(core, readers, topics, max_bytes)
+        errors = any(p.error for _, parts in topics for p in parts)
+        left = deadline - time.monotonic()
+        if total >= min_bytes or errors or left <= 0:
+            core.watcher.disarm(armed)
+            break
+        await core.watcher.wait(armed, left)
+
+    w = Writer().int32(0)  # throttle_time_ms
+    if version >= 7:
+        w.int16(ErrorCode.NONE).int32(0)  # error_code, session_id (no session)
+    w.int32(len(topics))
+    for topic, parts in topics:
+        w.string(topic).int32(len(parts))
+        for p in parts:
+            w.int32(p.partition).int16(p.error).int64(p.high).int64(p.high)
+            if version >= 5:
+                w.int64(p.start)
+            w.int32(0)  # aborted_transactions: none
+            w.bytes_(p.data)
+    return w.getvalue()
+
+
+def _read_all(
+    core: KafkaCore,
+    readers: dict[tuple[str, int], StoreReader],
+    topics: list[tuple[str, list[_Part]]],
+    max_bytes: int,
+) -> int:
+    total = 0
+    for topic, parts in topics:
+        for p in parts:
+            budget = min(p.max_bytes, max_bytes - total)
+            # KIP-74: the first non-empty partition gets at least one batch even
+            # past the budget, so a record larger than the limits still goes out.
+            p.data = _read_partition(core, readers, topic, p, budget, force=total == 0)
+            total += len(p.data)
+    return total
+
+
+def _read_partition(
+    core: KafkaCore,
+    readers: dict[tuple[str, int], StoreReader],
+    topic: str,
+    p: _Part,
+    budget: int,
+    *,
+    force: bool,
+) -> bytes:
+    try:
+        log = core.store.partition_log(topic, p.partition)
+        p.start, p.high = log.log_start_offset(), log.log_end_offset()
+        if not p.start <= p.offset <= p.high:
+            p.error = int(ErrorCode.OFFSET_OUT_OF_RANGE)
+            return b""
+        if p.offset == p.high or (budget <= 0 and not force):
+            return b""
+        key = (topic, p.partition)
+        reader = readers.get(key)
+        if reader is None:
+            reader = readers[key] = core.store.reader(topic, p.partition, offset=p.offset)
+        elif reader.position != p.offset:
+            reader.seek(p.offset)
+        return _encode_entries(reader, budget, p)
+    except SpoolError as exc:
+        p.error = error_code_of(exc)
+        return b""
+
+
+def _encode_entries(reader: StoreReader, budget: int, p: _Part) -> bytes:
+    out = bytearray()
+    while len(out) < budget or not out:
+        entries = reader.read_entries(_RECORDS_PER_BATCH)
+        if not entries:
+            break
+        records = []
+        for fields, _line in entries:
+            key, value, headers = fields_to_kafka(fields)
+            records.append(OutRecord(fields["offset"], fields["timestamp"], key, value, headers))
+        batch = encode_batch(records)
+        if out and len(out) + len(batch) > budget:
+            # The reader went past what fits: next time it seeks back.
+            break
+        out += batch
+        p.high = max(p.high, records[-1].offset + 1)
+    # The reader's position may be past what was sent; the next Fetch names its
+    # offset and the reader seeks when they differ.
+    return bytes(out)
+
+
+# -- ListOffsets --------------------------------------------------------------------------
+
+
+async def handle_list_offsets(ctx: RequestContext, version: int, r: Reader) -> bytes:
+    core = core_of(ctx)
+    r.int32()  # replica_id
+    if version >= 2:
+        r.int8()  # isolation_level
+    topics: list[tuple[str, list[tuple[int, int]]]] = []
+    for _ in range(r.array_count(min_size=6)):
+        topic = r.string()
+        parts = [(r.int32(), r.int64()) for _ in range(r.array_count(min_size=12))]
+        topics.append((topic, parts))
+    w = Writer()
+    if version >= 2:
+        w.int32(0)  # throttle_time_ms
+    w.int32(len(topics))
+    for topic, parts in topics:
+        w.string(topic).int32(len(parts))
+        for partition, timestamp in parts:
+            error, ts, offset = _list_offset(core, topic, partition, timestamp)
+            w.int32(partition).int16(error).int64(ts).int64(offset)
+    return w.getvalue()
+
+
+def _list_offset(
+    core: KafkaCore, topic: str, partition: int, timestamp: int
+) -> tuple[int, int, int]:
+    """(error, timestamp, offset) for one partition: earliest, latest or by time."""
+    try:
+        log = core.store.partition_log(topic, partition)
+        if timestamp == _LATEST:
+            return ErrorCode.NONE, -1, log.log_end_offset()
+        if timestamp == _EARLIEST:
+            return ErrorCode.NONE, -1, log.log_start_offset()
+        if timestamp < 0:
+            return ErrorCode.INVALID_REQUEST, -1, -1
+        offset = core.store.offset_for_timestamp(topic, partition, timestamp)
+        if offset >= log.log_end_offset():
+            return ErrorCode.NONE, -1, -1  # no record at or after that time (as Kafka)
+        found = _timestamp_at(core, topic, partition, offset)
+        return ErrorCode.NONE, found, offset
+    except SpoolError as exc:
+        return error_code_of(exc), -1, -1
+
+
+def _timestamp_at(core: KafkaCore, topic: str, partition: int, offset: int) -> int:
+    reader = core.store.reader(topic, partition, offset=offset)
+    try:
+        entries: list[tuple[dict[str, Any], bytes]] = reader.read_entries(1)
+    finally:
+        reader.close()
+    return int(entries[0][0]["timestamp"]) if entries else -1
+
+
+APIS = [
+    ApiHandler(ApiKey.FETCH, 4, 8, handle_fetch, name="Fetch"),
+    ApiHandler(ApiKey.LIST_OFFSETS, 1, 3, handle_list_offsets, name="ListOffsets"),
+]

@@ -1,0 +1,231 @@
+"""The asyncio listener of the Kafka front: frames in, dispatch, frames out.
+
+One connection is served in request order, as a Kafka broker does (it mutes a
+channel while a request is in flight), so responses leave in the order their
+requests arrived and Produce batches of one connection reach the
+PublisherBroker in order, which idempotent sequence numbers rely on.
+
+Hostile input stays on its connection: the size prefix is checked against
+``max_request_bytes`` before the frame is read, the body is parsed by the
+bounded :class:`~spoolmq.kafka.wire.Reader`, and a frame that does not parse
+closes that connection only. An unknown API key or a version outside the
+advertised range is answered with UNSUPPORTED_VERSION and the connection
+stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import ssl
+import struct
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from spoolmq.errors import KafkaDecodeError
+from spoolmq.kafka.api import PRE_AUTH_APIS, ApiKey, ErrorCode, RequestContext
+from spoolmq.kafka.dispatch import Dispatcher, default_dispatcher
+from spoolmq.kafka.wire import Reader
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+
+# Kafka's socket.request.max.bytes default; a size prefix above it is refused
+# before anything is allocated for the frame.
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+# api_key + api_version + correlation_id + client_id length.
+MIN_REQUEST_BYTES = _HEADER.size + 2
+
+
+class CloseConnection(Exception):
+    """Raised inside the serving loop to drop one connection (not an error of the child)."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for addresses only this machine can reach (no authentication needed there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class KafkaServer:
+    """Serves Kafka requests on one listener; one instance per Kafka child."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        host: str,
+        port: int,
+        *,
+        dispatcher: Dispatcher | None = None,
+        auth_required: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        shared: dict[str, Any] | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
+        self.auth_required = auth_required
+        self.ssl_context = ssl_context
+        self.max_request_bytes = max_request_bytes
+        self.template = RequestContext(
+            data_dir=Path(data_dir),
+            host=host,
+            port=port,
+            auth_required=auth_required,
+            tls=ssl_context is not None,
+            shared=shared if shared is not None else {},
+        )
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> asyncio.Server:
+        self._server = await asyncio.start_server(
+            self._serve,
+            self.template.host,
+            self.template.port,
+            ssl=self.ssl_context,
+            reuse_address=True,
+        )
+        # Port 0 asks the OS for a free port; advertise the one we got.
+        sock = self._server.sockets[0]
+        self.template.port = int(sock.getsockname()[1])
+        return self._server
+
+    @property
+    def port(self) -> int:
+        return self.template.port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def new_context(self, peer: str) -> RequestContext:
+        # Each connection gets its own context; ``shared`` stays the one dict.
+        return replace(self.template, peer=peer, conn={}, authenticated=False, principal=None)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        peername = writer.get_extra_info("peername")
+        ctx = self.new_context(str(peername))
+        try:
+            while True:
+                frame = await self._read_frame(reader)
+                if frame is None:
+                    return
+                response = await self.handle_frame(ctx, frame)
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+                if ctx.close_after_response:
+                    return
+        except (CloseConnection, KafkaDecodeError) as exc:
+            log.info("kafka: closing %s: %s", ctx.peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        except asyncio.CancelledError:
+            # close() cancels the connections it ends; asyncio's stream callback
+            # would log a cancelled serving task as an error, so end it normally.
+            return
+        except Exception:
+            # A bug in a handler must cost one connection, never the child.
+            log.exception("kafka: request from %s failed; closing the connection", ctx.peer)
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+                await writer.wait_closed()
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
+        try:
+            head = await reader.readexactly(_SIZE.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise CloseConnection("truncated size prefix") from None
+            return None  # a clean close between requests
+        (size,) = _SIZE.unpack(head)
+        if size < MIN_REQUEST_BYTES or size > self.max_request_bytes:
+            raise CloseConnection(
+                f"request size {size} outside [{MIN_REQUEST_BYTES}, {self.max_request_bytes}]"
+            )
+        return await reader.readexactly(size)
+
+    async def handle_frame(self, ctx: RequestContext, frame: bytes) -> bytes | None:
+        """One request frame (without its size prefix) to one response frame, or None."""
+        r = Reader(frame)
+        api_key = r.int16()
+        version = r.int16()
+        correlation_id = r.int32()
+        ctx.client_id = r.nullable_string()
+        if ctx.auth_required and not ctx.authenticated and api_key not in PRE_AUTH_APIS:
+            raise CloseConnection(f"api {api_key} before authentication")
+        handler = self.dispatcher.get(api_key)
+        if api_key == ApiKey.API_VERSIONS and (handler is None or not handler.supports(version)):
+            # KIP-511: the body (flexible from v3) is not parsed; the answer is v0.
+            return _frame(correlation_id, self.dispatcher.unsupported_api_versions())
+        if handler is None or not handler.supports(version):
+            # Without a schema for this key/version, the one thing a client can
+            # read is an error code at the front of the body; the connection
+            # stays open for the requests it sends next.
+            return _frame(correlation_id, struct.pack(">h", ErrorCode.UNSUPPORTED_VERSION))
+        if handler.is_flexible(version):
+            r.tagged_fields()
+        body = await handler.handle(ctx, version, r)
+        if body is None:
+            return None
+        return _frame(correlation_id, body)
+
+
+def _frame(correlation_id: int, body: bytes) -> bytes:
+    # Response header v0: just the correlation id (no flexible versions served).
+    return _SIZE.pack(len(body) + 4) + _SIZE.pack(correlation_id) + body
+
+
+async def start_kafka_listener(
+    data_dir: Path,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    auth_required: bool | None = None,
+    dispatcher: Dispatcher | None = None,
+) -> KafkaServer:
+    """Start serving Kafka on ``host:port``; the returned server knows the bound port.
+
+    ``auth_required`` defaults to "the address is not loopback": a development
+    listener on 127.0.0.1 accepts clients as they are (the guide's code), any
+    other address demands SASL first. ``ssl_context`` (from ``--kafka-tls``)
+    wraps every connection in TLS.
+    """
+    if auth_required is None:
+        auth_required = not is_loopback_host(host)
+    server = KafkaServer(
+        data_dir,
+        host,
+        port,
+        dispatcher=dispatcher,
+        auth_required=auth_required,
+        ssl_context=ssl_context,
+    )
+    await server.start()
+    return server

@@ -1,0 +1,113 @@
+"""Checking what a browser or an API client sends, as the CLI checks its arguments.
+
+Nothing from a request is trusted: a topic name goes through :func:`check_topic` before a
+path is built from it, an offset is a whole number ≥ 0, a time is ISO 8601 or epoch ms, a
+search's bound is capped. A bad value is an :class:`InvalidArgumentError` (or
+:class:`InvalidTopicError`), which the application answers with 400 and the message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spoolmq.browse import Filters, Start, parse_time
+from spoolmq.errors import InvalidArgumentError
+from spoolmq.store.names import check_topic
+
+MAX_PAGE = 500
+MAX_SCAN = 1_000_000
+DEFAULT_SCAN = 10_000
+MAX_RESULTS = 1000
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+
+__all__ = ["check_topic"]
+
+
+def whole(value: Any, what: str, *, low: int = 0, high: int | None = None) -> int:
+    """A whole number in ``low`` .. ``high``, from a query string (text) or JSON (int)."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{what} must be a whole number, not {value!r}")
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+        value = int(value)
+    if not isinstance(value, int):
+        raise InvalidArgumentError(f"{what} must be a whole number, not {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise InvalidArgumentError(f"{what} must be {bound}, not {value}")
+    return value
+
+
+def optional_whole(value: Any, what: str, *, high: int | None = None) -> int | None:
+    return None if value in (None, "") else whole(value, what, high=high)
+
+
+def moment(value: Any, what: str = "time") -> int | None:
+    """Epoch milliseconds from ISO 8601 (a zone-less time is UTC, as the log's timestamps
+    and the page are) or a number of ms; None for nothing."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        return whole(value, what)
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be an ISO date-time or epoch ms")
+    return parse_time(value)
+
+
+def group_name(value: Any) -> str:
+    if not isinstance(value, str) or not _GROUP.fullmatch(value):
+        raise InvalidArgumentError(f"invalid consumer group name {str(value)[:60]!r}")
+    return value
+
+
+def text(value: Any, what: str, *, limit: int = 1000) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise InvalidArgumentError(f"{what} must be text of at most {limit} characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What the message browser and the DLQ page search for: a start, the partition (None:
+    all), the :class:`Filters` of :mod:`spoolmq.browse` (shared with ``spoolmq read``, so
+    both refuse the same input with the same message) and the bounds."""
+
+    partition: int | None
+    start: Start
+    filters: Filters
+    max_scan: int
+    max_results: int
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any]) -> Search:
+        offset = optional_whole(params.get("offset"), "offset")
+        when = moment(params.get("time"))
+        start = Start("time", when) if when is not None else Start()
+        if offset is not None:
+            start = Start("offset", offset)
+        header, tag, field = (text(params.get(n), n) for n in ("header", "tag", "field"))
+        return cls(
+            partition=optional_whole(params.get("partition"), "partition", high=100_000),
+            start=start,
+            filters=Filters.parse(
+                key=text(params.get("key"), "key"),
+                headers=[header] if header else [],
+                tags=[tag] if tag else [],
+                fields=[field] if field else [],
+            ),
+            max_scan=whole(
+                params.get("max_scan") or DEFAULT_SCAN, "max_scan", low=1, high=MAX_SCAN
+            ),
+            max_results=whole(
+                params.get("max_results") or MAX_RESULTS, "max_results", low=1, high=MAX_RESULTS
+            ),
+        )
+
+    @property
+    def narrows(self) -> bool:
+        """Whether any filter was given (else a search keeps every record)."""
+        return not self.filters.empty

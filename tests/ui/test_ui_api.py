@@ -1,0 +1,440 @@
+"""The console's JSON API and its security, against a real `spoolmq ui` process on a store
+with no broker: passwords and tokens stored hashed, the bearer token, the login, CSRF on
+every session POST, read-only, and inputs checked as the CLI checks them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from ui_helpers import PASSWORD, Client, UIProcess, spoolmq
+
+from spoolmq import Store
+from spoolmq.broker.dead_letter import DeadLetterHeader
+from spoolmq.store import Message
+from spoolmq.types import TopicPartition
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ui_api") / "queue_data"
+    with Store(root) as store:
+        store.create_topic("orders", partitions=2)
+        store.append_batch("orders", [
+            Message(value={"n": i, "customer": {"id": i % 3}}, key=f"k{i}",
+                    headers=[("trace", f"t{i}")], tags=("vip",) if i % 5 == 0 else (), partition=0)
+            for i in range(40)
+        ])  # fmt: skip
+        store.append("orders", b"\x00\xffraw", key=b"\x01", partition=1)
+        store.state.commit_offsets("billing", {TopicPartition("orders", 0): 10})
+    write_events(root)
+    result = spoolmq("ui", "--set-password", "--data", str(root), stdin=PASSWORD + "\n")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def write_events(root: Path) -> None:
+    """Both shapes of docs/FORMAT.md in one file: frame lines (``runs``) and message lines
+    (``offset``), a lag snapshot, a line older than the hour, and a torn last line."""
+    now = int(time.time() * 1000)
+    day = dt.datetime.fromtimestamp(now / 1000, dt.UTC).date().isoformat()
+    folder = root / "events" / f"date={day}"
+    folder.mkdir(parents=True)
+    lines = [
+        {"ts": now - 2 * 3600_000, "type": "delivered", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 100, 1]]},
+        {"ts": now - 1000, "type": "delivered", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 6, 1], ["orders", 0, 8, 4, 1]]},
+        {"ts": now - 900, "type": "acked", "group": "billing", "consumer": "c1-7#1",
+         "runs": [["orders", 0, 0, 6, 1]], "processing_ms": [1, 1, 1, 1, 1, 1]},
+        {"ts": now - 800, "type": "acked", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": 8, "consumer": "c2-9#1", "attempt": 1},
+        {"ts": now - 700, "type": "nacked", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": 9, "consumer": "c2-9#1", "attempt": 1, "reason": "boom"},
+        {"ts": now - 600, "type": "lag", "group": "billing", "topic": "orders", "partition": 0,
+         "offset": None, "committed": 10, "log_end_offset": 40, "lag": 30},
+    ]  # fmt: skip
+    text = b"".join(orjson.dumps(line) + b"\n" for line in lines) + b'{"ts": 17'
+    (folder / f"{now - 3 * 3600_000}-1.jsonl").write_bytes(text)
+
+
+@pytest.fixture(scope="module")
+def ui(data: Path) -> Iterator[UIProcess]:
+    with UIProcess(data) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def token(data: Path) -> str:
+    result = spoolmq("ui", "token", "create", "tests", "--data", str(data))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_password_is_stored_hashed_and_private(data: Path) -> None:
+    path = data / "ui_password"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = orjson.loads(path.read_bytes())
+    assert stored["scheme"] == "scrypt" and PASSWORD not in path.read_text()
+
+
+def test_a_short_password_is_refused_and_nothing_changes(data: Path) -> None:
+    before = (data / "ui_password").read_bytes()
+    result = spoolmq("ui", "--set-password", "--data", str(data), stdin="short\n")
+    assert result.returncode == 2 and "at least 8" in result.stderr
+    assert (data / "ui_password").read_bytes() == before
+
+
+def test_the_console_will_not_serve_without_a_password(tmp_path: Path) -> None:
+    with Store(tmp_path / "q"):
+        pass
+    result = spoolmq("ui", "--data", str(tmp_path / "q"), "--listen", "127.0.0.1:0")
+    assert result.returncode == 2 and "--set-password" in result.stderr
+
+
+def test_a_token_is_printed_once_and_stored_hashed(data: Path, token: str) -> None:
+    tokens = data / "ui_tokens.json"
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+    assert token.startswith("smq_") and token not in tokens.read_text()
+    listing = spoolmq("ui", "token", "list", "--json", "--data", str(data))
+    assert [t["name"] for t in orjson.loads(listing.stdout)] == ["tests"]
+    assert token not in listing.stdout
+
+
+def test_the_api_needs_a_valid_token(ui: UIProcess, token: str) -> None:
+    status, _, headers = Client(ui.url).request("/api/topics")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    assert Client(ui.url, "smq_wrong").json("/api/topics")[0] == 401
+    status, topics = Client(ui.url, token).json("/api/topics")
+    assert status == 200
+    assert [(t["name"], t["messages"]) for t in topics] == [("orders", 41)]
+
+
+def test_a_revoked_token_stops_working_at_once(ui: UIProcess, data: Path) -> None:
+    created = spoolmq("ui", "token", "create", "short-lived", "--data", str(data))
+    second = created.stdout.strip().splitlines()[-1]
+    assert Client(ui.url, second).json("/api/topics")[0] == 200
+    listing = orjson.loads(spoolmq("ui", "token", "list", "--json", "--data", str(data)).stdout)
+    token_id = next(t["id"] for t in listing if t["name"] == "short-lived")
+    assert spoolmq("ui", "token", "revoke", token_id, "--data", str(data)).returncode == 0
+    assert Client(ui.url, second).json("/api/topics")[0] == 401
+    assert spoolmq("ui", "token", "revoke", token_id, "--data", str(data)).returncode == 2
+
+
+def test_a_wrong_password_gets_no_session(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login("not the password") == 401
+    assert not [c for c in client.cookies if c.name == "spoolmq_session"]
+    assert client.json("/api/topics")[0] == 401
+    status, _, headers = client.request("/topics")
+    assert status == 303 and headers["location"] == "/login"
+
+
+def test_a_login_form_from_elsewhere_is_refused(ui: UIProcess) -> None:
+    # No nonce cookie from our own login page: what another site's form would send.
+    status, page, _ = Client(ui.url).request(
+        "/login", method="POST", form={"nonce": "guess", "password": PASSWORD}
+    )
+    assert status == 401 and b"expired" in page
+
+
+def test_every_session_post_needs_the_csrf_token(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    assert client.json("/api/topics")[0] == 200  # a GET needs none
+    reset = {"topic": "orders", "to": "earliest"}
+    path = "/api/groups/billing/reset"
+    assert client.json(path, method="POST", body=reset)[0] == 403
+    assert client.json(path, method="POST", body=reset, headers={"X-CSRF-Token": "x"})[0] == 403
+    status, plan = client.json(path, method="POST", body=reset,
+                               headers={"X-CSRF-Token": client.csrf})  # fmt: skip
+    assert status == 200 and plan["executed"] is False
+    assert plan["changes"][0] == {"topic": "orders", "partition": 0, "from": 10, "to": 0}
+
+
+def test_pages_and_api_say_what_they_are(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    status, page, headers = client.request("/topics/orders")
+    assert status == 200 and b'data-page="topic"' in page and b'data-arg="orders"' in page
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert client.request("/api/nothing")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/api/topics/orders/messages?offset=-1", 400, "offset must be at least 0"),
+        ("/api/topics/orders/messages?offset=1e3", 400, "whole number"),
+        ("/api/topics/orders/messages?limit=100000", 400, "limit must be 1 to 500"),
+        ("/api/topics/orders/messages?partition=7", 404, "no partition 7"),
+        ("/api/topics/orders/messages?time=yesterday", 400, "ISO 8601"),
+        ("/api/topics/bad%20name!/messages", 400, "invalid topic name"),
+        ("/api/topics/nope/messages", 404, "does not exist"),
+        ("/api/topics/orders/search?header=novalue", 400, "NAME=VALUE"),
+        ("/api/topics/orders/search?max_scan=0", 400, "max_scan must be 1 to"),
+        ("/api/topics/orders/search?field=a..b=1", 400, "names joined by dots"),
+        ("/api/topics/orders/search?time=2026-13-01", 400, "ISO 8601"),
+        ("/api/dlq/nope", 404, "does not exist"),
+        ("/api/live?view=secrets", 400, "view must be one of"),
+        ("/api/live?view=dlq", 400, "invalid topic name"),
+        ("/api/live?view=dlq&topic=nope", 404, "does not exist"),
+    ],
+)
+def test_inputs_are_checked_as_the_cli_checks_them(
+    ui: UIProcess, token: str, path: str, status: int, says: str
+) -> None:
+    got, answer = Client(ui.url, token).json(path)
+    assert got == status and says in answer["error"], answer
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"topic": "orders", "to": "sideways"}, "earliest, latest, offset or time"),
+        ({"topic": "orders", "to": "offset", "value": -3}, "offset must be at least 0"),
+        ({"topic": "orders", "to": "offset", "value": True}, "whole number"),
+        ({"topic": "../etc", "to": "earliest"}, "invalid topic name"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_action_bodies_are_checked(ui: UIProcess, token: str, body: object, says: str) -> None:
+    status, answer = Client(ui.url, token).json(
+        "/api/groups/billing/reset", method="POST", body=body
+    )
+    assert status == 400 and says in answer["error"]
+
+
+def test_a_body_that_is_not_json_is_refused(ui: UIProcess, token: str) -> None:
+    status, answer = Client(ui.url, token).json(
+        "/api/groups/billing/reset", method="POST", raw=b"{nope"
+    )
+    assert status == 400 and "not JSON" in answer["error"]
+
+
+def test_pages_of_a_partition_go_forwards_and_back(ui: UIProcess, token: str) -> None:
+    client = Client(ui.url, token)
+    _, newest = client.json("/api/topics/orders/messages?partition=0&limit=15")
+    assert [m["offset"] for m in newest["messages"]] == list(range(25, 40))
+    _, older = client.json(
+        "/api/topics/orders/messages?partition=0&limit=15&offset=25&direction=back"
+    )
+    assert [m["offset"] for m in older["messages"]] == list(range(10, 25))
+    _, first = client.json("/api/topics/orders/messages?partition=0&limit=3&offset=0")
+    assert first["messages"][0]["value"] == {"n": 0, "customer": {"id": 0}}
+    assert first["messages"][0]["headers"] == [["trace", "t0"]]
+    _, raw = client.json("/api/topics/orders/messages?partition=1")
+    assert raw["messages"][0]["value"] == {"hex": "00ff726177"}
+    assert raw["messages"][0]["key"] == {"hex": "01"}
+
+
+def test_a_search_streams_matches_then_its_count(ui: UIProcess, token: str) -> None:
+    client = Client(ui.url, token)
+    status, content, headers = client.request(
+        "/api/topics/orders/search?field=customer.id=2&tag=vip"
+    )
+    assert status == 200 and headers["content-type"] == "application/x-ndjson"
+    lines = [orjson.loads(line) for line in content.splitlines()]
+    assert [line["match"]["offset"] for line in lines[:-1]] == [5, 20, 35]
+    assert lines[-1]["done"] and lines[-1]["matches"] == 3 and lines[-1]["scanned"] == 41
+
+
+def test_a_search_stops_at_its_bound_and_says_so(ui: UIProcess, token: str) -> None:
+    content = Client(ui.url, token).request("/api/topics/orders/search?key=k39&max_scan=20")[1]
+    done = orjson.loads(content.splitlines()[-1])
+    assert done == {"done": True, "scanned": 20, "matches": 0, "bounded": True}
+    found = Client(ui.url, token).request("/api/topics/orders/search?key=k39&header=trace=t39")[1]
+    assert orjson.loads(found.splitlines()[0])["match"]["offset"] == 39
+
+
+def test_the_history_counts_the_last_hour_from_logs_and_events(ui: UIProcess, token: str) -> None:
+    status, history = Client(ui.url, token).json("/api/history?minutes=60")
+    assert status == 200 and len(history["minutes"]) == 60
+    totals = {name: sum(counts) for name, counts in history["series"].items()}
+    assert totals == {"published": 41, "delivered": 10, "acked": 7, "nacked": 1,
+                      "dead_lettered": 0, "expired": 0}  # fmt: skip
+    assert [v for v in history["lag"]["billing"] if v is not None] == [30]
+    assert set(history["last_seen"]) == {"c1-7#1", "c2-9#1"}
+
+
+def test_the_overview_shows_the_files_when_no_broker_runs(ui: UIProcess, token: str) -> None:
+    status, overview = Client(ui.url, token).json("/api/overview")
+    assert status == 200
+    assert overview["broker"] == {"running": False}
+    assert overview["messages"] == 41 and overview["topics"] == 1
+
+
+def test_read_only_refuses_every_action(data: Path, token: str) -> None:
+    with UIProcess(data, "--read-only") as ui:
+        client = Client(ui.url, token)
+        assert client.json("/api/topics")[0] == 200
+        for path, body in [
+            ("/api/groups/billing/reset", {"topic": "orders", "to": "earliest", "execute": True}),
+            ("/api/dlq/orders/redrive", {"all": True}),
+            ("/api/dlq/orders/purge", {"confirm": True}),
+        ]:
+            status, answer = client.json(path, method="POST", body=body)
+            assert status == 403 and "read-only" in answer["error"]
+    with Store(data) as store:
+        assert store.state.committed_offsets("billing") == {("orders", 0): 10}
+
+
+def _dead_letter(n: int, reason: str) -> Message:
+    return Message(
+        value={"job": n},
+        key=f"job-{n}",
+        headers=[
+            (DeadLetterHeader.REASON, reason), (DeadLetterHeader.ATTEMPTS, "3"),
+            (DeadLetterHeader.GROUP, "workers"), (DeadLetterHeader.TOPIC, "jobs"),
+            (DeadLetterHeader.PARTITION, "0"), (DeadLetterHeader.OFFSET, str(n)),
+        ],
+    )  # fmt: skip
+
+
+def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("jobs")
+        store.append_batch("jobs.dlq", [_dead_letter(n, f"boom {n}") for n in range(4)])
+    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    with UIProcess(data) as ui:
+        client = Client(ui.url, token)
+        status, listing = client.json("/api/dlq/jobs")
+        assert status == 200 and len(listing["dead_letters"]) == 4
+        assert listing["dead_letters"][1]["origin"] == {
+            "topic": "jobs",
+            "partition": 0,
+            "offset": 1,
+        }
+        assert listing["dead_letters"][1]["attempts"] == 3
+        status, found = client.json("/api/dlq/jobs?key=job-2")
+        assert [d["dlq_offset"] for d in found["dead_letters"]] == [2]
+
+        status, done = client.json(
+            "/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 1]]}
+        )
+        assert status == 200 and done == {"replayed": 1, "already_replayed": 0}
+        body = {"all": True, "filter": {"key": "job-3"}, "to_group": "workers"}
+        assert client.json("/api/dlq/jobs/redrive", method="POST", body=body)[1]["replayed"] == 1
+        status, answer = client.json(
+            "/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 9]]}
+        )
+        assert status == 400 and "no dead letter" in answer["error"]
+        assert client.json("/api/dlq/jobs/redrive", method="POST", body={})[0] == 400
+
+        assert client.json("/api/dlq/jobs/purge", method="POST", body={"all": True})[0] == 400
+        body = {"confirm": True, "all": True, "filter": {"key": "job-0"}}
+        assert client.json("/api/dlq/jobs/purge", method="POST", body=body)[1] == {"purged": 1}
+        left = client.json("/api/dlq/jobs")[1]["dead_letters"]
+        assert [d["dlq_offset"] for d in left] == [1, 2, 3]
+    with Store(data) as store:
+        replayed = list(store.reader("jobs", 0))
+    assert [r.value for r in replayed] == [{"job": 1}, {"job": 3}]
+    assert ("x-spoolmq-only-group", "workers") in replayed[1].headers
+    assert not any(h.startswith("x-dlq-") for h, _ in replayed[0].headers)
+
+
+@pytest.mark.parametrize("listen", ["8080", "localhost:http", "127.0.0.1:70000", ":8080"])
+def test_a_bad_listen_address_is_one_line(data: Path, listen: str) -> None:
+    result = spoolmq("ui", "--data", str(data), "--listen", listen)
+    assert result.returncode == 2
+    assert (
+        result.stderr.startswith("spoolmq: --listen takes HOST:PORT")
+        and "Traceback" not in result.stderr
+    )
+
+
+def test_a_search_over_every_partition_labels_each_match(ui: UIProcess, token: str) -> None:
+    content = Client(ui.url, token).request("/api/topics/orders/search?max_scan=100")[1]
+    lines = [orjson.loads(line) for line in content.splitlines()]
+    matches = [line["match"] for line in lines[:-1]]
+    assert len(matches) == 41 and lines[-1]["matches"] == 41 and not lines[-1]["bounded"]
+    raw = [m for m in matches if m["value"] == {"hex": "00ff726177"}]
+    assert len(raw) == 1 and raw[0]["partition"] == 1
+    assert {m["partition"] for m in matches if m is not raw[0]} == {0}
+
+
+def test_a_damaged_record_ends_a_streamed_search_with_an_error(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        for n in range(3):
+            store.append("events", {"n": n, "note": "intact"})
+    segment = next((data / "logs" / "events" / "0").glob("*.jsonl"))
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"intact", b"broken")  # same length, wrong CRC
+    segment.write_bytes(b"".join(lines))
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
+    with UIProcess(data) as ui:
+        status, content, _ = Client(ui.url, token).request("/api/topics/events/search")
+    items = [orjson.loads(line) for line in content.splitlines()]
+    assert status == 200 and items[0]["match"]["offset"] == 0
+    assert "error" in items[-1] and not any("done" in item for item in items)
+
+
+def test_metrics_are_served_behind_the_login(ui: UIProcess, token: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert Client(ui.url).request("/metrics")[0] == 401
+    status, content, headers = Client(ui.url, token).request("/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(content.decode())
+        for s in family.samples
+    }
+    assert samples[("spoolmq_broker_up", ())] == 0
+    assert samples[("spoolmq_log_end_offset", (("partition", "0"), ("topic", "orders")))] == 40
+    lag = (
+        "spoolmq_group_lag_messages",
+        (("group", "billing"), ("partition", "0"), ("topic", "orders")),
+    )
+    assert samples[lag] == 30
+
+
+def test_without_the_ui_extra_the_command_says_what_to_install(data: Path, tmp_path: Path) -> None:
+    # A sitecustomize that makes starlette look uninstalled, in the child process only.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'starlette':\n"
+        "            raise ModuleNotFoundError(name, name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "ui", "--data", str(data), "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "spoolmq: spoolmq ui needs the 'ui' extra (starlette is not installed): "
+        "pip install 'spoolmq[ui]' (or uv add 'spoolmq[ui]')"
+    ]
+
+
+def test_live_updates_are_server_sent_events(ui: UIProcess, token: str) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(
+        ui.url + "/api/live?view=groups", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as stream:  # it never ends: read two
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        events = []
+        while len(events) < 2:
+            event, data = stream.readline(), stream.readline()
+            assert stream.readline() == b"\n"
+            events.append((event, orjson.loads(data.removeprefix(b"data: "))))
+    assert [event for event, _ in events] == [b"event: groups\n"] * 2
+    assert events[0][1]["billing"]["partitions"][0]["committed"] == 10
