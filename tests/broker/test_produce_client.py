@@ -14,7 +14,7 @@ import pytest
 from fake_publish_broker import serve_one_publisher
 
 from spoolmq import Publisher
-from spoolmq.errors import MessageTooLargeError, PublishTimeoutError
+from spoolmq.errors import InvalidArgumentError, MessageTooLargeError, PublishTimeoutError
 from spoolmq.store.message import Position
 from spoolmq.store.partitioner import partition_for_key
 
@@ -158,3 +158,17 @@ def test_a_full_buffer_fails_the_caller_after_the_delivery_timeout(tmp_path: Pat
             gate.set()
             pub.close()
         server.join(10)
+
+
+def test_set_next_sequence_numbers_the_next_message(publisher: Any) -> None:
+    """A caller that numbers its own messages (a periodic job's tick) gets that sequence on
+    the wire, and the messages after it continue from there; a bad number is refused."""
+    pub, frames = publisher
+    pub.set_next_sequence(41)
+    pub.publish("t", "a")
+    pub.publish("t", "b")
+    sent = [record["sequence"] for frame in frames for record in frame["records"]]
+    assert sent[-2:] == [41, 42]
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(InvalidArgumentError):
+            pub.set_next_sequence(bad)

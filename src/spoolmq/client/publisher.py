@@ -28,6 +28,7 @@ from spoolmq.client.connection import Address, connect, resolve
 from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
+    InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
     SpoolError,
@@ -320,6 +321,16 @@ class Publisher:
             with self._cond:
                 self._wake()
         return future
+
+    def set_next_sequence(self, sequence: int) -> None:
+        """Give the next message published the idempotence sequence ``sequence`` (the
+        Publisher numbers from 0 on its own). For a caller that numbers its own messages
+        under a fixed ``producer_id``, such as a periodic job whose tick number is the
+        sequence: the broker then stores each number once, whichever process sends it and
+        however often. Messages published after it continue from ``sequence + 1``."""
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
+            raise InvalidArgumentError(f"a sequence is an int >= 0, not {sequence!r}")
+        self._sequences = itertools.count(sequence)
 
     def _wait_for_room(self) -> None:
         """Called with the condition held while the buffer is full: wait until answers

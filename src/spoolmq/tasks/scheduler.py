@@ -11,7 +11,6 @@ restart, from its producer ranges), and the tick's task id makes one ``tasks.db`
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -80,10 +79,9 @@ class Scheduler:
             eta_ms=None,
             result_ttl_ms=None if task.result_ttl is None else int(task.result_ttl * 1000),
         )
-        # The tick number is the message's sequence: the one place the task layer chooses
-        # a Publisher's sequence (the Publisher numbers from 0 on its own). Only this
-        # thread uses this Publisher, so nothing else takes a number from it meanwhile.
-        publisher._sequences = itertools.count(tick)
+        # The tick number is the message's sequence. Only this thread uses this Publisher,
+        # so nothing else takes a number from it meanwhile.
+        publisher.set_next_sequence(tick)
         value: dict[str, Any] = task_message(task, task_id, job.args, job.kwargs, task.priority)
         position = publisher.publish(task.topic, value)
         self.fired.append((job.name, tick, position.duplicate))
