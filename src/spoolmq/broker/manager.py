@@ -588,7 +588,6 @@ class BrokerManager:
                 "pid": os.getpid(),
                 "publisher": self._children["publisher"].stats,
                 "consumer": self._children["consumer"].stats,
-                "kafka": self._children["kafka"].stats if "kafka" in self._children else None,
                 "restarts": {name: c.restarts for name, c in self._children.items()},
                 "pids": {
                     name: (c.process.pid if c.process is not None else None)
@@ -605,6 +604,8 @@ class BrokerManager:
                 },
                 # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
                 "listen": list(self.tcp_address) if self.tcp_address else None,
+                # The Kafka child's figures, only with --kafka (the shape is unchanged without).
+                **({"kafka": self._children["kafka"].stats} if "kafka" in self._children else {}),
             }
         if action in ("describe_groups", "reset_group"):
             return self._ask_consumer_broker(frame)
