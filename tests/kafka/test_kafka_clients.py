@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from kafka_helpers import kafka_broker
 
+from readme_examples import code_blocks
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.store.partitioner import partition_for_key
 from spoolmq.testing import BrokerProcess, wait_until
@@ -40,6 +41,11 @@ def test_the_guides_producer_and_consumer_run_unchanged(
     running: tuple[BrokerProcess, str, Path],
 ) -> None:
     _, address, data = running
+    # The README shows the guide's code as it is.
+    assert code_blocks("Kafka clients")[:2] == [
+        (HERE / "guide_producer.txt").read_text(),
+        (HERE / "guide_consumer.txt").read_text(),
+    ]
     produced = subprocess.run(
         [sys.executable, "-c", _guide("guide_producer.txt", address)],
         capture_output=True,

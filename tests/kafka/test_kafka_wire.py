@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from kafka_helpers import recv_exact, request_frame
 
 from spoolmq.errors import KafkaDecodeError, ProtocolError, SpoolError
 from spoolmq.kafka.api import ApiKey, ErrorCode
@@ -66,21 +67,12 @@ def test_loopback_detection() -> None:
 
 
 def _request(api_key: int, version: int, corr: int, body: bytes = b"") -> bytes:
-    payload = struct.pack(">hhih", api_key, version, corr, 4) + b"test" + body
-    return struct.pack(">i", len(payload)) + payload
+    return request_frame(api_key, version, corr, body)
 
 
 def _recv_frame(sock: socket.socket) -> bytes:
-    def exact(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            assert chunk, "connection closed"
-            buf += chunk
-        return buf
-
-    (size,) = struct.unpack(">i", exact(4))
-    return exact(size)
+    (size,) = struct.unpack(">i", recv_exact(sock, 4))
+    return recv_exact(sock, size)
 
 
 def test_api_versions_answers_and_kip511_fallback(tmp_path: Path) -> None:

@@ -601,7 +601,6 @@ class BrokerManager:
                 "uptime_s": round(time.monotonic() - self._started, 3),
                 "publisher": self._children["publisher"].stats,
                 "consumer": self._children["consumer"].stats,
-                "kafka": self._children["kafka"].stats if "kafka" in self._children else None,
                 "restarts": {name: c.restarts for name, c in self._children.items()},
                 "pids": {
                     name: (c.process.pid if c.process is not None else None)
@@ -618,6 +617,8 @@ class BrokerManager:
                 },
                 # The TCP listener's real port, which `--listen HOST:0` leaves to the OS.
                 "listen": list(self.tcp_address) if self.tcp_address else None,
+                # The Kafka child's figures, only with --kafka (the shape is unchanged without).
+                **({"kafka": self._children["kafka"].stats} if "kafka" in self._children else {}),
             }
         if action == "describe_groups":
             answer = self._ask_consumer_broker(frame)
