@@ -158,32 +158,37 @@ def register(command: CommandFactory) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds to finish on SIGTERM"
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the workers log to stderr (default: info)",
+    )
 
     tasks = command("tasks", lambda args: _no_action(tasks), "sent tasks and their results")
     sub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION")
 
     def action(name: str, handler: Any, help_text: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", help="print JSON")
         _data_option(parser)
         parser.set_defaults(handler=handler)
         return parser
 
     listing = action("list", cmd_list, "the newest tasks")
-    listing.add_argument("--state", choices=STATES)
+    listing.add_argument("--state", choices=STATES, help="only tasks in this state")
     listing.add_argument("--name", help="only this task")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     for name, handler, help_text in (
         ("inspect", cmd_inspect, "everything about one task"),
         ("result", cmd_result, "one task's result (exit 2 if it did not succeed)"),
         ("cancel", cmd_cancel, "cancel a task that has not started"),
     ):
-        action(name, handler, help_text).add_argument("task_id")
+        action(name, handler, help_text).add_argument("task_id", help="the task's id")
     periodic = sub.add_parser("periodic", help="periodic jobs")
     periodic_sub = periodic.add_subparsers(dest="periodic_command", metavar="ACTION")
     p_list = periodic_sub.add_parser("list", help="the periodic jobs and their last ticks")
-    p_list.add_argument("--json", action="store_true")
+    p_list.add_argument("--json", action="store_true", help="print JSON")
     _data_option(p_list)
     p_list.set_defaults(handler=cmd_periodic_list)
     periodic.set_defaults(handler=lambda args: _no_action(periodic))

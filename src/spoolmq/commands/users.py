@@ -81,7 +81,7 @@ def cmd_users(args: argparse.Namespace) -> int:
 
 def register(command: CommandFactory) -> None:
     p = command("users", cmd_users, "add, list or remove the Kafka listener's SCRAM users")
-    p.add_argument("action", choices=["add", "list", "remove"])
+    p.add_argument("action", choices=["add", "list", "remove"], help="what to do")
     p.add_argument("name", nargs="?", help="the user (for add and remove)")
     p.add_argument("--replace", action="store_true", help="add: change an existing password")
     p.add_argument("--json", action="store_true", help="list: as JSON")
