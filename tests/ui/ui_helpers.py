@@ -6,7 +6,7 @@ from __future__ import annotations
 import http.cookiejar
 import os
 import re
-import select
+import selectors
 import shutil
 import subprocess
 import sys
@@ -50,7 +50,11 @@ class UIProcess:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        # A selector, not select.select: late in a long pytest session the pipe's descriptor
+        # can be above select()'s limit of 1024.
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            ready = selector.select(60)
         line = self.process.stdout.readline() if ready else ""
         found = re.search(r"http://\S+/", line)
         if found is None:

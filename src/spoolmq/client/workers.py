@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import pickle
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +29,17 @@ def _worker(
         consumer.run(handler, max_messages=max_messages, idle_timeout=idle_timeout)
 
 
+def _importable_by_name(handler: Any) -> bool:
+    """Whether a spawned process can find ``handler`` the way pickle sends a function: by
+    its module and qualified name (a lambda or a function defined inside another is not).
+    Checked by looking the name up rather than by pickling, since this package keeps
+    pickle out of its code altogether (tests/reliability/test_auth_and_files.py)."""
+    found: Any = sys.modules.get(getattr(handler, "__module__", None) or "")
+    for part in str(getattr(handler, "__qualname__", "")).split("."):
+        found = getattr(found, part, None)
+    return found is handler
+
+
 def run_workers(
     topics: str | Sequence[str],
     group: str,
@@ -48,13 +59,11 @@ def run_workers(
     check_settings("run_workers", consumer_options, setting_names(Consumer.__init__))
     if processes < 1:
         raise InvalidArgumentError(f"processes must be at least 1, not {processes!r}")
-    try:
-        pickle.dumps(handler)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+    if not _importable_by_name(handler):
         raise InvalidArgumentError(
             "run_workers' handler must be a module-level function (worker processes import "
-            f"it by name): {exc}"
-        ) from None
+            f"it by name): {handler!r} is not"
+        )
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(
