@@ -28,7 +28,7 @@ from spoolmq.types import TopicPartition
 
 
 @pytest.fixture
-def filled(data_dir: Path) -> Store:
+def filled(data_dir: Path) -> Iterator[Store]:
     """orders/0 holds offsets 0-9 stored at t = 1000, 1100, ... 1900 ms; billing has
     committed 4."""
     clock = ManualClock(1_000)
@@ -38,7 +38,8 @@ def filled(data_dir: Path) -> Store:
         store.append("orders", {"n": n})
         clock.advance(100)
     store.state.commit_offsets("billing", {TopicPartition("orders", 0): 4})
-    return store
+    yield store
+    store.close()
 
 
 @pytest.mark.parametrize(

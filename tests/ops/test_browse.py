@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from spoolmq.errors import InvalidArgumentError, UnknownPartitionError, UnknownT
 
 
 @pytest.fixture
-def clocked(data_dir: Path) -> Store:
+def clocked(data_dir: Path) -> Iterator[Store]:
     clock = ManualClock(1_000_000)
     store = Store(data_dir, clock=clock)
     store.create_topic("orders", partitions=2)
@@ -29,7 +30,8 @@ def clocked(data_dir: Path) -> Store:
         )
         clock.advance(1)
     store.flush()
-    return store
+    yield store
+    store.close()
 
 
 def numbers(found: object) -> list[int]:
