@@ -26,12 +26,25 @@ SOURCE: list[tuple[int, str | bytes | None, Any, list[tuple[str, str | bytes]]]]
 ]
 
 
-def _read_back(address: str, topic: str, count: int) -> list[Any]:
+def _stores(tmp_path: Path) -> tuple[Path, Path]:
+    """A source store whose topic "orders" (3 partitions) holds SOURCE, and the path of a
+    second data directory for the target broker."""
+    source = tmp_path / "source"
+    with Store(source) as store:
+        store.create_topic("orders", partitions=3)
+        for partition, key, value, headers in SOURCE:
+            store.append("orders", value, key=key, headers=headers, partition=partition)
+    return source, tmp_path / "target"
+
+
+def _read_back(address: str, topic: str, count: int, partitions: int = 3) -> list[Any]:
+    """Up to ``count`` records of ``topic`` read with kafka-python from the start of each
+    of its ``partitions`` (waiting at most 60 s for them)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=address, auto_offset_reset="earliest")
     try:
-        parts = [TopicPartition(topic, p) for p in range(3)]
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         got: list[Any] = []
@@ -47,11 +60,7 @@ def _read_back(address: str, topic: str, count: int) -> list[Any]:
 def test_export_copies_keys_values_headers_and_partitions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source, target = tmp_path / "source", tmp_path / "target"
-    with Store(source) as store:
-        store.create_topic("orders", partitions=3)
-        for partition, key, value, headers in SOURCE:
-            store.append("orders", value, key=key, headers=headers, partition=partition)
+    source, target = _stores(tmp_path)
     with Store(target) as store:
         store.create_topic("orders-copy", partitions=3)
 
@@ -126,3 +135,59 @@ def test_export_to_an_unreachable_cluster_fails_within_the_timeout(
     assert err.count("\n") == 1 and "no answer from the Kafka cluster" in err
     # Bounded: the 3 s timeout, not librdkafka's default of minutes (generous for a busy box).
     assert time.monotonic() - began < 60
+
+
+def test_export_of_part_of_a_topic_to_fewer_partitions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--partition and --from-offset pick what goes; a partition the target does not have
+    is left to the target's partitioner (here: its only partition)."""
+    source, target = _stores(tmp_path)
+    with Store(target) as store:
+        store.create_topic("orders", partitions=1)
+    with kafka_broker(target) as (_, address):
+        argv = ["export", "--data", str(source), "--kafka", address, "orders"]
+        code = main([*argv, "--partition", "1", "--partition", "2", "--from-offset", "1"])
+        assert code == 0
+        assert "exported 2 records" in capsys.readouterr().out
+        got = _read_back(address, "orders", 2, partitions=1)
+    # Offset 1 of partitions 1 and 2, in the order exported; offset 0 of each is not.
+    assert sorted((r.key, r.value) for r in got) == sorted(
+        [(b"\xc3\x28", b"[1,2,3]"), (b"customer-2", b'{"spaced": 1}')]
+    )
+    assert {r.partition for r in got} == {0}
+
+
+def test_delivery_failures_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A target that refuses the topic (no auto-creation) fails every record: the export
+    says how many, in one line, and exits non-zero instead of claiming a copy."""
+    from spoolmq.testing import BrokerProcess
+
+    source, target = tmp_path / "source", tmp_path / "target"
+    with Store(source) as store:
+        store.create_topic("orders", partitions=1)
+        for n in range(3):
+            store.append("orders", {"n": n})
+    port = free_port()
+    broker = BrokerProcess(
+        target, args=["--kafka", f"127.0.0.1:{port}", "--auto-create-topics", "off"]
+    )
+    broker.start(timeout=90)
+    try:
+        code = main(
+            [
+                "export",
+                "--data",
+                str(source),
+                "--kafka",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "5",
+                "orders",
+            ]
+        )
+    finally:
+        broker.stop()
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "3 of 3 records were not delivered" in err
