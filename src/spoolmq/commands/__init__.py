@@ -16,4 +16,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "spoolmq.commands.top",
     "spoolmq.commands.users",
     "spoolmq.commands.tasks",
+    "spoolmq.commands.kafka",
 )
