@@ -47,7 +47,9 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     assert latency["duplicates"] == 0 and latency["missing"] == 0
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["p999_ms"] <= latency["max_ms"]
     assert 0 < latency["disk_fdatasync_p50_ms"] <= latency["disk_fdatasync_p99_ms"]
-    assert produce["broker_cpu_us_per_message"] > 0 and produce["broker_restarts"] == 0
+    # Another process's CPU time is read in clock ticks of 10 ms: the broker's share of a
+    # 2,000-message produce (about 10 ms) can round down to 0, never below.
+    assert produce["broker_cpu_us_per_message"] >= 0 and produce["broker_restarts"] == 0
     # Group commit: 2 publishers with frames of 100 and several in flight; at least a frame
     # per commit, at most every message of the phase in one.
     assert 1 <= produce["messages_per_group_commit"] <= 2000
