@@ -16,13 +16,14 @@ from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess, wait_until
 
 
-def _worker_pid(app: ModuleType, task_id: str) -> int:
-    row = wait_until(
-        lambda: (r := app.tasks.get(task_id)) is not None and r.state == "running" and r,
-        60,
-        "the task to start",
-    )
-    return int(row.worker.rsplit(":", 1)[1])
+def _running_in(app: ModuleType, task_id: str, marks: Path, name: str) -> int:
+    """The pid of the worker process running the task, once the function itself runs (its
+    mark), not only once a process claimed it: a process stopped between claiming the task
+    and calling it never ran it at all."""
+    pid = int(wait_until(lambda: count_marks(marks, name)[:1], 60, "the task to run")[0])
+    row = app.tasks.get(task_id)
+    assert row is not None and row.state == "running" and (row.worker or "").endswith(f":{pid}")
+    return pid
 
 
 def test_a_task_longer_than_its_lease_runs_once(
@@ -45,7 +46,7 @@ def test_a_dead_workers_task_is_redelivered_at_once(
     # from the lease running out.
     start_worker("--processes", "2", TASKS_LEASE="120")
     handle = app.slow.send("victim", 3)
-    victim = _worker_pid(app, handle.id)
+    victim = _running_in(app, handle.id, marks, "victim")
     os.kill(victim, signal.SIGKILL)
     survivor = handle.result(timeout=60)
     assert survivor != victim
@@ -78,7 +79,7 @@ def test_sigterm_lets_the_running_task_finish(
 ) -> None:
     worker = start_worker()
     handle = app.slow.send("graceful", 3)
-    _worker_pid(app, handle.id)
+    _running_in(app, handle.id, marks, "graceful")
     assert worker.stop() == 0
     row = app.tasks.get(handle.id)
     assert row is not None and row.state == "succeeded" and row.attempts == 1
@@ -100,7 +101,7 @@ def test_a_stop_hands_back_a_task_that_does_not_finish_in_time(
 ) -> None:
     first = start_worker("--shutdown-timeout", "1")
     handle = app.slow.send("handed", 6)
-    stopped_pid = _worker_pid(app, handle.id)
+    stopped_pid = _running_in(app, handle.id, marks, "handed")
     assert first.stop() == 0
     row = app.tasks.get(handle.id)
     assert row is not None and row.state == "retrying" and "handed back" in (row.error or "")
