@@ -53,6 +53,8 @@ def test_refusals_are_one_line_errors(tmp_path: Path) -> None:
         (("add", "alice"), ""),  # empty password
         (("add", "../etc"), "pw\n"),  # not a user name
         (("add",), "pw\n"),  # no name
+        (("add", "alice"), "tab\there\n"),  # a control character: SASLprep prohibits it
+        (("add", "alice"), "caf\u0065\u0301\n"),  # SASLprep composes it: clients differ
     ]:
         done = users(data, *args, stdin=stdin)
         assert done.returncode != 0, args

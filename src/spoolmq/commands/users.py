@@ -5,6 +5,8 @@ authenticate with SASL/SCRAM-SHA-256 as one of these users. The password is read
 the terminal without echo, or as one line from stdin when stdin is not a terminal (for
 scripts); only its salted SCRAM keys are stored, in the data directory's ``users`` file
 (mode 0600). A running broker reads the file at each authentication: no restart needed.
+Only passwords that SASLprep leaves unchanged are accepted (spoolmq.kafka.saslprep says
+why: Kafka clients differ on whether they prepare a password before hashing it).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def read_password() -> str:
         raise InvalidArgumentError("an empty password is not accepted")
     if len(password) > MAX_PASSWORD_CHARS:
         raise InvalidArgumentError(f"a password is at most {MAX_PASSWORD_CHARS} characters")
-    return password
+    from spoolmq.kafka.saslprep import check_stable_password
+
+    return check_stable_password(password)
 
 
 def cmd_users(args: argparse.Namespace) -> int:

@@ -89,8 +89,9 @@ class Credential:
         cls, password: str, *, salt: bytes | None = None, iterations: int = DEFAULT_ITERATIONS
     ) -> Credential:
         salt = salt if salt is not None else secrets.token_bytes(SALT_BYTES)
-        # Passwords are used as their UTF-8 bytes (RFC 5802's SASLprep is the identity for
-        # the printable ASCII passwords clients send in practice).
+        # Passwords are used as their UTF-8 bytes, as Kafka does; `spoolmq users add`
+        # stores only passwords SASLprep leaves unchanged (kafka/saslprep.py), so clients
+        # that prepare them and clients that do not hash the same bytes.
         salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
         client_key = _hmac(salted, b"Client Key")
         return cls(
