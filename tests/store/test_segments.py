@@ -289,6 +289,17 @@ def test_two_readers_are_independent(store: Store) -> None:
     assert [r.value for r in first] == [20]
 
 
+def test_a_reader_dropped_without_close_gives_its_descriptor_back(store: Store) -> None:
+    for i in range(20):
+        store.append(TOPIC, i)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        reader = store.reader(TOPIC, 0)
+        assert reader.poll() is not None  # an open segment file
+        del reader  # abandoned mid-way, never closed
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
 def test_log_end_offset_follows_other_writers(store: Store) -> None:
     store.create_topic(TOPIC, segment_bytes=1024)
     other = Store(store.path)

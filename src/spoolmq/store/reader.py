@@ -203,6 +203,13 @@ class Reader:
         self._close_file()
         self._pending.clear()
 
+    def __del__(self) -> None:
+        # A reader dropped without close() (an abandoned iteration, a caller that forgot)
+        # gives its descriptor back, as a Python file object does: a long-lived process
+        # that opens readers must not run out of descriptors.
+        if getattr(self, "_fd", -1) >= 0:
+            self._close_file()
+
     def __enter__(self) -> Reader:
         return self
 
