@@ -155,9 +155,16 @@ def _cut_off(conn: Connection) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def broker_lock(data_dir: Path) -> FileLock:
+#: How long a starting broker waits for the lock. A probe (:func:`broker_running`, which
+#: the console, ``topics delete`` and the operations run) holds it for microseconds: a
+#: broker started in that instant waits the probe out instead of being refused, while one
+#: started beside a running broker is still refused within this bound.
+START_LOCK_WAIT = 2.0
+
+
+def broker_lock(data_dir: Path, timeout: float = 0) -> FileLock:
     """The lock a BrokerManager holds for as long as it runs: one broker per directory."""
-    return FileLock(str(data_dir / LOCK_FILE), timeout=0, mode=FILE_MODE)
+    return FileLock(str(data_dir / LOCK_FILE), timeout=timeout, mode=FILE_MODE)
 
 
 def broker_running(data_dir: Path) -> bool:
@@ -187,7 +194,7 @@ class BrokerManager:
         self.settings = settings
         self.data_dir = settings.data_dir
         self._context = multiprocessing.get_context("spawn")
-        self._lock = broker_lock(self.data_dir)
+        self._lock = broker_lock(self.data_dir, timeout=START_LOCK_WAIT)
         self._children = {
             "publisher": _Child("publisher", PublisherBroker),
             "consumer": _Child("consumer", ConsumerBroker),

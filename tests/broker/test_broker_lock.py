@@ -1,0 +1,87 @@
+"""One broker per data directory, and probes of that lock never refuse a starting broker."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from spoolmq.broker.manager import broker_lock, broker_running
+from spoolmq.testing import BrokerProcess, wait_until
+
+
+def test_a_second_broker_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    with BrokerProcess(data) as running:
+        assert broker_running(data)
+        second = subprocess.run(
+            [sys.executable, "-m", "spoolmq", "broker", "--data", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode != 0
+        assert f"already running on {data}" in second.stderr
+        assert f"process {running.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        running.stats()  # the first one is untouched
+
+
+class _Opens:
+    """Counts opens of one file (inotify's IN_OPEN): how the test sees the broker try for
+    the lock, which filelock does by opening the lock file and calling flock."""
+
+    IN_OPEN = 0x20
+
+    def __init__(self, path: Path) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0
+        assert libc.inotify_add_watch(self.fd, str(path).encode(), self.IN_OPEN) >= 0
+
+    def seen(self) -> bool:
+        try:
+            return bool(os.read(self.fd, 4096))
+        except BlockingIOError:
+            return False
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def test_a_broker_started_during_a_probe_of_the_lock_starts(tmp_path: Path) -> None:
+    data = tmp_path / "queue_data"
+    data.mkdir(mode=0o700)
+    # Another process's probe (the console's, every 2 s) holds the lock at the moment the
+    # broker tries to take it; it lets go a moment later, as a probe does.
+    probe = broker_lock(data)
+    probe.acquire()
+    opens = _Opens(data / "broker.lock")
+    started = threading.Event()
+    broker = BrokerProcess(data)
+
+    def start() -> None:
+        broker.start()
+        started.set()
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        # Release only once the broker has tried for the lock (opened the lock file): a
+        # broker that gives up at once then exits, and fails the test.
+        wait_until(opens.seen, 60, "the broker to try for the lock")
+        assert not started.is_set()
+        probe.release()
+        thread.join(90)
+        assert started.is_set(), "the broker gave up instead of waiting the probe out"
+        assert broker_running(data)
+    finally:
+        if probe.is_locked:
+            probe.release()
+        thread.join(90)
+        broker.stop()
+        opens.close()
