@@ -2,7 +2,7 @@
 
 Each module belongs to one layer, and a layer imports only the layers below it:
 
-    foundation (errors, config, clock, files, types, allocator)
+    foundation (errors, config, clock, files, types, allocator, inotify)
       <- store
       <- protocol                (with the clients: only the store's message and record forms)
       <- broker, client          (neither imports the other; the Kafka front is broker)
@@ -25,7 +25,7 @@ import spoolmq
 
 SOURCE = Path(spoolmq.__file__).parent
 
-FOUNDATION = {"errors", "config", "clock", "files", "types", "allocator"}
+FOUNDATION = {"errors", "config", "clock", "files", "types", "allocator", "inotify"}
 LAYER_OF_PACKAGE = {
     "store": "store",
     "broker": "broker",

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from spoolmq.broker.manager import broker_lock, broker_running
+from spoolmq.inotify import IN_OPEN, open_inotify
 from spoolmq.testing import BrokerProcess, wait_until
 
 
@@ -31,28 +29,6 @@ def test_a_second_broker_on_the_same_directory_is_refused(tmp_path: Path) -> Non
         running.stats()  # the first one is untouched
 
 
-class _Opens:
-    """Counts opens of one file (inotify's IN_OPEN): how the test sees the broker try for
-    the lock, which filelock does by opening the lock file and calling flock."""
-
-    IN_OPEN = 0x20
-
-    def __init__(self, path: Path) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        assert self.fd >= 0
-        assert libc.inotify_add_watch(self.fd, str(path).encode(), self.IN_OPEN) >= 0
-
-    def seen(self) -> bool:
-        try:
-            return bool(os.read(self.fd, 4096))
-        except BlockingIOError:
-            return False
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 def test_a_broker_started_during_a_probe_of_the_lock_starts(tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
     data.mkdir(mode=0o700)
@@ -60,7 +36,8 @@ def test_a_broker_started_during_a_probe_of_the_lock_starts(tmp_path: Path) -> N
     # broker tries to take it; it lets go a moment later, as a probe does.
     probe = broker_lock(data)
     probe.acquire()
-    opens = _Opens(data / "broker.lock")
+    opens = open_inotify()
+    assert opens is not None and opens.watch(data / "broker.lock", IN_OPEN) >= 0
     started = threading.Event()
     broker = BrokerProcess(data)
 
@@ -73,7 +50,7 @@ def test_a_broker_started_during_a_probe_of_the_lock_starts(tmp_path: Path) -> N
     try:
         # Release only once the broker has tried for the lock (opened the lock file): a
         # broker that gives up at once then exits, and fails the test.
-        wait_until(opens.seen, 60, "the broker to try for the lock")
+        wait_until(opens.read, 60, "the broker to try for the lock")
         assert not started.is_set()
         probe.release()
         thread.join(90)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import os
-import select
+import selectors
 import signal
 import string
 import sys
@@ -29,6 +27,7 @@ import orjson
 
 from spoolmq.commands.common import CommandFactory, data_dir
 from spoolmq.errors import InvalidArgumentError
+from spoolmq.inotify import open_inotify
 
 # What a --format template may name: {offset}, {value}, ...
 FORMAT_FIELDS = frozenset(
@@ -36,12 +35,6 @@ FORMAT_FIELDS = frozenset(
 )
 # The fallback poll when inotify is not available: a few ms, so a tail still feels live.
 _POLL_S = 0.005
-# inotify(7) event bits: a file in the directory was written, or a file was created in it.
-_IN_MODIFY = 0x00000002
-_IN_CREATE = 0x00000100
-_IN_MOVED_TO = 0x00000080
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 
 
 def check_template(template: str) -> str:
@@ -96,31 +89,6 @@ def render(topic: str, partition: int, record: Any, *, template: str | None, as_
     return _text(fields["value"])
 
 
-class _Inotify:
-    """An inotify descriptor watching directories, through libc (no dependency)."""
-
-    def __init__(self, directories: Sequence[Path]) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        self.fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        mask = _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO
-        for directory in directories:
-            if libc.inotify_add_watch(self.fd, os.fsencode(directory), mask) < 0:
-                error = ctypes.get_errno()
-                os.close(self.fd)
-                raise OSError(error, f"inotify_add_watch {directory} failed")
-
-    def drain(self) -> None:
-        """Forget the events read so far: the caller re-reads the log, whatever they said."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.fd, 65536):
-                pass
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 class _Follow:
     """The ``follow`` callback of :func:`spoolmq.browse.browse`: wait until a partition
     directory changes or a stop signal arrives (True: read again; False: stop)."""
@@ -129,10 +97,11 @@ class _Follow:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self.stopping = False
-        self._inotify: _Inotify | None
-        try:
-            self._inotify = _Inotify(directories)
-        except (OSError, AttributeError):  # not Linux, or out of watches
+        self._inotify = open_inotify()  # None: not Linux
+        if self._inotify is not None and any(
+            self._inotify.watch(directory) < 0 for directory in directories
+        ):
+            self._inotify.close()  # out of watches: poll instead
             self._inotify = None
         self._old: dict[int, Any] = {}
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -153,8 +122,10 @@ class _Follow:
         # A bounded wait, so a signal that lands between the check above and the select
         # is still noticed (the pipe catches it too; this is belt and braces).
         timeout = 1.0 if self._inotify is not None else _POLL_S
-        with contextlib.suppress(InterruptedError):
-            select.select(waited, [], [], timeout)
+        with selectors.DefaultSelector() as selector:
+            for fd in waited:
+                selector.register(fd, selectors.EVENT_READ)
+            selector.select(timeout)  # retried by Python after a signal handler ran
         if self._inotify is not None:
             self._inotify.drain()
         return not self.stopping

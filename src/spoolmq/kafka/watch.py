@@ -17,40 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
-import os
-import struct
 from pathlib import Path
 
+from spoolmq.inotify import Inotify, open_inotify
+
 log = logging.getLogger(__name__)
-
-_IN_MODIFY = 0x00000002
-_IN_CREATE = 0x00000100
-_IN_MOVED_TO = 0x00000080
-_IN_NONBLOCK = 0o4000
-_IN_CLOEXEC = 0o2000000
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, name length
-
-
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        lib = ctypes.CDLL(name, use_errno=True)
-    except OSError:
-        return None
-    return lib if hasattr(lib, "inotify_init1") else None
 
 
 class GrowthWatcher:
     """inotify watches on partition directories, shared by every Fetch of the child."""
 
     def __init__(self, fallback_s: float = 0.2) -> None:
-        self._libc = _libc()
-        self._fd = -1
+        self._inotify: Inotify | None = None
         self._wd_by_dir: dict[str, int] = {}
         self._dir_by_wd: dict[int, str] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
@@ -59,24 +38,20 @@ class GrowthWatcher:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self._libc is not None:
-            fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd >= 0:
-                self._fd = fd
-                self._loop.add_reader(fd, self._on_events)
-                return
+        self._inotify = open_inotify()
+        if self._inotify is not None:
+            self._loop.add_reader(self._inotify.fd, self._on_events)
+            return
         log.warning("kafka: inotify unavailable; long polls wake every %.1fs", self._fallback_s)
 
     @property
     def uses_inotify(self) -> bool:
-        return self._fd >= 0
+        return self._inotify is not None
 
     def _watch(self, directory: str) -> None:
-        if self._fd < 0 or directory in self._wd_by_dir or self._libc is None:
+        if self._inotify is None or directory in self._wd_by_dir:
             return
-        wd = self._libc.inotify_add_watch(
-            self._fd, os.fsencode(directory), _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO
-        )
+        wd = self._inotify.watch(directory)
         if wd < 0:
             return  # not there yet: the caller's wait bound still ends the poll
         self._wd_by_dir[directory] = wd
@@ -94,7 +69,7 @@ class GrowthWatcher:
 
     async def wait(self, future: asyncio.Future[None], timeout: float) -> bool:
         """Wait for an armed future up to ``timeout`` seconds; True if woken by a write."""
-        if self._fd < 0:
+        if self._inotify is None:
             timeout = min(timeout, self._fallback_s)
         try:
             await asyncio.wait_for(asyncio.shield(future), max(timeout, 0.0))
@@ -114,15 +89,10 @@ class GrowthWatcher:
             future.cancel()
 
     def _on_events(self) -> None:
-        try:
-            data = os.read(self._fd, 64 * 1024)
-        except BlockingIOError:
+        if self._inotify is None:
             return
-        pos = 0
         woken: set[str] = set()
-        while pos + _EVENT.size <= len(data):
-            wd, _mask, _cookie, length = _EVENT.unpack_from(data, pos)
-            pos += _EVENT.size + length
+        for wd in self._inotify.read():
             directory = self._dir_by_wd.get(wd)
             if directory is not None:
                 woken.add(directory)
@@ -132,9 +102,9 @@ class GrowthWatcher:
                     future.set_result(None)
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if self._inotify is not None:
             if self._loop is not None:
                 with contextlib.suppress(Exception):
-                    self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+                    self._loop.remove_reader(self._inotify.fd)
+            self._inotify.close()
+            self._inotify = None
