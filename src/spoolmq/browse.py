@@ -172,17 +172,21 @@ def _field_equals(value: Any, path: Sequence[str], wanted: str) -> bool:
     return type(parsed) is type(found) and bool(parsed == found)
 
 
-def parse_time(text: str) -> int:
+def parse_time(text: str, *, zoneless: str = "local") -> int:
     """Epoch milliseconds of an ISO 8601 time (``2026-11-23T21:00:00Z``, or with an
-    offset; a time without a zone is UTC, as the log's timestamps are)."""
+    offset). A time without a zone is this machine's local time, as a person typing one at
+    a terminal means it (and as Kafka's ``--to-datetime`` reads it): every command that
+    takes a time reads it so. ``zoneless="utc"`` reads it as UTC instead (the console, whose
+    page labels its times UTC)."""
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         raise InvalidArgumentError(
-            f"a time must be ISO 8601, like 2026-11-23T21:00:00Z, not {text!r}"
+            f"a time must be ISO 8601, like 2026-11-23T21:00:00Z or "
+            f"2026-11-23T22:00:00+01:00, not {text!r}"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
+        moment = moment.replace(tzinfo=UTC) if zoneless == "utc" else moment.astimezone()
     return int(moment.timestamp() * 1000)
 
 

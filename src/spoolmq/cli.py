@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
+from spoolmq.browse import parse_time
 from spoolmq.commands import COMMAND_MODULES
 from spoolmq.commands.common import Handler, require_extra
 from spoolmq.commands.common import data_dir as _data
@@ -388,7 +389,7 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
     elif args.shift_by is not None:
         to = ResetTo("shift", args.shift_by)
     else:
-        to = ResetTo("time", _parse_datetime(args.to_datetime))
+        to = ResetTo("time", parse_time(args.to_datetime))
     with Store(data) as store:
         changes = plan_reset(store, args.group, None if args.all_topics else args.topic, to)
     if args.execute:
@@ -414,18 +415,6 @@ def _reset_group(args: argparse.Namespace, data: Path) -> int:
             [list(r.values()) for r in rows],
         )
     return 0
-
-
-def _parse_datetime(text: str) -> int:
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"not an ISO date-time: {text!r} (e.g. 2026-11-22T09:30:00+00:00)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.astimezone()  # local time, as a user typing a time means
-    return int(moment.timestamp() * 1000)
 
 
 # -- dlq, stats, check --------------------------------------------------------------------------
@@ -473,7 +462,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 )
             return 0
         if args.action == "purge":
-            before = None if args.before is None else _parse_datetime(args.before)
+            before = None if args.before is None else parse_time(args.before)
             count = purge_dead_letters(store, args.topic, before_ms=before, offsets=offsets)
             if args.json:
                 _print_json({"purged": count})
@@ -737,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--to-latest", action="store_true", help="to the log end (skip all)")
     target.add_argument("--to-offset", type=_natural, help="to this offset (kept in the log)")
     target.add_argument(
-        "--to-datetime", metavar="ISO", help="to the first message at or after this time"
+        "--to-datetime",
+        metavar="ISO",
+        help="to the first message at or after this time (ISO 8601; no zone: local time)",
     )
     target.add_argument(
         "--shift-by",
@@ -781,7 +772,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "--dry-run", action="store_true", help="show what would be replayed, do nothing"
             )
         if action == "purge":
-            p.add_argument("--before", metavar="ISO", help="only those stored before this time")
+            p.add_argument(
+                "--before",
+                metavar="ISO",
+                help="only those stored before this time (ISO 8601; no zone: local time)",
+            )
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     p = command("check", cmd_check, "verify every record's checksum and offsets")

@@ -131,7 +131,8 @@ def test_mistakes_with_a_broker_running_store_nothing(
     assert_one_line_error(too_big, "over")
     assert_one_line_error(
         run_cli("groups", "reset", "g", "--topic", "ok", "--to-datetime", "yesterday", *data),
-        "not an ISO date-time: 'yesterday'",
+        "a time must be ISO 8601",
+        "not 'yesterday'",
     )
     assert_one_line_error(run_cli("groups", "describe", "nobody", *data), "no consumer group")
     assert_one_line_error(run_cli("topics", "delete", "ok", *data), "broker is running")

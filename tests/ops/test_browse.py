@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,7 +178,16 @@ def test_bad_input(clocked: Store) -> None:
         parse_time("yesterday")
 
 
-def test_parse_time() -> None:
+def test_parse_time(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_time("1970-01-01T00:00:01Z") == 1000
     assert parse_time("1970-01-01T01:00:01+01:00") == 1000
-    assert parse_time("1970-01-01T00:00:01.5") == 1500
+    # A time without a zone: local time for what a person types (every command), UTC where
+    # the page says its times are UTC (the console).
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # UTC+9, no daylight saving
+    time.tzset()
+    try:
+        assert parse_time("1970-01-01T09:00:01.5") == 1500
+        assert parse_time("1970-01-01T00:00:01.5", zoneless="utc") == 1500
+    finally:
+        monkeypatch.undo()
+        time.tzset()

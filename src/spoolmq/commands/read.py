@@ -225,7 +225,9 @@ def register(command: CommandFactory) -> None:
     start = p.add_mutually_exclusive_group()
     start.add_argument("--offset", type=_count, metavar="N", help="start at offset N")
     start.add_argument(
-        "--from-time", metavar="ISO", help="start at the first message at or after this time"
+        "--from-time",
+        metavar="ISO",
+        help="start at the first message at or after this time (ISO 8601; no zone: local time)",
     )
     start.add_argument(
         "--from-end",

@@ -53,7 +53,7 @@ def moment(value: Any, what: str = "time") -> int | None:
         return whole(value, what)
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{what} must be an ISO date-time or epoch ms")
-    return parse_time(value)
+    return parse_time(value, zoneless="utc")
 
 
 def group_name(value: Any) -> str:
