@@ -3,7 +3,9 @@ with prometheus-client's own parser."""
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,7 +42,18 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+def stored_lines(data_dir: Path, topic: str) -> dict[tuple[int, int], bytes]:
+    """Every stored line of ``topic`` by (partition, offset), straight from the files."""
+    lines = {}
+    for segment in (data_dir / "logs" / topic).glob("*/*.jsonl"):
+        partition = int(segment.parent.name)
+        for line in segment.read_bytes().splitlines(keepends=True):
+            lines[(partition, json.loads(line)["offset"])] = line
+    return lines
+
+
 def test_a_live_broker_s_metrics(tmp_path: Path, data_dir: Path) -> None:
+    started = time.time()
     port = free_port()
     with Store(data_dir) as store:
         store.create_topic("orders", partitions=2)
@@ -51,6 +64,8 @@ def test_a_live_broker_s_metrics(tmp_path: Path, data_dir: Path) -> None:
             for n in range(30):
                 publisher.publish("orders", {"n": n}, partition=n % 2)
             publisher.publish("other", "x" * 100)
+        acked_at: set[tuple[int, int]] = set()
+        nacked_at: set[tuple[int, int]] = set()
         with Consumer("orders", "billing", data=data_dir, max_deliveries=1) as consumer:
             acked = 0
             while acked < 10:
@@ -58,9 +73,11 @@ def test_a_live_broker_s_metrics(tmp_path: Path, data_dir: Path) -> None:
                 assert message is not None
                 if message.value["n"] == 0:
                     message.nack(reason="bad order")  # one delivery allowed: dead-lettered
+                    nacked_at.add((message.partition, message.offset))
                 else:
                     message.ack()
                     acked += 1
+                    acked_at.add((message.partition, message.offset))
 
             def settled() -> dict[Any, float] | None:
                 samples = scrape(port)
@@ -88,6 +105,28 @@ def test_a_live_broker_s_metrics(tmp_path: Path, data_dir: Path) -> None:
         delivered = value(samples, "spoolmq_messages_delivered_total", topic="orders")
         assert delivered is not None and delivered >= 11
         assert value(samples, "spoolmq_delivered_bytes_total", topic="orders")
+        # The settled bytes are those of the stored lines, read here from the segment files.
+        lines = stored_lines(data_dir, "orders")
+        assert value(samples, "spoolmq_acked_bytes_total", topic="orders") == sum(
+            len(lines[at]) for at in acked_at
+        )
+        nacked_bytes = sum(len(lines[at]) for at in nacked_at)
+        assert nacked_bytes > 0
+        assert value(samples, "spoolmq_nacked_bytes_total", topic="orders") == nacked_bytes
+        assert value(samples, "spoolmq_dead_lettered_bytes_total", topic="orders") == nacked_bytes
+        assert value(samples, "spoolmq_expired_bytes_total", topic="orders") == 0
+        # Publish -> ACK: one observation per ACKed message, each at most the test's length.
+        acks = value(samples, "spoolmq_ack_latency_seconds_count", topic="orders")
+        assert acks == 10
+        assert value(samples, "spoolmq_ack_latency_seconds_bucket", topic="orders", le="+Inf") == 10
+        assert (
+            0
+            <= value(samples, "spoolmq_ack_latency_seconds_sum", topic="orders")
+            <= 10
+            * (  # type: ignore[operator]
+                time.time() - started
+            )
+        )
         for partition in ("0", "1"):
             assert (
                 value(samples, "spoolmq_log_end_offset", topic="orders", partition=partition) == 15

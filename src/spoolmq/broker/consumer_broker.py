@@ -48,6 +48,7 @@ from spoolmq.broker.group_runtime import (
     restored_by_partition,
 )
 from spoolmq.broker.group_view import describe_groups
+from spoolmq.broker.metrics import ACK_LATENCY_BOUNDS, Buckets
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import (
     GroupActiveError,
@@ -74,6 +75,11 @@ _COUNTED = (
     EventType.SKIPPED,
 )
 _COUNTED_AS_EVENTS = frozenset(_COUNTED) - {EventType.DELIVERED, EventType.SKIPPED}
+# What the bytes of settled records are counted for (the metrics' *_bytes counters).
+_SETTLED_KINDS = tuple(
+    str(kind)
+    for kind in (EventType.ACKED, EventType.NACKED, EventType.DEAD_LETTERED, EventType.EXPIRED)
+)
 _ACKED = EventType.ACKED
 
 
@@ -123,6 +129,10 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         # the records delivered per topic, counted per dispatched batch.
         self.by_topic: dict[str, dict[str, int]] = {}
         self.bytes_by_topic: dict[str, int] = {}
+        # Bytes of the records ACKed, NACKed, dead-lettered and expired per topic, and per
+        # topic a histogram of the time from a record's storing to its ACK (per ACKed run).
+        self.settled_bytes_by_topic: dict[str, dict[str, int]] = {}
+        self.ack_latency: dict[str, Buckets] = {}
 
     def new_client(self, conn: Connection, client_id: str) -> _Consumer:
         return _Consumer.open(conn, client_id)
@@ -291,12 +301,26 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 if kind in _COUNTED_AS_EVENTS:
                     counts[kind] += 1
                     self._count_topic(event.topic, kind, 1)
+                    if event.line is not None:
+                        self._count_settled_bytes(event.topic, kind, len(event.line))
             else:
                 for state, _, count, _ in event.runs:
                     self._count_topic(state.topic, kind, count)
                 if kind is _ACKED:
                     counts[kind] += sum(run[2] for run in event.runs)
+                    for topic, size, age_ms, count in event.settled or ():
+                        self._count_settled_bytes(topic, kind, size)
+                        latency = self.ack_latency.get(topic)
+                        if latency is None:
+                            latency = self.ack_latency[topic] = Buckets(ACK_LATENCY_BOUNDS)
+                        latency.observe(max(age_ms, 0) / 1000, count)
         group.events.clear()
+
+    def _count_settled_bytes(self, topic: str, kind: str, size: int) -> None:
+        sizes = self.settled_bytes_by_topic.get(topic)
+        if sizes is None:
+            sizes = self.settled_bytes_by_topic[topic] = dict.fromkeys(_SETTLED_KINDS, 0)
+        sizes[kind] += size
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -568,6 +592,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             "in_flight": sum(rt.group.in_flight_count() for rt in self.groups.values()),
             "by_topic": self.by_topic,
             "bytes_by_topic": self.bytes_by_topic,
+            "settled_bytes_by_topic": self.settled_bytes_by_topic,
+            "ack_latency": {topic: b.figures() for topic, b in self.ack_latency.items()},
         }
 
     # -- persistence ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from spoolmq.errors import (
     SpoolError,
     UnknownDeliveryError,
 )
-from spoolmq.store.record import key_identity
+from spoolmq.store.record import key_identity, record_offset_and_timestamp
 from spoolmq.types import EventType, TopicPartition
 
 # Event types as module constants: looking a member up on an Enum class costs ~70 ns,
@@ -54,6 +54,8 @@ _RELEASED = EventType.RELEASED
 
 # A record's key_identity (spoolmq.store.record): text and raw-bytes keys never collide.
 Key = str | None
+# An ACKed run's figures for the metrics (RunEvent.settled): topic, bytes, age ms, count.
+Settled = tuple[str, int, int, int]
 
 #: The reserved header naming the one consumer group a message is for (``dlq replay
 #: --to-group`` sets it): every other group passes over it as though it were ACKed, so a
@@ -272,6 +274,10 @@ class RunEvent:
     runs: list[Run]
     processing_ms: list[int] | None = None
     reason: str | None = None
+    # ``acked`` only, for the metrics: per run as it was settled, (topic, bytes of its
+    # stored lines, ms from the first record's stored time to the ACK, messages). One
+    # entry per run, not per message: a run was published together, give or take a batch.
+    settled: list[Settled] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -432,6 +438,17 @@ def _extend_run(
             last[2] += count
             return
     runs.append([state, offset, count, attempt])
+
+
+def _settled(topic: str, lines: Sequence[bytes | None], now: int) -> Settled:
+    """An ACKed run's metrics entry: its bytes (summed in C) and the age of its first
+    record at ``now``, from the stored line's fixed head (no JSON parsing)."""
+    first = lines[0]
+    try:
+        age = now - record_offset_and_timestamp(first)[1] if first is not None else 0
+    except ValueError:  # not a record line: no age rather than a broken loop
+        age = 0
+    return (topic, sum(map(len, lines)), age, len(lines))  # type: ignore[arg-type]
 
 
 class Group:
@@ -759,7 +776,14 @@ class Group:
         self.events.append(RunEvent(now, _DELIVERED, slot.consumer_id, runs))
         if self.settings.auto_ack:
             slot.credit -= batch.count
-            self.events.append(RunEvent(now, _ACKED, slot.consumer_id, runs, None, "auto_ack"))
+            settled = []
+            at = 0
+            for state, _, count, _ in runs:
+                settled.append(_settled(state.topic, lines[at : at + count], now))
+                at += count
+            self.events.append(
+                RunEvent(now, _ACKED, slot.consumer_id, runs, None, "auto_ack", settled)
+            )
             for state, offset, count, _ in runs:
                 state.in_flight -= count
                 self._finish_run(state, offset - state.base, count, now)
@@ -890,12 +914,15 @@ class Group:
         refused: list[tuple[int, SpoolError]] = []
         acked: list[Run] = []
         processing: list[int] = []
+        settled: list[Settled] = []
         for first_tag, total in runs:
             tag, left = first_tag, total
             while left > 0:
                 # A run never crosses a wrap of the tag's offset bits.
                 count = min(left, _OFFSET_MASK + 1 - (tag & _OFFSET_MASK))
-                if slot is None or not self._ack_fast(slot, tag, count, now, acked, processing):
+                if slot is None or not self._ack_fast(
+                    slot, tag, count, now, acked, processing, settled
+                ):
                     for one in range(tag, tag + count):
                         try:
                             state, index = self._lookup(one, consumer_id, now)
@@ -903,13 +930,14 @@ class Group:
                             refused.append((one, exc))
                             continue
                         processing.append(now - state.sent_at[index])
+                        settled.append(_settled(state.topic, state.lines[index : index + 1], now))
                         _extend_run(acked, state, state.base + index, 1, state.attempts[index])
                         self._drop(state, index)
                         self._finish_run(state, index, 1, now)
                 tag += count
                 left -= count
         if acked:
-            self.events.append(RunEvent(now, _ACKED, consumer_id, acked, processing))
+            self.events.append(RunEvent(now, _ACKED, consumer_id, acked, processing, None, settled))
         return refused
 
     def _ack_fast(
@@ -920,6 +948,7 @@ class Group:
         now: int,
         acked: list[Run],
         processing: list[int],
+        settled: list[Settled],
     ) -> bool:
         """ACK a whole run in C when every message of it is in flight to ``slot`` at the
         tag's attempt, within its lease; False (nothing done) otherwise."""
@@ -944,6 +973,7 @@ class Group:
         else:
             processing += [now - at for at in sent]
         _extend_run(acked, state, state.base + index, count, attempt)
+        settled.append(_settled(state.topic, state.lines[index:stop], now))
         slot.held -= count
         state.in_flight -= count
         if state.extended:

@@ -53,6 +53,27 @@ SECONDS_BOUNDS = (
     1.0,
     2.5,
 )
+# Seconds from a record's storing to its ACK: immediate work, backlogs, delays of hours.
+ACK_LATENCY_BOUNDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -224,6 +245,24 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         "topic",
         consumer.get("bytes_by_topic"),
     )
+    settled_bytes = consumer.get("settled_bytes_by_topic") or {}
+    for kind, what in (
+        ("acked", "bytes of records ACKed by consumers"),
+        ("nacked", "bytes of records NACKed by consumers (each NACK counts)"),
+        ("dead_lettered", "bytes of records moved to a dead-letter topic"),
+        ("expired", "bytes of records dropped because their TTL passed"),
+    ):
+        sizes = {topic: figures.get(kind, 0) for topic, figures in settled_bytes.items()}
+        yield _one_label(CounterMetricFamily, f"spoolmq_{kind}_bytes", what, "topic", sizes)
+    ack_latency = HistogramMetricFamily(
+        "spoolmq_ack_latency_seconds",
+        "time from a record's storing to its consumer's ACK (per ACKed run: the run's first "
+        "record, counted once per message of the run)",
+        labels=["topic"],
+    )
+    for topic, figures in sorted((consumer.get("ack_latency") or {}).items()):
+        ack_latency.add_metric([topic], _cumulative(figures), figures["sum"])
+    yield ack_latency
     yield _one_label(
         GaugeMetricFamily,
         "spoolmq_connected_clients",
