@@ -55,17 +55,7 @@ SECONDS_BOUNDS = (
 )
 # Seconds from a record's storing to its ACK: immediate work, backlogs, delays of hours.
 ACK_LATENCY_BOUNDS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
+    *SECONDS_BOUNDS[SECONDS_BOUNDS.index(0.001) :],
     5.0,
     10.0,
     30.0,
