@@ -33,7 +33,7 @@ from spoolmq.commands.common import print_table as _table
 from spoolmq.commands.common import seconds as _seconds
 from spoolmq.commands.common import seconds_positive as _seconds_positive
 from spoolmq.config import TopicConfig, parse_duration_ms
-from spoolmq.errors import GroupActiveError, InvalidArgumentError, SpoolError
+from spoolmq.errors import InvalidArgumentError, SpoolError
 
 if TYPE_CHECKING:
     from spoolmq.operations import DeadLetter
@@ -203,7 +203,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from spoolmq.store import Store
 
     if args.action == "delete":
-        _refuse_if_broker_running(_data(args, must_exist=True), "delete a topic")
+        return _delete_topic(args)
     with Store(_data(args, must_exist=args.action != "create")) as store:
         if args.action in ("create", "alter"):
             settings: dict[str, Any] = {}
@@ -259,9 +259,39 @@ def cmd_topics(args: argparse.Namespace) -> int:
                     ["partition", "log start", "log end", "segments"],
                     [list(r.values()) for r in rows],
                 )
-        else:
+    return 0
+
+
+def _delete_topic(args: argparse.Namespace) -> int:
+    """Through the broker when one runs (it stops serving the topic first), else in the
+    store directly."""
+    from spoolmq.broker.manager import broker_running
+    from spoolmq.client import Admin
+    from spoolmq.store import Store
+
+    data = _data(args, must_exist=True)
+    if broker_running(data):
+        with Admin(data) as admin:
+            result = admin.delete_topic(args.name)
+    else:
+        with Store(data) as store:
+            store.finish_deletions()
+            partitions = store.topic_config(args.name).partitions
             store.delete_topic(args.name)
-            print(f"deleted topic {args.name}")
+        result = {"deleted": args.name, "partitions": partitions, "groups": [], "consumers_told": 0}
+    if args.json:
+        _print_json(result)
+        return 0
+    told = result["consumers_told"]
+    print(
+        f"deleted topic {args.name} ({result['partitions']} partition(s))"
+        + (f"; groups that read it: {', '.join(result['groups'])}" if result["groups"] else "")
+        + (f"; {told} consumer(s) told" if told else "")
+    )
+    if not args.name.endswith(".dlq"):
+        with Store(data) as store:
+            if f"{args.name}.dlq" in store.topics():
+                print(f"its dead letters stay in {args.name}.dlq (a topic of its own)")
     return 0
 
 
@@ -272,13 +302,6 @@ def _duration(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
-
-
-def _refuse_if_broker_running(data: Path, what: str) -> None:
-    from spoolmq.broker.manager import broker_running
-
-    if broker_running(data):
-        raise GroupActiveError(f"a broker is running on {data}; stop it to {what}")
 
 
 # -- groups ------------------------------------------------------------------------------------
@@ -700,8 +723,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the topic's name")
     _topic_settings(p)
     p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p = leaf(topics, "delete", cmd_topics, "delete a topic and its files (no broker running)")
+    p = leaf(
+        topics,
+        "delete",
+        cmd_topics,
+        "delete a topic and its files (a running broker stops serving it first)",
+    )
     p.add_argument("name", help="the topic's name")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     groups = family("groups", "list, describe, reset or delete consumer groups")
     p = leaf(groups, "list", cmd_groups, "every group with its lag and in-flight count")

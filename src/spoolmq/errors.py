@@ -39,6 +39,13 @@ class UnknownTopicError(SpoolError, LookupError):
     code = "unknown_topic"
 
 
+class TopicDeletedError(UnknownTopicError):
+    """Every topic a consumer read was deleted while it ran (``topics delete`` with the
+    broker running): there is nothing left for it to receive."""
+
+    code = "topic_deleted"
+
+
 class TopicExistsError(SpoolError):
     """A topic of that name already exists with other settings."""
 

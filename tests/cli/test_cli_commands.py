@@ -336,6 +336,8 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
             "in_flight",
             "by_topic",
             "bytes_by_topic",
+            "settled_bytes_by_topic",
+            "ack_latency",
         }
         assert set(stats["publisher"]) == {
             "frames",

@@ -135,7 +135,9 @@ def test_mistakes_with_a_broker_running_store_nothing(
         "not 'yesterday'",
     )
     assert_one_line_error(run_cli("groups", "describe", "nobody", *data), "no consumer group")
-    assert_one_line_error(run_cli("topics", "delete", "ok", *data), "broker is running")
+    assert_one_line_error(
+        run_cli("topics", "delete", "nothere", *data), "topic 'nothere' does not exist"
+    )
     with Store(data_dir) as store:
         assert store.topics().keys() == {"ok"}
         assert [r.value for r in store.reader("ok", 0)] == [{"n": 1}]

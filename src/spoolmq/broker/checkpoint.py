@@ -104,23 +104,33 @@ def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -
 def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
     """Once ``checkpoint`` is in ``state.db``: remember what is saved, so the next one
     writes only what changes after it."""
+    # A group reset meanwhile starts afresh, and a topic deleted meanwhile left its group:
+    # what they no longer have is skipped.
     for name, offsets in checkpoint.committed.items():
-        if name in groups:  # (a group reset meanwhile starts afresh)
+        if name in groups:
             partitions = groups[name].partitions
             for key, position in offsets.items():
-                partitions[key].committed_persisted = position
+                if key in partitions:
+                    partitions[key].committed_persisted = position
     # What was written, not the state now: it may have moved on while a thread wrote.
     due = {(s.group_name, s.topic, s.partition, s.offset): s.due_at for s in checkpoint.scheduled}
     for row in checkpoint.deliveries:
         group = groups.get(row.group_name)
-        if group is None:
+        state = (
+            None
+            if group is None
+            else group.partitions.get(TopicPartition(row.topic, row.partition))
+        )
+        if state is None:
             continue
-        state = group.partitions[TopicPartition(row.topic, row.partition)]
         where = (row.group_name, row.topic, row.partition, row.offset)
         state.saved[row.offset] = (row.attempt, due.get(where, 0))
     for gone in checkpoint.finished:
         group = groups.get(gone.group_name)
-        if group is not None:
-            group.partitions[TopicPartition(gone.topic, gone.partition)].saved.pop(
-                gone.offset, None
-            )
+        state = (
+            None
+            if group is None
+            else group.partitions.get(TopicPartition(gone.topic, gone.partition))
+        )
+        if state is not None:
+            state.saved.pop(gone.offset, None)

@@ -37,6 +37,7 @@ from spoolmq.broker.status import (
 from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError
 from spoolmq.store import Store
+from spoolmq.store.names import check_topic
 
 # What ``multiprocessing.connection.wait`` uses: cheap to build for one call.
 _Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
@@ -300,6 +301,11 @@ class BrokerChild(Generic[ClientT]):
         """A control frame other than ``client``, ``stop`` and ``admin``."""
 
     def admin(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("action") == "forget_topic":
+            # A topic was deleted by another process of the broker: its cached settings
+            # and open partition logs here are stale.
+            self.store.forget_topic(check_topic(request.get("topic")))
+            return {"op": "ok"}
         raise ProtocolError(f"unknown admin action {str(request.get('action'))[:40]!r}")
 
     def connection_lost(self, client: ClientT, reason: str) -> None:

@@ -55,8 +55,9 @@ from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
     SpoolError,
+    UnknownTopicError,
 )
-from spoolmq.store.names import dlq_topic
+from spoolmq.store.names import check_topic, dlq_topic
 from spoolmq.types import EventType, TopicPartition
 
 logger = logging.getLogger("spoolmq.consumer")
@@ -87,6 +88,7 @@ _ACKED = EventType.ACKED
 class _Consumer(ClientConnection):
     group: str | None = None
     consumer_id: str = ""
+    topics_at_subscribe: tuple[str, ...] = ()
     last_seen_ms: int = 0  # when it last sent a frame (``groups describe --members``)
 
     @property
@@ -113,6 +115,9 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, GroupRuntime] = {}
         self.log_ends: dict[TopicPartition, int] = {}
+        # Topics being deleted (between the manager's drop_topic and topic_deleted): a
+        # subscription to one is refused.
+        self._deleting: set[str] = set()
         # Where the newest batch a notice told of ends: (segment base, byte end, end offset).
         self._noticed: dict[TopicPartition, tuple[int, int, int]] = {}
         self._noticed_since_rescan: set[TopicPartition] = set()
@@ -419,6 +424,9 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if consumer.group is not None:
             raise InvalidArgumentError("this connection already subscribed")
         group_name, topics, start, settings, prefetch = parse_subscribe(frame)
+        deleting = sorted(self._deleting.intersection(topics))
+        if deleting:
+            raise UnknownTopicError(f"topic {deleting[0]!r} is being deleted")
         runtime = self.groups.get(group_name)
         if runtime is None:
             runtime = self.groups[group_name] = GroupRuntime(
@@ -449,6 +457,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self._counter += 1
         consumer.consumer_id = f"{consumer.client_id}#{self._counter}"
         consumer.group = group_name
+        consumer.topics_at_subscribe = tuple(topics)
         self.by_id[consumer.consumer_id] = consumer
         group.add_consumer(consumer.consumer_id, prefetch, topics)
         if settings.auto_ack:
@@ -541,6 +550,13 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             return {"op": "ok", **self.reset_group(request)}
         if action == "delete_group":
             return {"op": "ok", **self.delete_group(request)}
+        if action == "drop_topic":
+            return {"op": "ok", **self.drop_topic(check_topic(request.get("topic")))}
+        if action == "topic_deleted":
+            topic = check_topic(request.get("topic"))
+            self._deleting.discard(topic)
+            self._forget_topic(topic)
+            return {"op": "ok"}
         if action == "stats":
             return {"op": "ok", "stats": self.figures()}
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
@@ -583,6 +599,38 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             runtime.close()
         self.store.state.delete_group(name)
         return {"deleted": name}
+
+    def drop_topic(self, topic: str) -> dict[str, Any]:
+        """The first step of deleting a topic while the broker runs: stop serving it.
+        Subscriptions to it are refused until ``topic_deleted`` (the PublisherBroker
+        deletes the files in between); every group reading it drops its partitions, after
+        a checkpoint, so no later one writes its offsets back; its consumers are told with
+        a ``topic_deleted`` frame (they drop what they hold of it). The other topics of
+        those groups and consumers go on as they were."""
+        self.store.topic_config(topic)  # UnknownTopicError for a topic that is not there
+        self._deleting.add(topic)
+        self._checkpoint(wait=True)
+        groups = []
+        for name, runtime in self.groups.items():
+            if runtime.drop_topic(topic):
+                groups.append(name)
+        told = 0
+        for consumer in list(self.clients.values()):
+            if consumer.group is not None and topic in consumer.topics_at_subscribe:
+                self._send(consumer, {"op": "topic_deleted", "topic": topic})
+                told += 1
+        self._forget_topic(topic)
+        logger.info(
+            "stopped serving topic %s (groups %s, %d consumer(s) told)", topic, groups, told
+        )
+        return {"groups": groups, "consumers": told}
+
+    def _forget_topic(self, topic: str) -> None:
+        for table in (self.log_ends, self._noticed):
+            for key in [key for key in table if key.topic == topic]:
+                del table[key]
+        self._noticed_since_rescan = {k for k in self._noticed_since_rescan if k.topic != topic}
+        self.store.forget_topic(topic)
 
     def figures(self) -> dict[str, Any]:
         return {

@@ -471,6 +471,9 @@ class Group:
         self._rotation: deque[str] = deque()
         self._turn = 0  # the partition a dispatch looks at first, in turn
         self.filtered = 0
+        # Slots of partitions whose topic was deleted: an answer for a delivery of one is
+        # accepted and does nothing (the consumer may not have heard of the deletion yet).
+        self._dropped_slots: set[int] = set()
 
     # -- membership ----------------------------------------------------------------
 
@@ -505,6 +508,35 @@ class Group:
                 self._drop(state, index)
                 self._event(now, _RELEASED, state, index, consumer_id, "consumer left")
                 self._failed(state, state.base + index, now, "consumer disconnected", delay_ms=0)
+
+    def drop_topic(self, topic: str) -> list[TopicPartition]:
+        """Stop serving ``topic`` (it is being deleted): its partitions leave the group,
+        what consumers held of it no longer counts against their prefetch, and nothing of
+        it is delivered, retried or dead-lettered again. Their states stay in ``slots``
+        (emptied), so the delivery tags of the other partitions keep their meaning, and
+        timers or a late answer that still name them find nothing there."""
+        dropped = [key for key in self.partitions if key.topic == topic]
+        for key in dropped:
+            state = self.partitions.pop(key)
+            self._dropped_slots.add(state.slot)
+            for index in state.in_flight_indexes():
+                owner = state.owners[index]
+                if owner is not None:
+                    owner.held -= 1
+            state.status = bytearray()
+            state.attempts, state.sent_at, state.owners = [], [], []
+            state.lines, state.keys, state.next_same = [], [], []
+            state.key_tail.clear()
+            state.ready.clear()
+            for table in (state.delays, state.expires, state.extended, state.retries, state.saved):
+                table.clear()
+            state.open_count = state.in_flight = 0
+            state.fresh = state.next_fetch = state.base
+        for slot in self.consumers.values():
+            if topic in slot.topics:
+                slot.topics = slot.topics - {topic}
+        self.dead = [pending for pending in self.dead if pending.topic != topic]
+        return dropped
 
     def _held_by(self, state: PartitionState, slot: ConsumerSlot) -> list[int]:
         owners = state.owners
@@ -866,6 +898,11 @@ class Group:
         if len(slot.expired) > _EXPIRED_TAGS_KEPT:
             del slot.expired[next(iter(slot.expired))]
 
+    def _of_dropped_topic(self, tag: int) -> bool:
+        return bool(self._dropped_slots) and (
+            (tag >> _OFFSET_BITS) & _SLOT_MASK in self._dropped_slots
+        )
+
     def _find(self, tag: int) -> tuple[PartitionState, int] | None:
         """The partition and index of the delivery ``tag`` names, if it is in flight at
         the tag's attempt."""
@@ -927,7 +964,8 @@ class Group:
                         try:
                             state, index = self._lookup(one, consumer_id, now)
                         except SpoolError as exc:
-                            refused.append((one, exc))
+                            if not self._of_dropped_topic(one):
+                                refused.append((one, exc))
                             continue
                         processing.append(now - state.sent_at[index])
                         settled.append(_settled(state.topic, state.lines[index : index + 1], now))
@@ -990,6 +1028,8 @@ class Group:
     def nack(
         self, tag: int, consumer_id: str, now: int, *, delay_ms: int | None, reason: str | None
     ) -> None:
+        if self._of_dropped_topic(tag):
+            return  # its topic was deleted: nothing to retry
         state, index = self._lookup(tag, consumer_id, now)
         self._drop(state, index)
         processing = float(now - state.sent_at[index])

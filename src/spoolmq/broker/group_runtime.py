@@ -209,6 +209,15 @@ class GroupRuntime:
         reader.skip_batch(batch.base, batch.position + batch.length, batch.first + batch.size)
         return True
 
+    def drop_topic(self, topic: str) -> list[TopicPartition]:
+        """Stop reading ``topic`` (it is being deleted); the partitions dropped."""
+        dropped = self.group.drop_topic(topic)
+        for key in [key for key in self.readers if key.topic == topic]:
+            self.readers.pop(key).close()
+        for key in [key for key in self.restored if key.topic == topic]:
+            del self.restored[key]
+        return dropped
+
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()

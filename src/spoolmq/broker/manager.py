@@ -66,6 +66,7 @@ from spoolmq.errors import (
     UnsafePermissionsError,
 )
 from spoolmq.files import FILE_MODE, make_private_dirs, write_new_file
+from spoolmq.store.names import check_topic
 
 logger = logging.getLogger("spoolmq.broker")
 
@@ -195,6 +196,7 @@ class BrokerManager:
         self.data_dir = settings.data_dir
         self._context = multiprocessing.get_context("spawn")
         self._lock = broker_lock(self.data_dir, timeout=START_LOCK_WAIT)
+        self._topic_lock = threading.Lock()  # one topic deletion at a time
         self._children = {
             "publisher": _Child("publisher", PublisherBroker),
             "consumer": _Child("consumer", ConsumerBroker),
@@ -643,7 +645,35 @@ class BrokerManager:
             return answer
         if action in ("reset_group", "delete_group"):
             return self._ask_consumer_broker(frame)
+        if action == "delete_topic":
+            return self._delete_topic(check_topic(frame.get("topic")))
         raise ProtocolError(f"unknown admin action {str(action)[:40]!r}")
+
+    def _delete_topic(self, topic: str) -> dict[str, Any]:
+        """``topics delete`` while the broker runs, in three steps: the ConsumerBroker stops
+        serving the topic (refuses subscriptions to it, drops it from every group, tells its
+        consumers); the PublisherBroker answers what it received for it and deletes it
+        (producer runs, state rows, files); then the ConsumerBroker accepts the name again
+        and the other children forget what they cached of it. One deletion at a time."""
+        with self._topic_lock:
+            dropped = self._ask("consumer", {"action": "drop_topic", "topic": topic})
+            protocol.raise_if_error(dropped)  # an unknown topic: nothing was changed
+            try:
+                deleted = self._ask("publisher", {"action": "delete_topic", "topic": topic})
+                protocol.raise_if_error(deleted)
+            finally:
+                with contextlib.suppress(SpoolError):  # a restarted child has no cache
+                    self._ask("consumer", {"action": "topic_deleted", "topic": topic})
+                if "kafka" in self._children:
+                    with contextlib.suppress(SpoolError):
+                        self._ask("kafka", {"action": "forget_topic", "topic": topic})
+        return {
+            "op": "ok",
+            "deleted": topic,
+            "partitions": deleted.get("partitions"),
+            "groups": dropped.get("groups", []),
+            "consumers_told": dropped.get("consumers", 0),
+        }
 
     def snapshot(self) -> Snapshot:
         """The figures a metrics scrape reads (the groups are left out while the consumer
@@ -656,7 +686,12 @@ class BrokerManager:
         return Snapshot(stats, groups.get("groups"))
 
     def _ask_consumer_broker(self, frame: dict[str, Any]) -> dict[str, Any]:
-        child = self._children["consumer"]
+        return self._ask("consumer", frame)
+
+    def _ask(self, name: str, frame: dict[str, Any]) -> dict[str, Any]:
+        """Send an admin request to child ``name`` and wait for its answer; an error answer
+        is raised as its SpoolError."""
+        child = self._children[name]
         request_id = next(self._admin_ids)
         event = threading.Event()
         answer: list[Any] = []
@@ -664,12 +699,12 @@ class BrokerManager:
         try:
             with self._control_lock:
                 if child.control is None:
-                    raise SpoolError("the consumer broker is restarting; try again")
+                    raise SpoolError(f"the {name} broker process is restarting; try again")
                 protocol.send(
                     child.control, {"op": "admin", "request_id": request_id, "body": frame}
                 )
             if not event.wait(15):
-                raise SpoolError("the consumer broker did not answer in 15 s")
+                raise SpoolError(f"the {name} broker process did not answer in 15 s")
             return dict(answer[0])
         finally:
             self._admin_results.pop(request_id, None)

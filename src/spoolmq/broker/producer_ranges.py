@@ -145,5 +145,17 @@ class ProducerRanges:
             if self.find(run.producer_id, run.first_sequence) is None:
                 self.add(run, saved=True)
 
+    def drop_topic(self, topic: str) -> None:
+        """Forget every run stored in ``topic`` (it was deleted): a retry of one of their
+        sequences must never be answered with an offset of the deleted log. A producer's
+        highest sequence stays, so its next sequences are still checked in order; a retry
+        of a forgotten one is stored anew."""
+        for producer in self._producers.values():
+            kept = [run for run in producer.runs if run.topic != topic]
+            if len(kept) != len(producer.runs):
+                producer.runs = kept
+                producer.firsts = [run.first_sequence for run in kept]
+        self._unsaved = [run for run in self._unsaved if run.topic != topic]
+
     def __len__(self) -> int:
         return sum(len(p.runs) for p in self._producers.values())

@@ -39,6 +39,7 @@ from spoolmq.clock import SYSTEM_CLOCK, Clock
 from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
 from spoolmq.protocol.publish import check_publish_frame, check_records
 from spoolmq.store.compaction import compaction_due
+from spoolmq.store.names import check_topic
 from spoolmq.store.partitioner import partition_for_key
 from spoolmq.store.state import RunRow
 from spoolmq.store.writer import Written
@@ -200,6 +201,9 @@ class PublisherBroker(BrokerChild[ClientConnection]):
     # -- the loop -----------------------------------------------------------------------
 
     def start(self) -> None:
+        # A topic deletion a crash interrupted is finished before anything reads the topics.
+        for name in self.store.finish_deletions():
+            logger.warning("finished deleting topic %s (interrupted before)", name)
         # A retry may go to another partition than its first copy (round-robin), so every
         # partition's producer sequences must be known before the first publish is taken.
         for topic, config in self.store.topics().items():
@@ -860,6 +864,30 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         self._figures_due.clear()
 
     # -- the manager ---------------------------------------------------------------------
+
+    def admin(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("action") == "delete_topic":
+            return {"op": "ok", **self.delete_topic(check_topic(request.get("topic")))}
+        return super().admin(request)
+
+    def delete_topic(self, topic: str) -> dict[str, Any]:
+        """Delete ``topic`` (the manager asks once the ConsumerBroker stopped serving it).
+        Runs in the loop, between frames: every publish to it already received is written,
+        synced and answered first; then the producer runs stored in it are forgotten, here
+        and in state.db, so that a retry after the topic is created again is never answered
+        with an offset of the deleted log; then the files go (:meth:`Store.delete_topic`).
+        A publish to it after this creates it anew (with auto-creation on)."""
+        partitions = self.store.topic_config(topic).partitions
+        self._settle_all()
+        self._save_runs(wait=True)  # no save of its runs still on its way to state.db
+        self.ranges.drop_topic(topic)
+        for table in (self._ends, self._saved_marks):
+            for key in [k for k in table if k[0] == topic]:
+                del table[key]
+        self._figures_due = {key for key in self._figures_due if key[0] != topic}
+        self.store.delete_topic(topic)
+        logger.info("deleted topic %s (%d partition(s))", topic, partitions)
+        return {"deleted": topic, "partitions": partitions}
 
     def on_control(self, op: str, frame: dict[str, Any]) -> None:
         if op == "notices":

@@ -51,6 +51,14 @@ class Admin:
         """Forget ``group`` (offsets, open deliveries); refused while it has live consumers."""
         self.request("delete_group", group=group)
 
+    def delete_topic(self, topic: str) -> dict[str, Any]:
+        """Delete ``topic`` while the broker runs: it stops serving it, tells its consumers
+        (they drop what they hold of it), then deletes its files and state. Its DLQ
+        (``<topic>.dlq``) is a topic of its own and stays. Returns ``{"deleted", "partitions",
+        "groups", "consumers_told"}``; UnknownTopicError if there is no such topic."""
+        reply = self.request("delete_topic", topic=topic)
+        return {key: reply[key] for key in ("deleted", "partitions", "groups", "consumers_told")}
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             protocol.send(self._conn, {"op": "bye"})

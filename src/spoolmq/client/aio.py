@@ -47,9 +47,11 @@ from typing import Any, Unpack
 from spoolmq import protocol
 from spoolmq.client.aio_connection import FrameStream, connect
 from spoolmq.client.common import (
+    after_topic_deleted,
     answer_errors,
     answer_ranges,
     check_publisher_limits,
+    check_topics_left,
     consumer_topics,
     delivery_entries,
     expired_error,
@@ -633,6 +635,7 @@ class AsyncConsumer:
         self.consumer_id = ""
         self.client_id = ""
         self.refused: list[dict[str, Any]] = []
+        self.deleted_topics: set[str] = set()  # deleted while this consumer ran
         self._acks: list[int] = []
         self._unsettled: set[int] = set()
         self._stream: FrameStream | None = None
@@ -718,6 +721,12 @@ class AsyncConsumer:
             return
         if op == "closing":
             raise EOFError("the broker is shutting down")
+        if op == "topic_deleted":
+            topic = str(frame.get("topic"))
+            self.deleted_topics.add(topic)
+            self.topics, self._buffer = after_topic_deleted(topic, self.topics, self._buffer)
+            self._arrived.poke()  # a receive waiting on that topic alone must hear of it
+            return
         frame_id = frame.get("id")
         if frame_id is None:
             if op == "error":
@@ -762,6 +771,7 @@ class AsyncConsumer:
             raise SpoolError("this AsyncConsumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
+            check_topics_left(self.topics, self.deleted_topics)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
@@ -847,6 +857,10 @@ class AsyncConsumer:
         reason: str | None = None,
     ) -> None:
         self._check_settle(message)
+        if message.topic in self.deleted_topics:
+            message.settled = True  # its topic is gone: nothing to settle
+            self._unsettled.discard(message.tag)
+            return
         frame = settle_frame(op, message.tag, delay, reason)
         try:
             if wait:
@@ -865,7 +879,8 @@ class AsyncConsumer:
     def _ack_later(self, message: AsyncReceivedMessage) -> None:
         """``ack(wait=False)``: the tag joins the next ACK frame's runs."""
         self._check_settle(message)
-        self._acks.append(message.tag)
+        if message.topic not in self.deleted_topics:
+            self._acks.append(message.tag)
         message.settled = True
         self._unsettled.discard(message.tag)
         if len(self._acks) >= 100:

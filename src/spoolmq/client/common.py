@@ -7,16 +7,28 @@ errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+import logging
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
     SpoolError,
+    TopicDeletedError,
     error_from_code,
 )
+
+logger = logging.getLogger("spoolmq.client")
+
+
+class _OfTopic(Protocol):
+    topic: str
+
+
+M = TypeVar("M", bound=_OfTopic)
 
 
 def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
@@ -133,3 +145,22 @@ def expired_error(sequence: int, topic: str, timeout: float) -> PublishTimeoutEr
         f"message {sequence} to {topic!r} was not acknowledged within {timeout:g} s (broker "
         "unreachable or overloaded); it may or may not have been stored"
     )
+
+
+def after_topic_deleted(
+    topic: str, topics: Sequence[str], buffered: Iterable[M]
+) -> tuple[list[str], deque[M]]:
+    """A ``topic_deleted`` frame: the consumer's topics without it (a reconnection no longer
+    subscribes to it) and its buffer without that topic's messages."""
+    logger.warning("topic %s was deleted; this consumer no longer reads it", topic)
+    return [name for name in topics if name != topic], deque(
+        message for message in buffered if message.topic != topic
+    )
+
+
+def check_topics_left(topics: Sequence[str], deleted: Iterable[str]) -> None:
+    """Nothing more can come once every topic a consumer read was deleted."""
+    if not topics:
+        raise TopicDeletedError(
+            f"every topic this consumer read was deleted ({', '.join(sorted(deleted))})"
+        )

@@ -20,6 +20,8 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.common import (
+    after_topic_deleted,
+    check_topics_left,
     consumer_topics,
     delivery_entries,
     handler_failure,
@@ -138,6 +140,7 @@ class Consumer:
         self._closed = False
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
+        self.deleted_topics: set[str] = set()  # deleted while this consumer ran
         self._acks: list[int] = []  # ACKs made with wait=False, sent as runs 100 to a frame
         self._unsettled: set[int] = set()  # tags handed to the application, not settled
         self._conn: Connection | None = None
@@ -215,6 +218,9 @@ class Consumer:
             return None
         if op == "closing":
             raise EOFError("the broker is shutting down")
+        if op == "topic_deleted":
+            self._topic_deleted(str(frame.get("topic")))
+            return None
         if op in ("ack_result", "nack_result") and frame.get("id") is None:
             self.refused.extend(frame.get("refused") or [])
             for refusal in frame.get("refused") or []:
@@ -225,6 +231,12 @@ class Consumer:
         if op == "error" and frame.get("id") is None:
             raise error_from_code(str(frame.get("code")), str(frame.get("message")))
         return frame
+
+    def _topic_deleted(self, topic: str) -> None:
+        """The broker deleted ``topic``: what is buffered of it goes, a message of it the
+        application holds settles as a no-op (there is nothing left to ACK)."""
+        self.deleted_topics.add(topic)
+        self.topics, self._buffer = after_topic_deleted(topic, self.topics, self._buffer)
 
     def _take_delivery(self, frame: dict[str, Any], lines: list[bytes]) -> None:
         """Buffer a ``deliver`` frame's messages: its header has runs ``[topic, partition,
@@ -243,6 +255,7 @@ class Consumer:
             raise SpoolError("this Consumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
+            check_topics_left(self.topics, self.deleted_topics)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
@@ -336,6 +349,7 @@ class Consumer:
             and not self.auto_ack
             and message._generation == self._generation
             and self._conn is not None
+            and not self.deleted_topics
         ):
             # The common case, kept short: the tag joins the next ACK frame's runs.
             self._acks.append(message.tag)
@@ -353,6 +367,10 @@ class Consumer:
             raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
         if message.settled:
             raise InvalidArgumentError(f"{message!r} was already acknowledged or nacked")
+        if message.topic in self.deleted_topics:
+            message.settled = True  # its topic is gone: nothing to settle
+            self._unsettled.discard(message.tag)
+            return
         if message._generation != self._generation or self._conn is None:
             raise UnknownDeliveryError(
                 "the connection this message came on was lost; the broker redelivers it"

@@ -49,6 +49,11 @@ def index_name(base_offset: int) -> str:
     return f"{base_offset:020d}.index"
 
 
+#: Where a topic's directory goes while it is deleted (``trash/<topic>.<ns>``), outside
+#: ``logs/`` so that nothing reading the logs sees it: docs/FORMAT.md.
+TRASH_DIR = "trash"
+
+
 def logs_dir(root: Path) -> Path:
     """Where the segments of every topic are (``<data dir>/logs``)."""
     return root / "logs"

@@ -11,9 +11,11 @@ are serialised by the partition's file lock, topic settings live in ``state.db``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from spoolmq.store.message import (
     message_from_options,
     normalize_acks,
 )
-from spoolmq.store.names import check_topic, logs_dir, topic_dir
+from spoolmq.store.names import TRASH_DIR, check_topic, logs_dir, topic_dir
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.partitioner import RoundRobin, partition_for_key
 from spoolmq.store.reader import Reader, offset_for_timestamp
@@ -183,14 +185,52 @@ class Store:
         return self.state.topics()
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic's settings and files. Stop its writers first."""
+        """Delete a topic's settings, state rows and files (the broker's PublisherBroker
+        does it for a running broker, after the ConsumerBroker stopped serving it).
+
+        Crash-safe in three steps: the topic's directory is renamed into ``trash/`` (the
+        point of no return: its files are gone from ``logs/``), then its rows go from
+        ``state.db`` in one transaction (settings, committed offsets, deliveries, producer
+        sequences), then the directory is removed. A crash after the rename leaves an entry
+        in ``trash/`` that :meth:`finish_deletions` completes at the broker's next start;
+        one before it leaves the topic whole."""
         self.topic_config(name)
+        self.forget_topic(name)
+        directory = topic_dir(self.path, name)
+        trash = self.path / TRASH_DIR
+        make_private_dirs(trash)
+        doomed = trash / f"{name}.{time.time_ns()}"
+        with contextlib.suppress(FileNotFoundError):  # never written to: no directory
+            os.replace(directory, doomed)
+        self.state.delete_topic(name)
+        self.forget_topic(name)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def finish_deletions(self) -> list[str]:
+        """Complete topic deletions a crash interrupted (entries left in ``trash/``); the
+        names of the topics finished. Called where no other writer can create a topic of
+        the same name meanwhile: the PublisherBroker's start, an offline ``topics delete``."""
+        trash = self.path / TRASH_DIR
+        finished = []
+        for doomed in sorted(trash.iterdir()) if trash.is_dir() else ():
+            name = doomed.name.rpartition(".")[0]
+            # A topic of that name created again since (its directory is back) keeps its
+            # rows; otherwise the rows of the deleted one go now.
+            if name and not topic_dir(self.path, name).exists():
+                self.state.delete_topic(name)
+                self.forget_topic(name)
+            shutil.rmtree(doomed, ignore_errors=True)
+            finished.append(name)
+        return finished
+
+    def forget_topic(self, name: str) -> None:
+        """Drop what this Store object keeps of a topic (its open partition logs and cached
+        settings), so that a topic deleted by another process, or created again, is read
+        afresh from ``state.db`` and ``logs/``."""
         with self._lock:
             for tp in [tp for tp in self._partitions if tp.topic == name]:
                 self._partitions.pop(tp).close()
-        self.state.delete_topic(name)
         self._topics.pop(name, None)
-        shutil.rmtree(topic_dir(self.path, name), ignore_errors=True)
 
     def partition_log(self, topic: str, partition: int, *, create: bool = False) -> PartitionLog:
         config = self.topic_config(topic, create=create)
