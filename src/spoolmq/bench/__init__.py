@@ -17,7 +17,7 @@ topic N partitions; the peers keep one stream or queue each (see ``PEER_PARTITIO
 
 Every phase counts duplicates and missing messages exactly (by message id).
 
-With --client native,asyncio (see ``clients``) the produce, consume and latency phases run
+With --client native,asyncio,kafka (see ``clients``) the produce, consume and latency phases run
 once per spoolmq client, in turn, each on a fresh broker; the first client's figures are
 the main ones (and the ones compared with the peers), every client's are under
 ``clients`` in the JSON and in a table of their own.

@@ -6,11 +6,12 @@ process, and its paced publisher (run in the bench's own process)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from spoolmq.bench import aio, workers
+from spoolmq.bench import aio, kafka, workers
 from spoolmq.errors import InvalidArgumentError
 
 
@@ -21,6 +22,8 @@ class Client(NamedTuple):
     consumer: Callable[..., None]
     latency_consumer: Callable[..., None]
     latency_publisher: Callable[[Path, str, int, int, int, Any], tuple[float, float]]
+    broker_args: tuple[str, ...] = ()  # what the broker under test needs for this client
+    needs: str | None = None  # a module the client imports (checked before a run)
 
 
 NATIVE = Client(
@@ -44,6 +47,16 @@ CLIENTS: dict[str, Client] = {
             aio.aio_latency_consumer,
             aio.aio_latency_publisher,
         ),
+        Client(
+            "kafka",
+            "confluent-kafka through the Kafka listener",
+            kafka.kafka_producer,
+            kafka.kafka_consumer,
+            kafka.kafka_latency_consumer,
+            kafka.kafka_latency_publisher,
+            broker_args=("--kafka", "127.0.0.1:0"),
+            needs="confluent_kafka",
+        ),
     )
 }
 """Every client by its ``--client`` name; another client is one more entry here."""
@@ -59,7 +72,14 @@ def chosen(text: str) -> list[Client]:
             f"--client: unknown client(s) {', '.join(unknown) or repr(text)}; "
             f"choose from {','.join(CLIENTS)}"
         )
-    return [CLIENTS[name] for name in names]
+    clients = [CLIENTS[name] for name in names]
+    for client in clients:
+        if client.needs is not None and importlib.util.find_spec(client.needs) is None:
+            raise InvalidArgumentError(
+                f"--client {client.name} needs the {client.needs} package "
+                "(`pip install confluent-kafka 'spoolmq[kafka]'`)"
+            )
+    return clients
 
 
 FIGURES = {

@@ -243,7 +243,7 @@ def spool_produce(
     """``n`` messages published to an empty store, then read back and counted."""
     with _fresh_store(root, "produce") as data:
         _create_topic(data, args.partitions)
-        broker = _Broker(data)
+        broker = _Broker(data, args=client.broker_args)
         start_s = broker.start()
         try:
             figures = _produce_round(data, broker, args, 0, progress, client)
@@ -264,7 +264,7 @@ def spool_consume(
     """``n`` messages stored first, then drained by one group's consumers."""
     with _fresh_store(root, "consume") as data:
         _prefill(data, 0, args.n, args, progress)
-        broker = _Broker(data)
+        broker = _Broker(data, args=client.broker_args)
         broker.start()
         try:
             figures, ids = _consume_round(data, broker, args, progress, client)
@@ -334,7 +334,7 @@ def spool_latency(
     syncs = fdatasync_ms(root)
     with _fresh_store(root, "latency") as data:
         _create_topic(data, args.partitions)
-        broker = _Broker(data)
+        broker = _Broker(data, args=client.broker_args)
         broker.start()
         out = str(data.parent / "latency.json")
         rss = RssSampler(broker.pids)

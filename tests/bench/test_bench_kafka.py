@@ -1,0 +1,31 @@
+"""``spoolmq bench --client kafka``: the produce, consume and latency phases through
+confluent-kafka against the broker's Kafka listener, every message counted exactly (by id,
+from the store for produce and from what the consumer got for consume)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+
+def test_bench_through_kafka_clients(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "spoolmq", "bench", "--data", str(tmp_path / "data"),
+         "--n", "600", "--producers", "1", "--consumers", "1", "--rate", "200",
+         "--duration", "1", "--client", "kafka", "--json", str(out)],
+        capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    results = orjson.loads(out.read_bytes())
+    assert results["parameters"]["client"] == ["kafka"]
+    figures = results["spoolmq"]  # the only client's figures are the main ones
+    for phase in ("produce", "consume"):
+        assert figures[phase]["duplicates"] == 0 and figures[phase]["missing"] == 0
+        assert figures[phase]["msgs_per_s"] > 0
+    assert figures["produce"]["publishers_cpu_us_per_message"] >= 0
+    assert figures["latency"]["messages"] == 200
+    assert figures["latency"]["missing"] == 0
