@@ -133,13 +133,20 @@ def kafka_latency_consumer(data: str, out: str, ready: Any, stop: Any, cpu: Any)
             consumer.poll(0.1)
         ready.set()
         started = time.process_time()
+        uncommitted = 0
         while not stop.is_set():
-            for message in consumer.consume(num_messages=100, timeout=0.2):
-                if message.error() is None:
-                    received = time.time_ns()
-                    value = orjson.loads(message.value())
-                    records.append((value["id"], (received - value["t"]) / 1e6))
-            consumer.commit(asynchronous=True)
+            # One message at a time: consume(n) would hold the first message until n had
+            # arrived or its timeout passed, which is the API's wait, not the queue's.
+            message = consumer.poll(0.2)
+            if message is None or message.error() is not None:
+                continue
+            received = time.time_ns()
+            value = orjson.loads(message.value())
+            records.append((value["id"], (received - value["t"]) / 1e6))
+            uncommitted += 1
+            if uncommitted >= 100:
+                consumer.commit(asynchronous=True)
+                uncommitted = 0
         add_cpu(cpu, time.process_time() - started)
     finally:
         consumer.close()
