@@ -91,9 +91,12 @@ def compare_with_empty(prefilled: dict[str, Any], empty: dict[str, Any]) -> None
     prefilled["vs_empty"] = throughput_ratios(prefilled, empty)
     # The broker's CPU per message moves far less with the machine's load than
     # throughput does: the steadier answer to "does a big store slow it down".
-    prefilled["broker_cpu_vs_empty"] = throughput_ratios(
-        prefilled, empty, "broker_cpu_us_per_message"
-    )
+    # Another process's CPU is read in 10 ms clock ticks: a short phase's can read 0, and a
+    # ratio to 0 says nothing (None then, rather than a ratio to a near-zero floor).
+    prefilled["broker_cpu_vs_empty"] = {
+        phase: value if empty[phase]["broker_cpu_us_per_message"] > 0 else None
+        for phase, value in throughput_ratios(prefilled, empty, "broker_cpu_us_per_message").items()
+    }
 
 
 def _flatten(figures: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
