@@ -218,16 +218,18 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         "topic",
         publisher.get("bytes_by_topic"),
     )
-    by_topic = consumer.get("by_topic") or {}
-    for kind, what in (
-        ("delivered", "messages handed to consumers (a redelivery counts again)"),
-        ("acked", "messages ACKed by consumers"),
-        ("nacked", "messages NACKed by consumers"),
-        ("dead_lettered", "messages moved to a dead-letter topic"),
-        ("expired", "messages dropped because their TTL passed before delivery"),
-    ):
-        counts = {topic: figures.get(kind, 0) for topic, figures in by_topic.items()}
-        yield _one_label(CounterMetricFamily, f"spoolmq_messages_{kind}", what, "topic", counts)
+    yield from _per_kind(
+        CounterMetricFamily,
+        "spoolmq_messages_{}",
+        consumer.get("by_topic"),
+        (
+            ("delivered", "messages handed to consumers (a redelivery counts again)"),
+            ("acked", "messages ACKed by consumers"),
+            ("nacked", "messages NACKed by consumers"),
+            ("dead_lettered", "messages moved to a dead-letter topic"),
+            ("expired", "messages dropped because their TTL passed before delivery"),
+        ),
+    )
     yield _one_label(
         CounterMetricFamily,
         "spoolmq_delivered_bytes",
@@ -235,15 +237,17 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         "topic",
         consumer.get("bytes_by_topic"),
     )
-    settled_bytes = consumer.get("settled_bytes_by_topic") or {}
-    for kind, what in (
-        ("acked", "bytes of records ACKed by consumers"),
-        ("nacked", "bytes of records NACKed by consumers (each NACK counts)"),
-        ("dead_lettered", "bytes of records moved to a dead-letter topic"),
-        ("expired", "bytes of records dropped because their TTL passed"),
-    ):
-        sizes = {topic: figures.get(kind, 0) for topic, figures in settled_bytes.items()}
-        yield _one_label(CounterMetricFamily, f"spoolmq_{kind}_bytes", what, "topic", sizes)
+    yield from _per_kind(
+        CounterMetricFamily,
+        "spoolmq_{}_bytes",
+        consumer.get("settled_bytes_by_topic"),
+        (
+            ("acked", "bytes of records ACKed by consumers"),
+            ("nacked", "bytes of records NACKed by consumers (each NACK counts)"),
+            ("dead_lettered", "bytes of records moved to a dead-letter topic"),
+            ("expired", "bytes of records dropped because their TTL passed"),
+        ),
+    )
     ack_latency = HistogramMetricFamily(
         "spoolmq_ack_latency_seconds",
         "time from a record's storing to its consumer's ACK (per ACKed run: the run's first "
@@ -282,6 +286,19 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         if figures:
             histogram.add_metric([], _cumulative(figures), figures["sum"])
         yield histogram
+
+
+def _per_kind(
+    kind: Any,
+    name: str,
+    by_topic: Mapping[str, Mapping[str, float]] | None,
+    kinds: Sequence[tuple[str, str]],
+) -> Iterator[Any]:
+    """One family per ``(kind, what)`` of ``kinds``, named ``name.format(kind)``, with a
+    sample per topic of ``by_topic[topic][kind]`` (a child's per-topic figures)."""
+    for figure, what in kinds:
+        values = {topic: figures.get(figure, 0) for topic, figures in (by_topic or {}).items()}
+        yield _one_label(kind, name.format(figure), what, "topic", values)
 
 
 def _one_label(
