@@ -22,6 +22,21 @@ from spoolmq.errors import SpoolError
 T = TypeVar("T")
 
 
+def run_spoolmq(
+    *args: str, stdin: str | None = None, timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """``spoolmq ARGS...`` as a user runs it (``python -m spoolmq``, this interpreter):
+    the finished process with its exit code and text output. ``timeout`` bounds a command
+    that should finish (a broker refused at start, a CLI command)."""
+    return subprocess.run(
+        [sys.executable, "-m", "spoolmq", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
     """Poll ``predicate`` until it returns something true, and return that; raise
     TimeoutError naming ``what`` after ``timeout`` seconds.

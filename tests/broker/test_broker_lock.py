@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 from spoolmq.broker.manager import broker_lock, broker_running
 from spoolmq.inotify import IN_OPEN, open_inotify
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
 
 
 def test_a_second_broker_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
     with BrokerProcess(data) as running:
         assert broker_running(data)
-        second = subprocess.run(
-            [sys.executable, "-m", "spoolmq", "broker", "--data", str(data)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        second = run_spoolmq("broker", "--data", str(data))
         assert second.returncode != 0
         assert f"already running on {data}" in second.stderr
         assert f"process {running.pid}" in second.stderr

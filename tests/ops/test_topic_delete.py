@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,16 +18,11 @@ import pytest
 from spoolmq import AsyncConsumer, Consumer, Publisher, Store
 from spoolmq.errors import TopicDeletedError
 from spoolmq.store.names import TRASH_DIR
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
 
 
 def cli(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spoolmq", *args, "--data", str(data)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_spoolmq(*args, "--data", str(data))
 
 
 def receive_until(consumer: Consumer, wanted: object, seconds: float = 60) -> object:

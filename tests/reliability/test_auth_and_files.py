@@ -7,8 +7,6 @@ import ast
 import contextlib
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import Callable
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -20,7 +18,7 @@ import spoolmq
 from spoolmq import Consumer, Publisher, protocol
 from spoolmq.client.admin import Admin
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
 
 SOURCE = Path(spoolmq.__file__).parent
 
@@ -222,12 +220,7 @@ def test_a_data_directory_others_can_write_is_refused(
     data_dir = tmp_path / "shared"
     data_dir.mkdir()
     os.chmod(data_dir, mode)
-    result = subprocess.run(
-        [sys.executable, "-m", "spoolmq", "broker", "--data", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_spoolmq("broker", "--data", str(data_dir), timeout=60)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert lines and "can be written by other users" in lines[-1]
