@@ -5,23 +5,16 @@ and nothing stored."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from spoolmq import Store
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, run_spoolmq
 
 
 def run_cli(*args: str, stdin: str = "", timeout: float = 45) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spoolmq", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_spoolmq(*args, stdin=stdin, timeout=timeout)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
