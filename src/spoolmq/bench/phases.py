@@ -98,7 +98,8 @@ def _prefill(
 
 
 def _stored_ids(data: Path, starts: dict[int, int] | None = None) -> list[int]:
-    """The ids of the messages stored from ``starts`` (partition: offset; default: all)."""
+    """The ids of the messages stored from ``starts`` (partition: offset; default: all),
+    without the warm-up messages some clients send first (negative ids)."""
     from spoolmq.store import Store
 
     ids: list[int] = []
@@ -109,7 +110,7 @@ def _stored_ids(data: Path, starts: dict[int, int] | None = None) -> list[int]:
             while batch := reader.read_entries(5000):
                 ids.extend(fields["value"]["id"] for fields, _ in batch)
             reader.close()
-    return ids
+    return [message_id for message_id in ids if message_id >= 0]
 
 
 def _messages_per_partition(data: Path) -> list[int]:
