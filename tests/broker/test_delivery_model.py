@@ -1,11 +1,13 @@
 """The array-based delivery state against a model: per-key order and one-in-flight-per-key
-under random reads, dispatches, ACKs (as runs), NACKs, releases and lease expiries; and late
-ACKs refused after a redelivery. Pure state, a fake clock, no processes."""
+under random reads (some messages with a priority), dispatches, ACKs (as runs), NACKs,
+releases and lease expiries; and late ACKs refused after a redelivery. Pure state, a fake
+clock, no processes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,13 @@ LEASE_MS = 1_000
 
 def line(offset: int) -> bytes:
     return b'{"offset":%d,"timestamp":%d,"value":null}\n' % (offset, offset)
+
+
+def fields_and_line(offset: int, key: str | None, priority: int) -> tuple[dict[str, Any], bytes]:
+    """A record read from the log, with the priority header when ``priority`` is not 0."""
+    headers = [["x-spoolmq-priority", str(priority)]] if priority else []
+    fields = {"offset": offset, "timestamp": 0, "key": key, "headers": headers}
+    return fields, orjson.dumps({**fields, "value": None}) + b"\n"
 
 
 def expand(group: Group, now: int) -> dict[str, list[tuple[int, int, int]]]:
@@ -34,7 +43,13 @@ def expand(group: Group, now: int) -> dict[str, list[tuple[int, int, int]]]:
 
 operations = st.lists(
     st.one_of(
-        st.tuples(st.just("read"), st.lists(st.sampled_from([None, "a", "b", "c"]), max_size=6)),
+        st.tuples(
+            st.just("read"),
+            st.lists(
+                st.tuples(st.sampled_from([None, "a", "b", "c"]), st.sampled_from([0, 0, 5, 9])),
+                max_size=6,
+            ),
+        ),
         st.tuples(st.just("dispatch"), st.just(0)),
         st.tuples(st.just("ack"), st.integers(0, 5)),
         st.tuples(st.just("nack"), st.integers(0, 5)),
@@ -98,14 +113,10 @@ def test_per_key_order_and_one_in_flight_per_key_hold(ops: list[tuple[str, Any]]
 
     for kind, argument in ops:
         if kind == "read":
-            for key in argument:
+            for key, priority in argument:
                 keys.append(key)
-                group.add_record(
-                    state,
-                    {"offset": len(keys) - 1, "timestamp": 0, "key": key, "headers": []},
-                    line(len(keys) - 1),
-                    now,
-                )
+                fields, stored = fields_and_line(len(keys) - 1, key, priority)
+                group.add_record(state, fields, stored, now)
         elif kind == "dispatch":
             check_dispatch()
         elif kind == "time":

@@ -133,6 +133,8 @@ BASE = {"key": None, "value": 1, "headers": []}
         {**BASE, "headers": [["h", 5]]},
         {**BASE, "headers": [["", "v"]]},
         {**BASE, "headers": "h"},
+        {**BASE, "headers": [["x-spoolmq-priority", "10"]]},  # one digit only
+        {**BASE, "headers": [["x-spoolmq-priority", "OQ==", "b64"]]},  # text only
         {"key_b64": 5, "value": 1, "headers": []},
         {"key": 5, "value": 1, "headers": []},
         {"key": None, "value_b64": "***", "headers": []},
@@ -184,6 +186,15 @@ def test_the_common_record_and_the_general_path_store_the_same_bytes() -> None:
         )
         assert checked.body == expected.body
         assert checked.identity == (None if key is None else f"s:{key}")
+
+
+def test_a_priority_arrives_as_its_reserved_header() -> None:
+    _, _, _, record = through_the_wire("x", {"priority": 9, "headers": {"trace": "t"}})
+    assert record.headers == [("trace", "t"), ("x-spoolmq-priority", "9")]
+    _, _, _, record = through_the_wire("x", {"priority": 0})
+    assert record.headers == []
+    raw = {**BASE, "headers": [["x-spoolmq-priority", "4"]]}
+    assert check_record(raw, None, NOW, 10_000).extra == [None, None, None, True]
 
 
 def test_extras_tell_the_consumer_broker_what_a_record_has() -> None:

@@ -80,6 +80,21 @@ async def async_stuck() -> None:
     await asyncio.sleep(3600)
 
 
+@tasks.task(topic="t.order")
+def gate(path: str) -> None:
+    """Hold the worker until ``path`` exists (a test opens the gate), at most 120 s."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@tasks.task(topic="t.order")
+def in_order(name: str, label: str) -> None:
+    """Append ``label`` to ``$TASKS_MARKS/<name>``: the order tasks ran in."""
+    with open(Path(os.environ["TASKS_MARKS"]) / name, "a") as marks:
+        marks.write(f"{label}\n")
+
+
 @tasks.task(topic="t.periodic")
 def tick(name: str) -> int:
     mark(name)

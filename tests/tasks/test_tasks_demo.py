@@ -11,7 +11,7 @@ from spoolmq.tasks.demo import run_tasks_demo
 from spoolmq.testing import BrokerProcess
 
 
-def test_the_tasks_demo_shows_results_a_failure_a_cancel_and_ticks(
+def test_the_tasks_demo_shows_results_a_failure_a_cancel_priorities_and_ticks(
     broker: BrokerProcess, data_dir: Path
 ) -> None:
     out = io.StringIO()
@@ -23,3 +23,9 @@ def test_the_tasks_demo_shows_results_a_failure_a_cancel_and_ticks(
     text = out.getvalue()
     assert "ValueError: b.bmp: unsupported format" in text
     assert "sent twice: one task" in text
+    # Sent after img0 and before img4 and the others, yet the priority-9 resizes start
+    # first: the worker claims them (in the order the broker sent them) before any other.
+    started = figures["started_at"]
+    urgent = [started[f"resize img{i}.jpg (priority 9)"] for i in (0, 4)]
+    others = [started[f"resize img{i}.jpg (priority 0)"] for i in (1, 2, 3, 5, 6, 7)]
+    assert max(urgent) <= min(others), started

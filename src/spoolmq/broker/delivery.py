@@ -17,6 +17,9 @@ Rules it keeps:
   it is dead-lettered;
 - delayed messages are not delivered before ``deliver_at``; messages past ``expires_at``
   are not delivered at all;
+- a due message with a priority above 0 (the reserved header
+  :data:`~spoolmq.store.message.PRIORITY_HEADER`) goes before every due message of a lower
+  priority the group has read, within a key's order;
 - the committed offset of a partition is its smallest unfinished offset, so everything
   below it is final.
 """
@@ -38,6 +41,7 @@ from spoolmq.errors import (
     SpoolError,
     UnknownDeliveryError,
 )
+from spoolmq.store.message import PRIORITY_HEADER, PRIORITY_VALUES
 from spoolmq.store.record import key_identity, record_offset_and_timestamp
 from spoolmq.types import EventType, TopicPartition
 
@@ -65,6 +69,7 @@ ONLY_GROUP_HEADER = "x-spoolmq-only-group"
 # How the header's name appears in a stored line: a byte search decides, for almost every
 # record, that it has no such header without parsing the line.
 _ONLY_GROUP_BYTES = orjson.dumps(ONLY_GROUP_HEADER)
+_PRIORITY_BYTES = orjson.dumps(PRIORITY_HEADER)
 
 _EXPIRED_TAGS_KEPT = 10_000
 _MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
@@ -331,6 +336,7 @@ class PartitionState:
         "open_count",
         "owners",
         "partition",
+        "priorities",
         "ready",
         "retries",
         "saved",
@@ -338,6 +344,7 @@ class PartitionState:
         "slot",
         "status",
         "topic",
+        "urgent",
     )
 
     def __init__(self, topic: str, partition: int, slot: int, start: int) -> None:
@@ -357,17 +364,22 @@ class PartitionState:
         self.next_same: list[int] = []  # the key's next offset read after this one, or -1
         self.key_tail: dict[Key, int] = {}  # a key's newest unfinished offset
         self.ready: deque[int] = deque()  # due again (retries, a key's next), oldest first
+        # Due messages of a priority above 0: (-priority, offset), a heap, so the highest
+        # priority comes first and the oldest within one.
+        self.urgent: list[tuple[int, int]] = []
         self.open_count = 0  # read and not finished
         self.in_flight = 0
         self.committed_persisted = -1
         # The exceptional cases, by offset: a deliver_at (or restored retry time) not yet
         # reached; a TTL; a lease extended; a message that failed at least once and is not in
-        # flight, with its retry time (0: due) and why it failed; the row state.db has.
+        # flight, with its retry time (0: due) and why it failed; the row state.db has; a
+        # priority above 0.
         self.delays: dict[int, int] = {}
         self.expires: dict[int, int] = {}
         self.extended: dict[int, int] = {}
         self.retries: dict[int, tuple[int, str | None]] = {}
         self.saved: dict[int, tuple[int, int]] = {}
+        self.priorities: dict[int, int] = {}
 
     def committed(self) -> int:
         """The smallest unfinished offset: everything below it is final."""
@@ -470,6 +482,7 @@ class Group:
         self._sequence = itertools.count()
         self._rotation: deque[str] = deque()
         self._turn = 0  # the partition a dispatch looks at first, in turn
+        self._urgent: set[PartitionState] = set()  # partitions with due priority messages
         self.filtered = 0
         # Slots of partitions whose topic was deleted: an answer for a delivery of one is
         # accepted and does nothing (the consumer may not have heard of the deletion yet).
@@ -528,7 +541,16 @@ class Group:
             state.lines, state.keys, state.next_same = [], [], []
             state.key_tail.clear()
             state.ready.clear()
-            for table in (state.delays, state.expires, state.extended, state.retries, state.saved):
+            state.urgent.clear()
+            self._urgent.discard(state)
+            for table in (
+                state.delays,
+                state.expires,
+                state.extended,
+                state.retries,
+                state.saved,
+                state.priorities,
+            ):
                 table.clear()
             state.open_count = state.in_flight = 0
             state.fresh = state.next_fetch = state.base
@@ -600,7 +622,7 @@ class Group:
         state.keys += keys if keys is not None else [None] * count
         state.next_same += [-1] * count
         state.open_count += count
-        special: list[int] = []  # offsets due later than now, or restored
+        special: list[int] = []  # offsets due later than now, of a priority, or restored
         spec = self.settings.filter
         if spec or extras:
             plain_passes = matches(spec, (), ())
@@ -625,8 +647,17 @@ class Group:
                 deliver_at, expires_at = extra[0], extra[1]
                 if expires_at is not None:
                     state.expires[first + index] = expires_at
+                priority = (
+                    _priority(extra, lines[index])
+                    if extra[3] and _PRIORITY_BYTES in lines[index]
+                    else 0
+                )
+                if priority:
+                    state.priorities[first + index] = priority
                 if deliver_at is not None and deliver_at > now:
                     state.delays[first + index] = deliver_at
+                    special.append(first + index)
+                elif priority:
                     special.append(first + index)
         if restored:
             for offset in [o for o in restored if first <= o < first + count]:
@@ -639,7 +670,8 @@ class Group:
                 state.retries[offset] = (due_at, None)
                 if due_at > now:
                     state.delays[offset] = max(due_at, state.delays.get(offset, 0))
-                special.append(offset)
+                if offset not in special:
+                    special.append(offset)
         blocked: set[int] = set()
         if keys is not None:
             tails = state.key_tail
@@ -701,7 +733,21 @@ class Group:
                     return
                 del state.delays[offset]
         state.status[index] = READY
-        state.ready.append(offset)
+        self._push_ready(state, offset)
+
+    def _push_ready(self, state: PartitionState, offset: int, *, first: bool = False) -> None:
+        """Queue a message that has just become READY: by its priority if it has one, else
+        on the partition's ready queue (at its front if ``first``: the oldest work)."""
+        if state.priorities:
+            priority = state.priorities.get(offset)
+            if priority:
+                heapq.heappush(state.urgent, (-priority, offset))
+                self._urgent.add(state)
+                return
+        if first:
+            state.ready.appendleft(offset)
+        else:
+            state.ready.append(offset)
 
     def _schedule(self, when: int, state: PartitionState, offset: int, attempt: int) -> None:
         heapq.heappush(self._timers, (when, next(self._sequence), state, offset, attempt))
@@ -744,7 +790,7 @@ class Group:
             ):
                 state.delays.pop(offset, None)
                 state.status[index] = READY
-                state.ready.append(offset)
+                self._push_ready(state, offset)
 
     def _schedule_lease(self, when: int, runs: list[Run]) -> None:
         heapq.heappush(self._leases, (when, next(self._sequence), runs))
@@ -752,7 +798,9 @@ class Group:
     # -- dispatch -----------------------------------------------------------------------
 
     def _has_ready(self) -> bool:
-        return any(state.ready or state.fresh < state.next_fetch for state in self.slots)
+        return bool(self._urgent) or any(
+            state.ready or state.fresh < state.next_fetch for state in self.slots
+        )
 
     def wants_more(self) -> bool:
         if not self._has_ready():
@@ -785,6 +833,8 @@ class Group:
     def _take(self, slot: ConsumerSlot, room: int, now: int) -> Batch | None:
         runs: list[Run] = []
         lines: list[bytes] = []
+        if self._urgent:
+            room = self._take_urgent(slot, room, now, runs, lines)
         slots = self.slots
         first = self._turn % len(slots)
         self._turn = first + 1
@@ -823,6 +873,29 @@ class Group:
             slot.held += batch.count
             self._schedule_lease(now + self.settings.lease_ms, runs)
         return batch
+
+    def _take_urgent(
+        self, slot: ConsumerSlot, room: int, now: int, runs: list[Run], lines: list[bytes]
+    ) -> int:
+        """Take up to ``room`` due priority messages of the topics ``slot`` reads, the
+        highest priority first across partitions; the room left. An entry whose message
+        was taken another way meanwhile (the fresh cursor) is dropped here."""
+        while room > 0:
+            best: PartitionState | None = None
+            for state in self._urgent:
+                if state.topic in slot.topics and (
+                    best is None or state.urgent[0] < best.urgent[0]
+                ):
+                    best = state
+            if best is None:
+                break
+            _, offset = heapq.heappop(best.urgent)
+            if not best.urgent:
+                self._urgent.discard(best)
+            index = offset - best.base
+            if 0 <= index < len(best.status) and best.status[index] == READY:
+                room -= self._take_one(best, index, slot, now, runs, lines)
+        return room
 
     def _take_fresh(
         self,
@@ -1047,7 +1120,7 @@ class Group:
         if state.attempts[index]:  # an earlier attempt failed: it keeps its row
             state.retries[offset] = (0, state.retries.get(offset, (0, None))[1])
         state.status[index] = READY
-        state.ready.appendleft(offset)  # it is the oldest work: first again
+        self._push_ready(state, offset, first=True)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
         if seconds <= 0:
@@ -1140,7 +1213,7 @@ class Group:
         else:
             state.status[index] = READY
             state.retries[offset] = (0, reason)
-            state.ready.appendleft(offset)  # it is the oldest work: first again
+            self._push_ready(state, offset, first=True)  # it is the oldest work: first again
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
         state = self.partitions[cast(TopicPartition, (pending.topic, pending.partition))]
@@ -1161,7 +1234,7 @@ class Group:
         else:
             state.lines[index:stop] = [None] * count
         offset = state.base + index
-        for table in (state.retries, state.expires, state.delays):
+        for table in (state.retries, state.expires, state.delays, state.priorities):
             if table:
                 if count <= len(table):
                     for one in range(offset, offset + count):
@@ -1222,15 +1295,36 @@ def _for_group(group: str, extra: Extra, line: bytes) -> bool:
     >>> _for_group("billing", extra, line), _for_group("audit", extra, line)
     (True, False)
     """
-    headers = extra[3]
-    if not headers or _ONLY_GROUP_BYTES not in line:
+    if _ONLY_GROUP_BYTES not in line:
         return True
+    named = _header(extra, line, ONLY_GROUP_HEADER)
+    return named is None or named == group
+
+
+def _priority(extra: Extra, line: bytes) -> int:
+    """The priority of a record with these extras: its :data:`PRIORITY_HEADER` digit, 0
+    without one (or with a value that is not one digit, as a Kafka producer may send).
+
+    >>> line = b'{"headers":[["x-spoolmq-priority","7"]]}'
+    >>> _priority((None, None, None, True), line), _priority((None, None, None, []), line)
+    (7, 0)
+    """
+    value = _header(extra, line, PRIORITY_HEADER)
+    return int(value) if value is not None and value in PRIORITY_VALUES else 0
+
+
+def _header(extra: Extra, line: bytes, name: str) -> str | None:
+    """The text value of the first header ``name`` of a record with these extras, None
+    without one."""
+    headers = extra[3]
+    if not headers:
+        return None
     if headers is True:  # a notice says only that there are headers: read them
         headers = orjson.loads(line).get("headers") or []
     for entry in headers:
-        if len(entry) == 2 and entry[0] == ONLY_GROUP_HEADER:
-            return bool(entry[1] == group)
-    return True
+        if len(entry) == 2 and entry[0] == name:
+            return cast(str, entry[1])
+    return None
 
 
 def _passes(spec: Mapping[str, Any], extra: Extra, line: bytes) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from spoolmq.errors import ProtocolError
-from spoolmq.store.message import Headers
+from spoolmq.store.message import Headers, priority_of
 from spoolmq.store.record import Record, check_line, record_from_fields, verified_fields
 
 
@@ -90,6 +90,11 @@ class DeliveredRecord:
     @property
     def headers(self) -> Headers:
         return self._decoded().headers
+
+    @property
+    def priority(self) -> int:
+        """0-9, as published (``priority=``); 0 for a message published without one."""
+        return priority_of(self.headers)
 
     @property
     def tags(self) -> tuple[str, ...]:

@@ -219,7 +219,7 @@ class Publisher:
     ) -> Position:
         """Publish one message and wait for its ACK. ``options`` are the PublishOptions
         (``key``, ``headers``, ``tags``, ``partition``, ``delay``/``ttl`` in seconds,
-        ``deliver_at`` in epoch ms)."""
+        ``deliver_at`` in epoch ms, ``priority`` 0-9)."""
         return self._enqueue(topic, value, options, acks, urgent=True).result()
 
     def publish_async(

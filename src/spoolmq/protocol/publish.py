@@ -33,6 +33,7 @@ from spoolmq.errors import (
     UnknownPartitionError,
 )
 from spoolmq.store.message import (
+    PRIORITY_HEADER,
     Acks,
     PublishOptions,
     check_options,
@@ -40,10 +41,12 @@ from spoolmq.store.message import (
     normalize_acks,
     schedule,
     seconds_to_ms,
+    with_priority,
 )
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import (
     RECORD_OVERHEAD,
+    check_priority_header,
     from_base64,
     has_non_finite,
     normalize_headers,
@@ -134,7 +137,9 @@ def _encode_options(
         record["value_b64"] = to_base64(bytes(value))
     else:
         record["value"] = value
-    record["headers"] = normalize_headers(options.get("headers"))
+    record["headers"] = normalize_headers(
+        with_priority(options.get("headers"), options.get("priority"))
+    )
     tags = options.get("tags")
     if tags:
         record["tags"] = normalize_tags(tags)
@@ -386,6 +391,8 @@ def _check_headers(headers: Any) -> None:
         name, text = entry[0], entry[1]
         if type(name) is not str or not name or type(text) is not str:
             raise SerializationError("a header is a non-empty name and a string value")
+        if name == PRIORITY_HEADER:
+            check_priority_header(text if len(entry) == 2 else None)
         if len(entry) == 3:
             if entry[2] != "b64":
                 raise SerializationError("a 3-item header must end with 'b64'")

@@ -45,7 +45,9 @@ class PublishOptions(TypedDict, total=False):
     ``key`` orders and partitions (text or raw bytes); ``headers`` are ``{name: str or
     bytes}`` or ``(name, value)`` pairs; ``tags`` are strings consumers filter on;
     ``partition`` overrides the key's partition; ``delay`` (seconds) or ``deliver_at``
-    (epoch ms) hold the message back; ``ttl`` (seconds) drops it if not delivered by then.
+    (epoch ms) hold the message back; ``ttl`` (seconds) drops it if not delivered by then;
+    ``priority`` (0-9, default 0) delivers it before the lower ones it waits with
+    (stored as the reserved header :data:`PRIORITY_HEADER`).
     """
 
     key: str | bytes | None
@@ -55,6 +57,66 @@ class PublishOptions(TypedDict, total=False):
     delay: float | None
     deliver_at: int | None
     ttl: float | None
+    priority: int | None
+
+
+#: The reserved header that carries a message's priority, one digit "1" to "9" (a message
+#: without it has priority 0). The ``priority`` option sets it; a Kafka producer can set
+#: it too. docs/FORMAT.md lists the reserved headers.
+PRIORITY_HEADER = "x-spoolmq-priority"
+PRIORITY_VALUES = frozenset("0123456789")
+
+
+def check_priority(priority: Any) -> int:
+    """A message priority: a whole number 0 (the default) to 9 (first).
+
+    >>> check_priority(9)
+    9
+    >>> check_priority(10)
+    Traceback (most recent call last):
+    ...
+    spoolmq.errors.InvalidArgumentError: priority must be a whole number 0-9, not 10
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidArgumentError(f"priority must be a whole number 0-9, not {priority!r}")
+    return priority
+
+
+def with_priority(headers: HeadersInput, priority: Any) -> HeadersInput:
+    """``headers`` with the priority header added for a ``priority`` above 0 (0 and None
+    store nothing: priority 0 is the default). Both a priority and the header: an error,
+    rather than one of them winning in silence.
+
+    >>> with_priority({"trace": "abc"}, 7)
+    [('trace', 'abc'), ('x-spoolmq-priority', '7')]
+    >>> with_priority(None, 0) is None
+    True
+    """
+    if priority is None:
+        return headers
+    if not check_priority(priority):
+        return headers
+    pairs: list[Any] = list(
+        headers.items() if isinstance(headers, Mapping) else headers if headers else ()
+    )
+    if any(
+        isinstance(pair, tuple | list) and pair and pair[0] == PRIORITY_HEADER for pair in pairs
+    ):
+        raise InvalidArgumentError(f"give priority= or the {PRIORITY_HEADER} header, not both")
+    pairs.append((PRIORITY_HEADER, str(priority)))
+    return pairs
+
+
+def priority_of(headers: Headers) -> int:
+    """A message's priority read from its headers: 0 without the priority header.
+
+    >>> priority_of([("x-spoolmq-priority", "9")]), priority_of([])
+    (9, 0)
+    """
+    for name, value in headers:
+        if name == PRIORITY_HEADER:
+            return int(value) if isinstance(value, str) and value in PRIORITY_VALUES else 0
+    return 0
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -130,7 +192,7 @@ def message_from_options(
     return Message(
         value=value,
         key=options.get("key"),
-        headers=options.get("headers"),
+        headers=with_priority(options.get("headers"), options.get("priority")),
         tags=options.get("tags"),
         deliver_at=deliver_at,
         expires_at=expires_at,

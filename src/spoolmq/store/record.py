@@ -37,7 +37,13 @@ from spoolmq.errors import (
     SerializationError,
     SpoolError,
 )
-from spoolmq.store.message import Headers, HeadersInput, Message
+from spoolmq.store.message import (
+    PRIORITY_HEADER,
+    PRIORITY_VALUES,
+    Headers,
+    HeadersInput,
+    Message,
+)
 
 _CRC_MARK = b',"crc":'
 _OFFSET_PREFIX = b'{"offset":'
@@ -99,6 +105,8 @@ def normalize_headers(headers: HeadersInput) -> list[list[str]]:
             ) from None
         if not isinstance(name, str) or not name:
             raise SerializationError(f"a header name must be a non-empty string, not {name!r}")
+        if name == PRIORITY_HEADER:
+            check_priority_header(value)
         if isinstance(value, str):
             stored.append([name, value])
         elif isinstance(value, bytes | bytearray | memoryview):
@@ -108,6 +116,15 @@ def normalize_headers(headers: HeadersInput) -> list[list[str]]:
                 f"header {name!r} must have a str or bytes value, not {type(value).__name__}"
             )
     return stored
+
+
+def check_priority_header(value: Any) -> None:
+    """The reserved priority header holds one digit as text: anything else is refused where
+    a message comes in (the Kafka front excepted: there delivery counts it as 0)."""
+    if not isinstance(value, str) or value not in PRIORITY_VALUES:
+        raise InvalidArgumentError(
+            f"header {PRIORITY_HEADER!r} must be one digit 0-9 as text, not {value!r}"
+        )
 
 
 def normalize_tags(tags: Sequence[str] | str) -> list[str]:

@@ -270,7 +270,8 @@ class Store:
         **options: Unpack[PublishOptions],
     ) -> Position:
         """Append one message; ``options`` are the PublishOptions (``key``, ``headers``,
-        ``tags``, ``partition``, ``delay``/``ttl`` in seconds, ``deliver_at`` in epoch ms)."""
+        ``tags``, ``partition``, ``delay``/``ttl`` in seconds, ``deliver_at`` in epoch ms,
+        ``priority`` 0-9)."""
         message = message_from_options(
             value, options, now=self._clock.now_ms(), producer_id=producer_id, sequence=sequence
         )

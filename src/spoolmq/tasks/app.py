@@ -29,6 +29,7 @@ from spoolmq.client import Publisher
 from spoolmq.client.connection import Address
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, TaskFailed
+from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
 from spoolmq.tasks.codec import check_json
 from spoolmq.tasks.results import CANCELLED, FAILED, SUCCEEDED, ResultStore, TaskRow
@@ -58,12 +59,6 @@ def _seconds(value: float | timedelta | None, what: str) -> float | None:
     if seconds < 0:
         raise InvalidArgumentError(f"{what} must not be negative: {value!r}")
     return seconds
-
-
-def _check_priority(priority: int) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-        raise InvalidArgumentError(f"priority must be an integer 0-9: {priority!r}")
-    return priority
 
 
 class TaskHandle:
@@ -148,7 +143,7 @@ class Task(Generic[P, R]):
         unique_key: str | None = None,
     ) -> TaskHandle:
         """Enqueue with options: ``delay`` (seconds or timedelta), ``key`` (runs of one
-        key go in order, one at a time), ``priority`` 0-9 (stored; see the README),
+        key go in order, one at a time), ``priority`` 0-9 (9 first),
         ``unique_for`` (seconds: a second send of the same task and arguments, or of the
         same ``unique_key``, within that window returns the first one's handle)."""
         return self.tasks._send(
@@ -157,7 +152,7 @@ class Task(Generic[P, R]):
             dict(kwargs or {}),
             delay=_seconds(delay, "delay"),
             key=key,
-            priority=self.priority if priority is None else _check_priority(priority),
+            priority=self.priority if priority is None else check_priority(priority),
             unique_for=_seconds(unique_for, "unique_for"),
             unique_key=unique_key,
         )
@@ -253,7 +248,7 @@ class Tasks:
             raise InvalidArgumentError("time_limit must be positive")
         if rate_limit is not None:
             parse_rate(rate_limit)
-        _check_priority(priority)
+        check_priority(priority)
 
         def declare(function: Callable[P, R]) -> Task[P, R]:
             task_name = name or f"{function.__module__}.{function.__qualname__}"
@@ -369,6 +364,7 @@ class Tasks:
                 task_message(task, task_id, args, kwargs, priority),
                 key=key,
                 delay=delay or None,
+                priority=priority,
             )
         except BaseException:
             self.store.forget(task_id)  # never a row for a task that was not stored

@@ -17,6 +17,7 @@ from typing import Any
 
 from spoolmq.errors import ResultTimeoutError, TaskFailed
 from spoolmq.tasks.app import TaskHandle, Tasks
+from spoolmq.tasks.results import TaskRow
 from spoolmq.tasks.scheduler import Scheduler
 from spoolmq.tasks.worker import WorkerProcess
 
@@ -94,11 +95,13 @@ def run_tasks_demo(data: str | os.PathLike[str], console: Any) -> dict[str, Any]
     scheduler = Scheduler(tasks)
     ticker = threading.Thread(target=scheduler.run, args=(stop,), daemon=True)
     ticker.start()
-    table = Table(title="tasks and their results")
-    for column in ("task", "state", "attempts", "result or error"):
+    table = Table(title="tasks and their results (all sent before the worker started)")
+    for column in ("task", "state", "attempts", "started", "result or error"):
         table.add_column(column)
     states: dict[str, int] = {}
+    started_at: dict[str, int] = {}
     try:
+        outcomes: list[tuple[str, TaskRow | None, str]] = []
         for label, handle in handles:
             try:
                 outcome = repr(handle.result(timeout=60))
@@ -106,10 +109,19 @@ def run_tasks_demo(data: str | os.PathLike[str], console: Any) -> dict[str, Any]
                 outcome = exc.error
             except ResultTimeoutError as exc:
                 outcome = str(exc)
-            row = tasks.get(handle.id)
+            outcomes.append((label, tasks.get(handle.id), outcome))
+        # When each started, in ms after the first: the priority-9 resizes go first.
+        starts = [row.started_ms for _, row, _ in outcomes if row and row.started_ms]
+        first_start = min(starts, default=0)
+        for label, row, outcome in outcomes:
             state = row.state if row is not None else "?"
             states[state] = states.get(state, 0) + 1
-            table.add_row(label, state, str(row.attempts if row else ""), outcome)
+            if row is not None and row.started_ms:
+                started_at[label] = row.started_ms - first_start
+            started = (
+                f"+{row.started_ms - first_start} ms" if row is not None and row.started_ms else "-"
+            )
+            table.add_row(label, state, str(row.attempts if row else ""), started, outcome)
         time.sleep(2.5)  # let the periodic job tick a few times: that is what it shows
     finally:
         stop.set()
@@ -125,4 +137,4 @@ def run_tasks_demo(data: str | os.PathLike[str], console: Any) -> dict[str, Any]
         f"periodic job 'report-every-second': {ticks} tick(s) sent; "
         f"`spoolmq tasks list --data {Path(data)}` lists them all"
     )
-    return {"states": states, "ticks": ticks}
+    return {"states": states, "ticks": ticks, "started_at": started_at}
