@@ -72,5 +72,7 @@ def test_the_readme_publisher_and_consumer_run_as_written(tmp_path: Path) -> Non
         consumed = run_program(tmp_path, "consumer.py")
         assert consumed.returncode == 0, consumed.stderr
     orders = [int(line.split()[-1]) for line in consumed.stdout.splitlines()]
-    assert consumed.stdout.startswith("billing order 1\n")
-    assert sorted(orders) == list(range(1, 101))
+    # The consumer starts on the whole backlog: the priority-9 order, published last, goes
+    # first, then the rest in the order they were published.
+    assert consumed.stdout.startswith("billing order 101\nbilling order 1\n"), consumed.stdout
+    assert sorted(orders) == list(range(1, 102))

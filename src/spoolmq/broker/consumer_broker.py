@@ -145,6 +145,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
     # -- the loop --------------------------------------------------------------------------
 
     def wait_timeout(self) -> float:
+        if any(runtime.behind for runtime in self.groups.values()):
+            return 0.0  # more of a backlog to read (GroupRuntime.behind)
         now = self.clock.now_ms()
         timers = [
             t for t in (rt.group.next_timer() for rt in self.groups.values()) if t is not None

@@ -97,6 +97,10 @@ class GroupRuntime:
     # (ms), after a backoff that doubles while it keeps failing.
     dead_letter_retry_at: int = 0
     dead_letter_backoff_ms: int = 0
+    # The last fetch stopped at _READ_BATCH with more below the log end: the broker loops
+    # again at once, so a backlog is read into the window in steps without waiting for
+    # consumers to make room (a priority message further on is then seen).
+    behind: bool = False
 
     def open_partition(
         self,
@@ -124,6 +128,7 @@ class GroupRuntime:
         """Read what the group has room for from every partition below its log end."""
         group = self.group
         skips: list[Skip] = []
+        self.behind = False
         if not group.consumers:
             return skips
         for key, state in group.partitions.items():
@@ -133,13 +138,20 @@ class GroupRuntime:
             reader = self.readers.get(key)
             if reader is None:
                 continue
+            # Up to _READ_BATCH records in one go (a reader parses one chunk per call, and a
+            # dispatch in between would not see a priority message further on).
+            want = min(READ_AHEAD - state.open_count, _READ_BATCH)
+            entries: list[tuple[dict[str, Any], bytes]] = []
             try:
-                # Never past `end`: the file may already hold the next batch while its
-                # fdatasync runs, and a failed sync cuts it off the log.
-                entries = reader.read_entries(
-                    min(READ_AHEAD - state.open_count, _READ_BATCH), end=end
-                )
+                while len(entries) < want:
+                    # Never past `end`: the file may already hold the next batch while its
+                    # fdatasync runs, and a failed sync cuts it off the log.
+                    read = reader.read_entries(want - len(entries), end=end)
+                    if not read:
+                        break
+                    entries += read
             except OffsetOutOfRangeError:
+                self._add_entries(state, entries, now)  # what was read before is good
                 # Retention deleted records this group had not read yet (it lagged more
                 # than the topic keeps): go on from the log start, and say so.
                 begin = store.partition_log(*key).log_start_offset()
@@ -149,6 +161,7 @@ class GroupRuntime:
                     reader.seek(begin)
                 continue
             except CorruptRecordError as exc:
+                self._add_entries(state, entries, now)
                 # Never skipped in silence: this partition stops for the group until the
                 # damage is dealt with (`spoolmq check`); the others go on.
                 logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
@@ -157,6 +170,8 @@ class GroupRuntime:
             self._add_entries(state, entries, now)
             if len(state.status) > READ_AHEAD:
                 state.committed()  # lets the window drop what is finished
+            if len(entries) == want and state.next_fetch < end:
+                self.behind = True  # stopped at the batch size, not at the end
         return skips
 
     def _add_entries(
