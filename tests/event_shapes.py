@@ -8,7 +8,10 @@ message already.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 
 def per_message(lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -30,4 +33,14 @@ def per_message(lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                     message["processing_ms"] = 0 if times is None else times[position]
                 found.append(message)
                 position += 1
+    return found
+
+
+def events_of(data_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The delivery events of one type the ConsumerBroker wrote (events/), oldest file
+    first, one per message (a line of runs stands for each message of its runs)."""
+    found = []
+    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        found += [e for e in per_message(lines) if e["type"] == kind]
     return found

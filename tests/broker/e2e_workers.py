@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 
-from event_shapes import per_message
 from spoolmq import Consumer, Position, Publisher
 from spoolmq.testing import wait_until
 
@@ -176,15 +175,6 @@ def client_processes() -> Iterator[list[Any]]:
             if process.is_alive():
                 process.kill()
                 process.join(5)
-
-
-def events_of(data_dir: Path, kind: str) -> list[dict[str, Any]]:
-    """The delivery events of one type the ConsumerBroker wrote (events/), oldest file
-    first, one per message (a line of runs stands for each message of its runs)."""
-    found = []
-    for path in sorted((data_dir / "events").glob("date=*/*.jsonl")):
-        found += [e for e in per_message(read_lines(path)) if e["type"] == kind]
-    return found
 
 
 def flaky_handler(message: Any) -> None:

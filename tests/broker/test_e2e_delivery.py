@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from e2e_workers import events_of
 
-from event_shapes import per_message
+from event_shapes import events_of, per_message
 from spoolmq import Admin, Consumer, Publisher, Store, protocol
 from spoolmq.testing import BrokerProcess, wait_until
 

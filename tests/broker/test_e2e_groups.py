@@ -13,13 +13,13 @@ from e2e_workers import (
     SPAWN,
     client_processes,
     consume_worker,
-    events_of,
     join_all,
     publish_all,
     read_lines,
     start,
 )
 
+from event_shapes import events_of
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.testing import BrokerProcess, wait_until
 

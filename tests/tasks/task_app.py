@@ -95,6 +95,20 @@ def in_order(name: str, label: str) -> None:
         marks.write(f"{label}\n")
 
 
+@tasks.task(topic="t.rate", rate_limit="5/s")
+def paced(i: int) -> int:
+    return i
+
+
+@tasks.task(topic="t.capped", concurrency=2)
+def capped(name: str, seconds: float) -> None:
+    """Append when it ran, ``start end`` (epoch seconds), to ``$TASKS_MARKS/<name>``."""
+    start = time.time()
+    time.sleep(seconds)
+    with open(Path(os.environ["TASKS_MARKS"]) / name, "a") as marks:
+        marks.write(f"{start},{time.time()}\n")
+
+
 @tasks.task(topic="t.periodic")
 def tick(name: str) -> int:
     mark(name)

@@ -77,12 +77,24 @@ def test_bad_declarations_and_options_are_refused(data_dir: Path) -> None:
 
     def f() -> None: ...
 
-    with pytest.raises(InvalidArgumentError, match="rate_limit"):
+    with pytest.raises(InvalidArgumentError, match="a rate limit is a whole number"):
         tasks.task(rate_limit="fast")(f)
+    with pytest.raises(InvalidArgumentError, match="a rate limit is a whole number"):
+        tasks.task(rate_limit="2.5/s")(f)
+    with pytest.raises(InvalidArgumentError, match="concurrency"):
+        tasks.task(concurrency=0)(f)
     with pytest.raises(InvalidArgumentError, match="priority"):
         tasks.task(priority=10)(f)
     declared = tasks.task(rate_limit="50/s", priority=3)(f)
-    assert declared.rate_per_second == 50.0 and declared.priority == 3
+    assert declared.priority == 3
+    # A task with limits gets a topic of its own: the broker limits topics.
+    assert declared.topic == (
+        "tasks.test_tasks_basics.test_bad_declarations_and_options_are_refused._locals_.f"
+    )
+    assert tasks.limits() == {declared.topic: {"rate": "50/s"}}
+    tasks.task(topic="shared", name="plain")(f)
+    with pytest.raises(InvalidArgumentError, match="share topic 'shared'"):
+        tasks.task(topic="shared", name="capped", concurrency=2)(f)
     with pytest.raises(InvalidArgumentError, match="already declared"):
         tasks.task(f)
     with pytest.raises(InvalidArgumentError, match="priority"):

@@ -20,6 +20,9 @@ Rules it keeps:
 - a due message with a priority above 0 (the reserved header
   :data:`~spoolmq.store.message.PRIORITY_HEADER`) goes before every due message of a lower
   priority the group has read, within a key's order;
+- per topic, a group may have limits (``GroupSettings.limits``): at most ``rate``
+  deliveries (retries included) in any window of its length, and at most ``concurrency``
+  in flight, across all of its consumers;
 - the committed offset of a partition is its smallest unfinished offset, so everything
   below it is final.
 """
@@ -41,6 +44,7 @@ from spoolmq.errors import (
     SpoolError,
     UnknownDeliveryError,
 )
+from spoolmq.protocol.limits import Limit, check_limits
 from spoolmq.store.message import PRIORITY_HEADER, PRIORITY_VALUES
 from spoolmq.store.record import key_identity, record_offset_and_timestamp
 from spoolmq.types import EventType, TopicPartition
@@ -87,6 +91,8 @@ class GroupSettings:
         retry_backoff_max_ms: cap of that backoff (default 60 s).
         auto_ack: at-most-once: a message is final once it is sent.
         filter: only messages matching it are delivered (others are skipped and committed).
+        limits: per topic, ``{"rate": "50/s", "concurrency": 4}`` (either part optional):
+            deliveries in any window of the rate's unit, and in flight, across the group.
     """
 
     lease_ms: int = 30_000
@@ -95,6 +101,7 @@ class GroupSettings:
     retry_backoff_max_ms: int = 60_000
     auto_ack: bool = False
     filter: Mapping[str, Any] | None = None
+    limits: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("lease_ms", "max_deliveries", "retry_backoff_ms", "retry_backoff_max_ms"):
@@ -115,6 +122,7 @@ class GroupSettings:
         if self.retry_backoff_ms < 0 or self.retry_backoff_max_ms < 0:
             raise InvalidArgumentError("retry backoff must not be negative")
         check_filter(self.filter)
+        check_limits(self.limits)
 
 
 def check_filter(spec: Mapping[str, Any] | None) -> None:
@@ -483,6 +491,13 @@ class Group:
         self._rotation: deque[str] = deque()
         self._turn = 0  # the partition a dispatch looks at first, in turn
         self._urgent: set[PartitionState] = set()  # partitions with due priority messages
+        # Limits: the settings they were parsed from and what they say, by topic; per
+        # rate-limited topic, (when, how many) of the deliveries inside its window; when a
+        # rate-limited topic may send again (a timer, so the broker wakes up for it).
+        self._limits_of: GroupSettings | None = None
+        self._limits: dict[str, Limit] = {}
+        self._sent: dict[str, deque[tuple[int, int]]] = {}
+        self._rate_wake: int | None = None
         self.filtered = 0
         # Slots of partitions whose topic was deleted: an answer for a delivery of one is
         # accepted and does nothing (the consumer may not have heard of the deletion yet).
@@ -754,10 +769,14 @@ class Group:
 
     def next_timer(self) -> int | None:
         heads = [heap[0][0] for heap in (self._timers, self._leases) if heap]
+        if self._rate_wake is not None:
+            heads.append(self._rate_wake)
         return min(heads) if heads else None
 
     def run_timers(self, now: int) -> None:
         """Move due retries and delayed messages to ready; expire leases."""
+        if self._rate_wake is not None and self._rate_wake <= now:
+            self._rate_wake = None  # the dispatch that follows sets it again if need be
         lease_ms = self.settings.lease_ms
         while self._leases and self._leases[0][0] <= now:
             _, _, runs = heapq.heappop(self._leases)
@@ -833,8 +852,10 @@ class Group:
     def _take(self, slot: ConsumerSlot, room: int, now: int) -> Batch | None:
         runs: list[Run] = []
         lines: list[bytes] = []
+        # What each limited topic may still send now (None: no topic of the group has limits).
+        allow = self._allowances(slot, now) if self.settings.limits else None
         if self._urgent:
-            room = self._take_urgent(slot, room, now, runs, lines)
+            room = self._take_urgent(slot, room, now, runs, lines, allow)
         slots = self.slots
         first = self._turn % len(slots)
         self._turn = first + 1
@@ -844,14 +865,25 @@ class Group:
             state = slots[(first + step) % len(slots)]
             if state.topic not in slot.topics:
                 continue
+            budget = room
+            if allow is not None and state.topic in allow:
+                budget = min(room, allow[state.topic])
+                if budget <= 0:
+                    continue
+            left = budget
             ready = state.ready
-            while room > 0 and ready:
+            while left > 0 and ready:
                 offset = ready.popleft()
                 index = offset - state.base
                 if index >= 0 and state.status[index] == READY:
-                    room -= self._take_one(state, index, slot, now, runs, lines)
-            if room > 0 and state.fresh < state.next_fetch:
-                room = self._take_fresh(state, slot, room, now, runs, lines)
+                    left -= self._take_one(state, index, slot, now, runs, lines)
+            if left > 0 and state.fresh < state.next_fetch:
+                left = self._take_fresh(state, slot, left, now, runs, lines)
+            room -= budget - left
+            if allow is not None and state.topic in allow:
+                allow[state.topic] -= budget - left
+        if allow is not None:
+            self._count_sent(runs, now)
         if not runs:
             return None
         batch = Batch(runs, lines)
@@ -875,17 +907,26 @@ class Group:
         return batch
 
     def _take_urgent(
-        self, slot: ConsumerSlot, room: int, now: int, runs: list[Run], lines: list[bytes]
+        self,
+        slot: ConsumerSlot,
+        room: int,
+        now: int,
+        runs: list[Run],
+        lines: list[bytes],
+        allow: dict[str, int] | None,
     ) -> int:
-        """Take up to ``room`` due priority messages of the topics ``slot`` reads, the
-        highest priority first across partitions; the room left. An entry whose message
-        was taken another way meanwhile (the fresh cursor) is dropped here."""
+        """Take up to ``room`` due priority messages of the topics ``slot`` reads (within
+        what ``allow`` lets them send), the highest priority first across partitions; the
+        room left. An entry whose message was taken another way meanwhile (the fresh
+        cursor) is dropped here."""
         while room > 0:
             best: PartitionState | None = None
             for state in self._urgent:
-                if state.topic in slot.topics and (
-                    best is None or state.urgent[0] < best.urgent[0]
+                if state.topic not in slot.topics or (
+                    allow is not None and allow.get(state.topic, 1) <= 0
                 ):
+                    continue
+                if best is None or state.urgent[0] < best.urgent[0]:
                     best = state
             if best is None:
                 break
@@ -894,8 +935,51 @@ class Group:
                 self._urgent.discard(best)
             index = offset - best.base
             if 0 <= index < len(best.status) and best.status[index] == READY:
-                room -= self._take_one(best, index, slot, now, runs, lines)
+                taken = self._take_one(best, index, slot, now, runs, lines)
+                room -= taken
+                if allow is not None and best.topic in allow:
+                    allow[best.topic] -= taken
         return room
+
+    # -- limits -------------------------------------------------------------------------
+
+    def _allowances(self, slot: ConsumerSlot, now: int) -> dict[str, int]:
+        """How many deliveries each limited topic that ``slot`` reads may send now: its
+        concurrency cap less what is in flight, its rate less what was sent inside the
+        window. A topic held back by its rate sets the wake-up time it frees at."""
+        if self._limits_of is not self.settings:
+            self._limits = check_limits(self.settings.limits)
+            self._limits_of = self.settings
+            self._sent = {t: sent for t, sent in self._sent.items() if t in self._limits}
+        allow: dict[str, int] = {}
+        for topic, limit in self._limits.items():
+            if topic not in slot.topics:
+                continue
+            left = 1 << 62
+            if limit.concurrency is not None:
+                in_flight = sum(s.in_flight for s in self.slots if s.topic == topic)
+                left = limit.concurrency - in_flight
+            if limit.rate is not None:
+                sent = self._sent.setdefault(topic, deque())
+                while sent and sent[0][0] <= now - limit.window_ms:
+                    sent.popleft()
+                used = sum(count for _, count in sent)
+                if used >= limit.rate and sent:
+                    frees = sent[0][0] + limit.window_ms
+                    if self._rate_wake is None or frees < self._rate_wake:
+                        self._rate_wake = frees
+                left = min(left, limit.rate - used)
+            allow[topic] = max(0, left)
+        return allow
+
+    def _count_sent(self, runs: list[Run], now: int) -> None:
+        """Count a dispatch against the rates of the topics it sent from."""
+        by_topic: dict[str, int] = {}
+        for state, _, count, _ in runs:
+            if state.topic in self._sent:
+                by_topic[state.topic] = by_topic.get(state.topic, 0) + count
+        for topic, count in by_topic.items():
+            self._sent[topic].append((now, count))
 
     def _take_fresh(
         self,

@@ -599,6 +599,7 @@ class AsyncConsumer:
         prefetch: int = 1,
         auto_ack: bool = False,
         filter: Mapping[str, Any] | None = None,
+        limits: Mapping[str, Mapping[str, Any]] | None = None,
         start: str = "earliest",
         lease: float = 30.0,
         max_deliveries: int = 5,
@@ -623,6 +624,7 @@ class AsyncConsumer:
             retry_backoff_max=retry_backoff_max,
             auto_ack=auto_ack,
             filter=filter,
+            limits=limits,
         )
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self._buffer: deque[AsyncReceivedMessage] = deque()

@@ -52,6 +52,7 @@ def subscription_settings(
     retry_backoff_max: float,
     auto_ack: bool,
     filter: Mapping[str, Any] | None,
+    limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``settings`` of a ``subscribe`` frame (docs/PROTOCOL.md): seconds become ms; the
     broker checks the values and answers a bad one with an error frame."""
@@ -62,6 +63,7 @@ def subscription_settings(
         "retry_backoff_max_ms": int(retry_backoff_max * 1000),
         "auto_ack": auto_ack,
         "filter": dict(filter) if filter else None,
+        "limits": {topic: dict(limit) for topic, limit in limits.items()} if limits else None,
     }
 
 

@@ -88,6 +88,9 @@ class Consumer:
         prefetch: messages the broker may push ahead of ACKs (default 1).
         auto_ack: at-most-once delivery: no ACKs, nothing is redelivered.
         filter: ``{"tags": [...], "headers": {...}}``; only matching messages are delivered.
+        limits: per topic, ``{"emails": {"rate": "50/s", "concurrency": 4}}``: the group
+            gets at most 50 deliveries of ``emails`` in any one second (``/m``, ``/h``:
+            minute, hour) and holds at most 4 in flight, across all its consumers.
         start: where a group with no committed position begins: ``"earliest"`` or ``"latest"``.
         lease: seconds a delivery is reserved for this consumer before it is redelivered.
         max_deliveries: attempts before a message goes to ``<topic>.dlq``.
@@ -107,6 +110,7 @@ class Consumer:
         prefetch: int = 1,
         auto_ack: bool = False,
         filter: Mapping[str, Any] | None = None,
+        limits: Mapping[str, Mapping[str, Any]] | None = None,
         start: str = "earliest",
         lease: float = 30.0,
         max_deliveries: int = 5,
@@ -131,6 +135,7 @@ class Consumer:
             retry_backoff_max=retry_backoff_max,
             auto_ack=auto_ack,
             filter=filter,
+            limits=limits,
         )
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self._buffer: deque[ReceivedMessage] = deque()

@@ -29,6 +29,7 @@ from spoolmq.client import Publisher
 from spoolmq.client.connection import Address
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, TaskFailed
+from spoolmq.protocol.limits import check_concurrency, parse_rate
 from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
 from spoolmq.tasks.codec import check_json
@@ -40,16 +41,7 @@ R = TypeVar("R")
 
 DEFAULT_TOPIC = "tasks"
 DEFAULT_GROUP = "spoolmq-tasks"
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
-_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_rate(text: str) -> float:
-    """``"50/s"`` -> 50.0 per second (also ``/m``, ``/h``)."""
-    match = _RATE.match(text) if isinstance(text, str) else None
-    if match is None or float(match.group(1)) <= 0:
-        raise InvalidArgumentError(f"rate_limit must look like '50/s', '10/m' or '100/h': {text!r}")
-    return float(match.group(1)) / _RATE_UNITS[match.group(2)]
+_NOT_IN_TOPIC_NAMES = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def _seconds(value: float | timedelta | None, what: str) -> float | None:
@@ -103,6 +95,7 @@ class Task(Generic[P, R]):
         retry_backoff_max: float,
         time_limit: float | None,
         rate_limit: str | None,
+        concurrency: int | None,
         priority: int,
         result_ttl: float | None,
     ) -> None:
@@ -114,10 +107,9 @@ class Task(Generic[P, R]):
         self.retry_backoff = retry_backoff
         self.retry_backoff_max = retry_backoff_max
         self.time_limit = time_limit
-        # Stored and checked, not enforced yet: a rate limit that holds across every
-        # worker belongs in the broker (issue 13, point 8).
+        # Enforced by the broker, across every worker: the limits of the task's topic.
         self.rate_limit = rate_limit
-        self.rate_per_second = None if rate_limit is None else parse_rate(rate_limit)
+        self.concurrency = concurrency
         self.priority = priority
         self.result_ttl = result_ttl
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -208,12 +200,13 @@ class Tasks:
         /,
         *,
         name: str | None = None,
-        topic: str = DEFAULT_TOPIC,
+        topic: str | None = None,
         max_deliveries: int = 5,
         retry_backoff: float = 1.0,
         retry_backoff_max: float = 300.0,
         time_limit: float | None = None,
         rate_limit: str | None = None,
+        concurrency: int | None = None,
         priority: int = 0,
         result_ttl: float | None = 86400.0,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
@@ -224,12 +217,13 @@ class Tasks:
         /,
         *,
         name: str | None = None,
-        topic: str = DEFAULT_TOPIC,
+        topic: str | None = None,
         max_deliveries: int = 5,
         retry_backoff: float = 1.0,
         retry_backoff_max: float = 300.0,
         time_limit: float | None = None,
         rate_limit: str | None = None,
+        concurrency: int | None = None,
         priority: int = 0,
         result_ttl: float | None = 86400.0,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
@@ -238,32 +232,45 @@ class Tasks:
         ``max_deliveries`` attempts in all (a worker's death counts as one);
         ``retry_backoff`` seconds before the first retry, doubling up to
         ``retry_backoff_max``; ``time_limit`` seconds per attempt; ``result_ttl`` seconds
-        a finished task's result is kept (None: forever); ``rate_limit`` (``"50/s"``)
-        is stored but not enforced yet; ``priority`` 0-9 is the default of its sends.
+        a finished task's result is kept (None: forever); ``priority`` 0-9 is the default
+        of its sends. ``rate_limit`` (``"50/s"``: runs started in any one second; ``/m``,
+        ``/h``) and ``concurrency`` (runs at once) hold across every worker: the broker
+        applies them to the task's topic, so a task with either has a topic of its own
+        (by default ``tasks.<name>``; the default topic of the others is ``tasks``).
         """
-        check_topic(topic)
+        limited = rate_limit is not None or concurrency is not None
+        if topic is not None:
+            check_topic(topic)
         if max_deliveries < 1:
             raise InvalidArgumentError("max_deliveries must be at least 1")
         if time_limit is not None and time_limit <= 0:
             raise InvalidArgumentError("time_limit must be positive")
         if rate_limit is not None:
             parse_rate(rate_limit)
+        if concurrency is not None:
+            check_concurrency(concurrency)
         check_priority(priority)
 
         def declare(function: Callable[P, R]) -> Task[P, R]:
             task_name = name or f"{function.__module__}.{function.__qualname__}"
             if task_name in self.registry:
                 raise InvalidArgumentError(f"a task named {task_name!r} is already declared")
+            task_topic = topic
+            if task_topic is None:
+                own = f"{DEFAULT_TOPIC}.{_NOT_IN_TOPIC_NAMES.sub('_', task_name)}"[:128]
+                task_topic = own if limited else DEFAULT_TOPIC
+            self._check_topic_sharing(task_name, task_topic, limited)
             declared = Task(
                 self,
                 function,
                 name=task_name,
-                topic=topic,
+                topic=task_topic,
                 max_deliveries=max_deliveries,
                 retry_backoff=float(retry_backoff),
                 retry_backoff_max=float(retry_backoff_max),
                 time_limit=time_limit,
                 rate_limit=rate_limit,
+                concurrency=concurrency,
                 priority=priority,
                 result_ttl=_seconds(result_ttl, "result_ttl"),
             )
@@ -271,6 +278,33 @@ class Tasks:
             return declared
 
         return declare(fn) if fn is not None else declare
+
+    def _check_topic_sharing(self, name: str, topic: str, limited: bool) -> None:
+        """A task with limits is alone on its topic: the broker limits a topic, not a task."""
+        for other in self.registry.values():
+            if other.topic != topic:
+                continue
+            if limited or other.rate_limit is not None or other.concurrency is not None:
+                has_limits = name if limited else other.name
+                raise InvalidArgumentError(
+                    f"tasks {other.name!r} and {name!r} share topic {topic!r}, and "
+                    f"{has_limits!r} has a rate limit or a concurrency cap, which the broker "
+                    "applies to the whole topic: give it a topic of its own"
+                )
+
+    def limits(self) -> dict[str, dict[str, Any]]:
+        """The broker limits of the declared tasks, by topic (the workers' Consumer
+        ``limits``)."""
+        limits: dict[str, dict[str, Any]] = {}
+        for task in self.registry.values():
+            limit: dict[str, Any] = {}
+            if task.rate_limit is not None:
+                limit["rate"] = task.rate_limit
+            if task.concurrency is not None:
+                limit["concurrency"] = task.concurrency
+            if limit:
+                limits[task.topic] = limit
+        return limits
 
     def periodic(
         self,

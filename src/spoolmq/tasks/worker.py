@@ -145,6 +145,8 @@ class WorkerProcess:
             # any task allows the message goes to <topic>.dlq. A task's own, lower limit
             # is applied here (its last failure is recorded and ACKed).
             max_deliveries=max(t.max_deliveries for t in served),
+            # Every task's limits, not only those served here: the group's consumers agree.
+            limits=self.tasks.limits() or None,
             name=f"worker {self.name}",
         )
         beat_every = self.tasks.lease / 3
