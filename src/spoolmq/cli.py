@@ -69,6 +69,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         "tags": args.tag or None,
         "delay": args.delay,
         "ttl": args.ttl,
+        "priority": args.priority,
         "acks": args.acks,
     }
     existed = _topic_exists(args, args.topic)
@@ -260,6 +261,41 @@ def cmd_topics(args: argparse.Namespace) -> int:
                     [list(r.values()) for r in rows],
                 )
     return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Through the broker when one runs (its groups pass over the message at once), else
+    in state.db, which the broker reads as it starts."""
+    from spoolmq.broker.manager import broker_running
+    from spoolmq.client import Admin
+    from spoolmq.store import Store
+
+    data = _data(args, must_exist=True)
+    where = f"{args.topic}/{args.partition}@{args.offset}"
+    if broker_running(data):
+        with Admin(data) as admin:
+            groups = admin.cancel_message(
+                args.topic, args.partition, args.offset, reason=args.reason
+            )
+    else:
+        with Store(data) as store:
+            store.cancel_message(args.topic, args.partition, args.offset, args.reason)
+        groups = {}
+    if args.json:
+        _print_json({"cancelled": where, "groups": groups})
+        return 0
+    print(f"cancelled {where}: no group will deliver it")
+    for group, outcome in sorted(groups.items()):
+        print(f"  group {group}: {_CANCEL_OUTCOMES[outcome]}")
+    return 0
+
+
+_CANCEL_OUTCOMES = {
+    "cancelled": "cancelled",
+    "pending": "not read that far yet: it will pass over it",
+    "in_flight": "a consumer holds it: its answer counts; it will not come again",
+    "finished": "already done with it",
+}
 
 
 def _delete_topic(args: argparse.Namespace) -> int:
@@ -678,11 +714,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=_seconds, help="seconds before it may be delivered")
     p.add_argument("--ttl", type=_seconds, help="seconds after which it is not delivered")
     p.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        metavar="0-9",
+        help="delivered before waiting messages of lower priorities (default 0)",
+    )
+    p.add_argument(
         "--acks",
         default="all",
         choices=["0", "1", "all"],
         help="all: answer after fsync (default); 1: after the write; 0: do not wait",
     )
+
+    p = command("cancel", cmd_cancel, "cancel a stored message: no group will deliver it")
+    p.add_argument("topic", help="the message's topic")
+    p.add_argument("offset", type=_natural, help="the message's offset")
+    p.add_argument("--partition", type=_natural, default=0, help="its partition (default 0)")
+    p.add_argument("--reason", help="why (in the groups' cancelled events)")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     p = command(
         "consume", cmd_consume, "consume messages as JSON lines, ACKing each after printing"

@@ -23,6 +23,7 @@ class EventType(StrEnum):
     LEASE_EXPIRED = "lease_expired"  # the consumer kept it past its lease; retried
     RELEASED = "released"  # its consumer left: returned unread, or counted as an attempt
     EXPIRED = "expired"  # its TTL passed before it was delivered
+    CANCELLED = "cancelled"  # cancelled before it was delivered (Admin.cancel_message)
     DEAD_LETTERED = "dead_lettered"  # out of attempts: moved to <topic>.dlq
     SKIPPED = "skipped"  # deleted by retention before the group read it (a range)
     LAG = "lag"  # a group's committed offset and log end in a partition (periodic)

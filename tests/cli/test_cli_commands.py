@@ -354,12 +354,66 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
     assert "broker process" in cli(capsys, "stats", "--data", str(data_dir))
 
 
-COMMANDS = ["broker", "publish", "consume", "topics", "groups", "dlq", "stats", "check", "demo"]
+COMMANDS = [
+    "broker",
+    "publish",
+    "cancel",
+    "consume",
+    "topics",
+    "groups",
+    "dlq",
+    "stats",
+    "check",
+    "demo",
+]
 FAMILIES = {
     "topics": ["create", "list", "describe", "alter", "delete"],
     "groups": ["list", "describe", "reset", "delete"],
     "dlq": ["list", "replay", "purge"],
 }
+
+
+def test_publish_with_a_priority_and_cancel_through_the_broker(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(data_dir)
+    cli(capsys, "publish", "jobs", '"low"', "--data", d, created="jobs")
+    cli(capsys, "publish", "jobs", '"doomed"', "--data", d)
+    cli(capsys, "publish", "jobs", '"high"', "--priority", "9", "--data", d)
+    out = cli(capsys, "cancel", "jobs", "1", "--reason", "wrong order", "--json", "--data", d)
+    assert orjson.loads(out) == {"cancelled": "jobs/0@1", "groups": {}}
+    with Consumer("jobs", group="g", data=data_dir, prefetch=3) as consumer:
+        values = []
+        while (message := consumer.receive(timeout=60 if len(values) < 2 else 1.0)) is not None:
+            values.append(message.value)
+            message.ack()
+    assert values == ["high", "low"]  # the priority first; the cancelled one never
+    out = cli(capsys, "cancel", "jobs", "0", "--data", d)
+    assert out.splitlines() == [
+        "cancelled jobs/0@0: no group will deliver it",
+        "  group g: already done with it",
+    ]
+
+
+def test_cancel_with_no_broker_holds_once_one_starts(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Store(data_dir) as store:
+        for value in ("a", "b"):
+            store.append("offline", value, partition=0)
+    cli(capsys, "cancel", "offline", "0", "--data", str(data_dir))
+    assert main(["cancel", "offline", "2", "--data", str(data_dir)]) == 2
+    assert capsys.readouterr().err == (
+        "spoolmq: offline/0 has no message at offset 2 (its log ends at 2)\n"
+    )
+    with (
+        BrokerProcess(data_dir, log_file=tmp_path / "broker.log"),
+        Consumer("offline", group="g", data=data_dir) as consumer,
+    ):
+        message = consumer.receive(timeout=60)
+        assert message is not None and message.value == "b"
+        message.ack()
+        assert consumer.receive(timeout=1.0) is None
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -32,7 +32,7 @@ def test_version_2_gains_the_kafka_tables_and_keeps_its_offsets(tmp_path: Path) 
     data = tmp_path / "data"
     make_version_2(data)
     with Store(data) as store:
-        assert store.state.query("PRAGMA user_version") == [(3,)]
+        assert store.state.query("PRAGMA user_version") == [(state_module.SCHEMA_VERSION,)]
         assert store.state.committed_offsets("native") == {TopicPartition("t", 0): 7}
         assert store.state.kafka_members("native") == []
         assert store.state.kafka_groups() == []

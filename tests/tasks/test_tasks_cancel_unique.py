@@ -1,4 +1,5 @@
-"""Cancelling a task before it starts (point 10, task layer) and unique tasks (point 9)."""
+"""Cancelling a task before it starts (point 10: never delivered, a ``cancelled`` event)
+and unique tasks (point 9)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,36 @@ from typing import Any
 import pytest
 
 from conftest import count_marks
+from event_shapes import events_of
 from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess, wait_until
 
 
 def test_a_cancelled_task_never_runs(
-    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path, data_dir: Path
 ) -> None:
     start_worker()
     cancelled = app.slow.send_with(args=["cancelled", 0], delay=2, key="k")
     assert cancelled.cancel() is True
     assert cancelled.cancel() is True  # asking again: still cancelled
     # Sent after it, with the same key: the broker delivers per key in order, so once
-    # this one has run the cancelled one was delivered (and acknowledged unrun).
+    # this one has run the broker has passed over the cancelled one.
     after = app.slow.send_with(args=["after", 0], delay=2, key="k")
     after.result(timeout=60)
     assert count_marks(marks, "cancelled") == []
+    # Cancelled in the broker: never delivered, and the group's events say so.
+    position = app.tasks.store.position(cancelled.id)
+    assert position is not None
+    topic, _, offset = position
+
+    def of_it(kind: str) -> list[dict[str, Any]]:
+        return [
+            e for e in events_of(data_dir, kind) if (e["topic"], e["offset"]) == (topic, offset)
+        ]
+
+    (event,) = wait_until(lambda: of_it("cancelled"), 30, "the cancelled event")
+    assert event["group"] == app.tasks.group and event["reason"] == f"task {cancelled.id} cancelled"
+    assert of_it("delivered") == []
     with pytest.raises(TaskFailed) as failed:
         cancelled.result(timeout=5)
     assert failed.value.state == "cancelled"

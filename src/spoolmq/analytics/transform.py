@@ -439,8 +439,8 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
     A record deleted by retention leaves it null: its events still count, its latencies
     cannot be measured.
 
-    ``finished_at`` is when the group was done with the message (its ACK, dead letter or
-    expiry). ``held_back`` says the message could not be delivered at once for a reason
+    ``finished_at`` is when the group was done with the message (its ACK, dead letter,
+    expiry or cancel). ``held_back`` says the message could not be delivered at once for a reason
     of its own making, not the queue's: it was delayed (``deliver_at`` after its publish
     time), or an earlier message of its key in its partition was still unfinished for this
     group when it was published (the broker delivers a key's messages in order, one at a
@@ -451,7 +451,9 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
     typed = _message_events(events)
     kind = F.col("type")
     delivered = kind == EventType.DELIVERED
-    final = kind.isin(EventType.ACKED, EventType.DEAD_LETTERED, EventType.EXPIRED)
+    final = kind.isin(
+        EventType.ACKED, EventType.DEAD_LETTERED, EventType.EXPIRED, EventType.CANCELLED
+    )
     outcomes = typed.groupBy("group", "topic", "partition", "offset").agg(
         F.max("published_at").alias("_event_published_at"),
         F.min(F.when(delivered, F.col("ts"))).alias("first_delivered_at"),

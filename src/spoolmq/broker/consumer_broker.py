@@ -38,7 +38,7 @@ from spoolmq.broker.consumer_frames import (
     parse_subscribe,
 )
 from spoolmq.broker.dead_letter import dead_letter_message
-from spoolmq.broker.delivery import Batch, Event, Group, delivery_tag, tag_order
+from spoolmq.broker.delivery import Batch, Event, Group, GroupSettings, delivery_tag, tag_order
 from spoolmq.broker.events import EventLog
 from spoolmq.broker.group_runtime import (
     FreshBatch,
@@ -138,6 +138,10 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         # topic a histogram of the time from a record's storing to its ACK (per ACKed run).
         self.settled_bytes_by_topic: dict[str, dict[str, int]] = {}
         self.ack_latency: dict[str, Buckets] = {}
+        # Cancelled messages by partition and offset (state.db's ``cancels``), shared by
+        # every group: each passes over them as it reads them. Those retention deleted are
+        # forgotten as the broker starts.
+        self.cancels = self._load_cancels()
 
     def new_client(self, conn: Connection, client_id: str) -> _Consumer:
         return _Consumer.open(conn, client_id)
@@ -432,7 +436,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         runtime = self.groups.get(group_name)
         if runtime is None:
             runtime = self.groups[group_name] = GroupRuntime(
-                Group(group_name, settings),
+                self._new_group(group_name, settings),
                 # Attempts of what was in flight when a broker stopped, so max_deliveries
                 # keeps counting across restarts.
                 restored=restored_by_partition(self.store.state.open_deliveries(group_name)),
@@ -554,6 +558,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             return {"op": "ok", **self.delete_group(request)}
         if action == "drop_topic":
             return {"op": "ok", **self.drop_topic(check_topic(request.get("topic")))}
+        if action == "cancel":
+            return {"op": "ok", **self.cancel(request)}
         if action == "topic_deleted":
             topic = check_topic(request.get("topic"))
             self._deleting.discard(topic)
@@ -602,6 +608,47 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         self.store.state.delete_group(name)
         return {"deleted": name}
 
+    def _new_group(self, name: str, settings: GroupSettings) -> Group:
+        group = Group(name, settings)
+        group.cancelled = self.cancels
+        return group
+
+    def _load_cancels(self) -> dict[TopicPartition, dict[int, str | None]]:
+        cancels = self.store.state.cancels()
+        starts = {}
+        for key in list(cancels):
+            try:
+                starts[key] = self.store.log_start_offset(*key)
+            except SpoolError:  # its topic is gone (deleted offline): nothing to stop
+                starts[key] = 1 << 62
+        if self.store.state.prune_cancels(starts):
+            cancels = self.store.state.cancels()
+        return cancels
+
+    def cancel(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Cancel one stored message: no group delivers it from now on (one a consumer
+        holds is left alone). Saved to state.db before the answer, so a broker restart
+        keeps it. Answers per group what happened (``Group.cancel``); a group that has not
+        read it yet, or that starts later, passes over it when it reads it."""
+        topic = check_topic(request.get("topic"))
+        partition, offset = request.get("partition", -1), request.get("offset", -1)
+        reason = request.get("reason")
+        self.store.cancel_message(topic, partition, offset, reason)  # checks them, then saves
+        key = TopicPartition(topic, partition)
+        self.cancels.setdefault(key, {}).setdefault(offset, reason)  # the first reason stays
+        now = self.clock.now_ms()
+        outcomes = {}
+        for name, runtime in self.groups.items():
+            state = runtime.group.partitions.get(key)
+            if state is None:
+                outcomes[name] = "pending"
+                continue
+            outcomes[name] = runtime.group.cancel(state, offset, now, reason)
+            self._drain_events(runtime)
+        self._pump()
+        logger.info("cancelled %s/%d@%d: %s", topic, partition, offset, outcomes)
+        return {"groups": outcomes}
+
     def drop_topic(self, topic: str) -> dict[str, Any]:
         """The first step of deleting a topic while the broker runs: stop serving it.
         Subscriptions to it are refused until ``topic_deleted`` (the PublisherBroker
@@ -628,7 +675,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         return {"groups": groups, "consumers": told}
 
     def _forget_topic(self, topic: str) -> None:
-        for table in (self.log_ends, self._noticed):
+        for table in (self.log_ends, self._noticed, self.cancels):
             for key in [key for key in table if key.topic == topic]:
                 del table[key]
         self._noticed_since_rescan = {k for k in self._noticed_since_rescan if k.topic != topic}

@@ -55,6 +55,7 @@ _ACKED = EventType.ACKED
 _DEAD_LETTERED = EventType.DEAD_LETTERED
 _DELIVERED = EventType.DELIVERED
 _EXPIRED = EventType.EXPIRED
+_CANCELLED = EventType.CANCELLED
 _LEASE_EXPIRED = EventType.LEASE_EXPIRED
 _NACKED = EventType.NACKED
 _RELEASED = EventType.RELEASED
@@ -498,6 +499,9 @@ class Group:
         self._limits: dict[str, Limit] = {}
         self._sent: dict[str, deque[tuple[int, int]]] = {}
         self._rate_wake: int | None = None
+        # Cancelled messages, per partition by offset with the reason: the ConsumerBroker's
+        # one table, shared by its groups; a record in it is finished as it is read.
+        self.cancelled: Mapping[TopicPartition, Mapping[int, str | None]] = {}
         self.filtered = 0
         # Slots of partitions whose topic was deleted: an answer for a delivery of one is
         # accepted and does nothing (the consumer may not have heard of the deletion yet).
@@ -638,10 +642,21 @@ class Group:
         state.next_same += [-1] * count
         state.open_count += count
         special: list[int] = []  # offsets due later than now, of a priority, or restored
+        if self.cancelled:
+            cancels = self.cancelled.get(TopicPartition(state.topic, state.partition))
+            if cancels:
+                for offset in [o for o in cancels if first <= o < first + count]:
+                    index = offset - state.base
+                    reason = cancels[offset] or "cancelled"
+                    self._event(now, _CANCELLED, state, index, None, reason)
+                    self._finish_run(state, index, 1, now, link=False)
+                    state.keys[index] = None
         spec = self.settings.filter
         if spec or extras:
             plain_passes = matches(spec, (), ())
             for index in range(count) if spec else sorted(extras or ()):
+                if status[start + index] == DONE:
+                    continue  # cancelled
                 extra = extras.get(index) if extras else None
                 if (
                     spec
@@ -1193,6 +1208,59 @@ class Group:
         self._event(now, _NACKED, state, index, consumer_id, reason, processing)
         self._failed(state, state.base + index, now, reason or "nacked", delay_ms=delay_ms)
 
+    def cancel(self, state: PartitionState, offset: int, now: int, reason: str | None) -> str:
+        """Cancel the message at ``offset`` for this group if it is not with a consumer:
+        it is finished with a ``cancelled`` event and never delivered again. Returns
+        ``cancelled``, ``pending`` (not read yet: the ``cancelled`` table stops it when it
+        is), ``in_flight`` (a consumer holds it: its answer is taken as usual, but if it
+        comes back unfinished it is not delivered again) or ``finished``."""
+        if offset >= state.next_fetch:
+            return "pending"
+        index = offset - state.base
+        if index < 0 or state.status[index] == DONE:
+            return "finished"
+        if state.status[index] == IN_FLIGHT:
+            return "in_flight"
+        if any(p.offset == offset and p.topic == state.topic for p in self.dead):
+            return "finished"  # out of attempts: on its way to the DLQ
+        if state.keys[index] is not None:
+            self._unlink(state, index)
+        self._event(now, _CANCELLED, state, index, None, reason or "cancelled")
+        self._finish_run(state, index, 1, now)
+        return "cancelled"
+
+    def _cancelled_meanwhile(self, state: PartitionState, index: int, now: int) -> bool:
+        """A delivery that came back (NACK, lease, release, its consumer gone) of a message
+        cancelled while it was out is finished now, not delivered again."""
+        if not self.cancelled:
+            return False
+        cancels = self.cancelled.get(TopicPartition(state.topic, state.partition))
+        offset = state.base + index
+        if not cancels or offset not in cancels:
+            return False
+        self._event(now, _CANCELLED, state, index, None, cancels[offset] or "cancelled")
+        self._finish_run(state, index, 1, now)
+        return True
+
+    def _unlink(self, state: PartitionState, index: int) -> None:
+        """Take a message out of its key's chain before it is finished out of turn: the
+        earlier message that links to it links to its next instead (which so stays behind
+        the earlier one), and a key whose newest it was ends at the earlier one. A message
+        that heads its chain needs none of this (finishing it makes its next due)."""
+        key = state.keys[index]
+        offset = state.base + index
+        for earlier in range(index - 1, -1, -1):
+            if (
+                state.keys[earlier] == key
+                and state.next_same[earlier] == offset
+                and state.status[earlier] != DONE
+            ):
+                state.next_same[earlier] = state.next_same[index]
+                if state.key_tail.get(key) == offset:
+                    state.key_tail[key] = state.base + earlier
+                state.next_same[index] = -1
+                return
+
     def release(self, tag: int, consumer_id: str, now: int) -> None:
         """Take back a delivery its consumer never handed to the application (prefetched,
         not yet read when it closed): not an attempt, and due again at once."""
@@ -1201,6 +1269,8 @@ class Group:
         state.attempts[index] -= 1
         offset = state.base + index
         self._event(now, _RELEASED, state, index, consumer_id, "returned unread")
+        if self._cancelled_meanwhile(state, index, now):
+            return
         if state.attempts[index]:  # an earlier attempt failed: it keeps its row
             state.retries[offset] = (0, state.retries.get(offset, (0, None))[1])
         state.status[index] = READY
@@ -1266,6 +1336,8 @@ class Group:
         self, state: PartitionState, offset: int, now: int, reason: str, *, delay_ms: int | None
     ) -> None:
         index = offset - state.base
+        if self._cancelled_meanwhile(state, index, now):
+            return
         attempt = state.attempts[index]
         if attempt >= self.settings.max_deliveries:
             state.status[index] = WAITING

@@ -643,7 +643,7 @@ class BrokerManager:
                             since=client.get("since"),
                         )
             return answer
-        if action in ("reset_group", "delete_group"):
+        if action in ("reset_group", "delete_group", "cancel"):
             return self._ask_consumer_broker(frame)
         if action == "delete_topic":
             return self._delete_topic(check_topic(frame.get("topic")))

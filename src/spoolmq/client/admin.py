@@ -59,6 +59,22 @@ class Admin:
         reply = self.request("delete_topic", topic=topic)
         return {key: reply[key] for key in ("deleted", "partitions", "groups", "consumers_told")}
 
+    def cancel_message(
+        self, topic: str, partition: int, offset: int, *, reason: str | None = None
+    ) -> dict[str, str]:
+        """Cancel the stored message at ``topic``/``partition``@``offset``: no consumer
+        group delivers it from now on, each recording a ``cancelled`` event (with
+        ``reason``); one a consumer already holds is left alone. Kept in ``state.db``, so
+        it holds across a broker restart. Returns per group what happened: ``cancelled``,
+        ``pending`` (the group has not read that far yet: it passes over it when it does),
+        ``in_flight`` (a consumer has it: not cancelled for that group) or ``finished``
+        (already ACKed, dead-lettered or expired). Groups that start later pass over it.
+        Kafka consumers, which read the log itself, still see it."""
+        reply = self.request(
+            "cancel", topic=topic, partition=partition, offset=offset, reason=reason
+        )
+        return dict(reply["groups"])
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             protocol.send(self._conn, {"op": "bye"})

@@ -111,7 +111,10 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    cancelled = _store(args).cancel(args.task_id)
+    from spoolmq.tasks.app import cancel_task
+
+    store = _store(args)
+    cancelled = cancel_task(store, args.task_id, store.data)
     if args.json:
         print_json({"id": args.task_id, "cancelled": cancelled})
     else:

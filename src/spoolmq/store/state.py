@@ -29,7 +29,7 @@ from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, U
 from spoolmq.files import chmod_sqlite_side_files, open_sqlite
 from spoolmq.types import TopicPartition
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -154,6 +154,18 @@ _MIGRATIONS: dict[int, str] = {
         client_host TEXT NOT NULL,
         assignment TEXT,
         PRIMARY KEY (group_name, member_id)
+    ) WITHOUT ROWID;
+    """,
+    # Version 4: cancelled messages (``Admin.cancel_message``, a task's ``cancel``): every
+    # group passes over them, also one that reads them after a broker restart.
+    4: """
+    CREATE TABLE cancels (
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        reason TEXT,
+        cancelled_at INTEGER NOT NULL,
+        PRIMARY KEY (topic, partition, offset)
     ) WITHOUT ROWID;
     """,
 }
@@ -415,11 +427,41 @@ class StateDB:
 
     def delete_topic(self, name: str) -> None:
         with self.write() as db:
-            for table in ("partitions", "group_offsets", "deliveries", "scheduled"):
+            for table in ("partitions", "group_offsets", "deliveries", "scheduled", "cancels"):
                 db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             for table in ("producer_sequences", "producer_runs", "producer_marks"):
                 db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             db.execute("DELETE FROM topics WHERE name = ?", (name,))
+
+    # -- cancelled messages ---------------------------------------------------------
+
+    def add_cancel(self, topic: str, partition: int, offset: int, reason: str | None) -> None:
+        """Record that the message at (topic, partition, offset) is cancelled: no group
+        delivers it from now on (the ConsumerBroker reads these rows when it starts)."""
+        with self.write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO cancels VALUES (?, ?, ?, ?, ?)",
+                (topic, partition, offset, reason, self._clock.now_ms()),
+            )
+
+    def cancels(self) -> dict[TopicPartition, dict[int, str | None]]:
+        """Every cancelled message, per partition by offset, with its reason."""
+        found: dict[TopicPartition, dict[int, str | None]] = {}
+        rows = self.query("SELECT topic, partition, offset, reason FROM cancels")
+        for topic, partition, offset, reason in rows:
+            found.setdefault(TopicPartition(topic, partition), {})[offset] = reason
+        return found
+
+    def prune_cancels(self, log_starts: Mapping[TopicPartition, int]) -> int:
+        """Forget the cancels of messages retention has deleted (below ``log_starts``)."""
+        with self.write() as db:
+            return sum(
+                db.execute(
+                    "DELETE FROM cancels WHERE topic = ? AND partition = ? AND offset < ?",
+                    (topic, partition, start),
+                ).rowcount
+                for (topic, partition), start in log_starts.items()
+            )
 
     # -- partition figures ----------------------------------------------------------
 

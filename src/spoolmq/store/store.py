@@ -232,6 +232,27 @@ class Store:
                 self._partitions.pop(tp).close()
         self._topics.pop(name, None)
 
+    def cancel_message(
+        self, topic: str, partition: int, offset: int, reason: str | None = None
+    ) -> None:
+        """Record in ``state.db`` that the stored message at ``topic``/``partition``@``offset``
+        is cancelled (a starting ConsumerBroker reads the table; a running one is asked
+        through ``Admin.cancel_message``, which calls this). InvalidArgumentError for an
+        offset with no message yet, UnknownTopicError/UnknownPartitionError as usual."""
+        if type(partition) is not int or type(offset) is not int or partition < 0 or offset < 0:
+            raise InvalidArgumentError("a cancel needs a whole partition and offset")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+            raise InvalidArgumentError("a cancel's reason is text of at most 500 characters")
+        partitions = self.topic_config(topic).partitions
+        if partition >= partitions:
+            raise UnknownPartitionError(f"topic {topic!r} has {partitions} partition(s)")
+        end = self.log_end_offset(topic, partition)
+        if offset >= end:
+            raise InvalidArgumentError(
+                f"{topic}/{partition} has no message at offset {offset} (its log ends at {end})"
+            )
+        self.state.add_cancel(topic, partition, offset, reason)
+
     def partition_log(self, topic: str, partition: int, *, create: bool = False) -> PartitionLog:
         config = self.topic_config(topic, create=create)
         if isinstance(partition, bool) or not isinstance(partition, int):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import os
 import re
 import threading
@@ -25,10 +26,15 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import orjson
 
-from spoolmq.client import Publisher
+from spoolmq.client import Admin, Publisher
 from spoolmq.client.connection import Address
 from spoolmq.config import resolve_data_dir
-from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, TaskFailed
+from spoolmq.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    ResultTimeoutError,
+    TaskFailed,
+)
 from spoolmq.protocol.limits import check_concurrency, parse_rate
 from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
@@ -38,6 +44,8 @@ from spoolmq.tasks.schedule import Periodic
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+logger = logging.getLogger("spoolmq.tasks")
 
 DEFAULT_TOPIC = "tasks"
 DEFAULT_GROUP = "spoolmq-tasks"
@@ -393,7 +401,7 @@ class Tasks:
         if not created and unique_key is not None:
             return TaskHandle(self, task_id, created=False)
         try:
-            self.publisher().publish(
+            position = self.publisher().publish(
                 task.topic,
                 task_message(task, task_id, args, kwargs, priority),
                 key=key,
@@ -403,6 +411,7 @@ class Tasks:
         except BaseException:
             self.store.forget(task_id)  # never a row for a task that was not stored
             raise
+        self.store.set_position(task_id, position.partition, position.offset)
         return TaskHandle(self, task_id)
 
     # -- reading ------------------------------------------------------------------------
@@ -437,9 +446,13 @@ class Tasks:
             pause = min(pause * 2, 0.25)
 
     def cancel(self, task_id: str) -> bool:
-        """Cancel a task that has not started; True if it will never run. A worker that
-        receives it later acknowledges it without running it."""
-        return self.store.cancel(task_id)
+        """Cancel a task that has not started; True if it will never run. Its message is
+        cancelled in the broker too (never delivered; a ``cancelled`` event records it);
+        with no broker running, a worker that receives it later acknowledges it without
+        running it."""
+        return cancel_task(
+            self.store, task_id, self.data, address=self.address, authkey=self.authkey
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -453,6 +466,30 @@ class Tasks:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def cancel_task(
+    store: ResultStore,
+    task_id: str,
+    data: Path,
+    *,
+    address: Address | None = None,
+    authkey: bytes | None = None,
+) -> bool:
+    """Cancel a task that has not started (``Tasks.cancel``, ``spoolmq tasks cancel``):
+    in ``tasks.db``, then its message in the broker, if one runs (else a worker that
+    receives it acknowledges it without running it). True if it will never run."""
+    if not store.cancel(task_id):
+        return False
+    position = store.position(task_id)
+    if position is not None:
+        topic, partition, offset = position
+        try:
+            with Admin(data, address=address, authkey=authkey) as admin:
+                admin.cancel_message(topic, partition, offset, reason=f"task {task_id} cancelled")
+        except BrokerUnavailableError:
+            logger.info("no broker to cancel task %s in: a worker will drop it", task_id)
+    return True
 
 
 def task_message(

@@ -29,7 +29,7 @@ import orjson
 from spoolmq.errors import SchemaVersionError, StorageError
 from spoolmq.files import chmod_sqlite_side_files, make_private_dirs, open_sqlite
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "tasks.db"
 
 # A task's states. ``queued`` -> ``running`` -> ``succeeded`` | ``failed``; a failed attempt
@@ -60,7 +60,9 @@ CREATE TABLE tasks (
     traceback TEXT,
     result_ttl_ms INTEGER,
     expires_ms INTEGER,
-    unique_key TEXT
+    unique_key TEXT,
+    msg_partition INTEGER,
+    msg_offset INTEGER
 );
 CREATE INDEX tasks_created ON tasks (created_ms);
 CREATE INDEX tasks_expires ON tasks (expires_ms) WHERE expires_ms IS NOT NULL;
@@ -166,6 +168,10 @@ class ResultStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         connection.execute(statement)
+            elif version == 1:  # where each task's message is stored (to cancel it)
+                connection.execute("ALTER TABLE tasks ADD COLUMN msg_partition INTEGER")
+                connection.execute("ALTER TABLE tasks ADD COLUMN msg_offset INTEGER")
+            if version < SCHEMA_VERSION:
                 connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             connection.execute("COMMIT")
         except BaseException:
@@ -254,6 +260,24 @@ class ResultStore:
         with self._write() as db:
             db.execute("DELETE FROM tasks WHERE id = ?", (task_id,))
             db.execute("DELETE FROM uniques WHERE task_id = ?", (task_id,))
+
+    def set_position(self, task_id: str, partition: int, offset: int) -> None:
+        """Where the task's message was stored (in its topic)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE tasks SET msg_partition = ?, msg_offset = ? WHERE id = ?",
+                (partition, offset, task_id),
+            )
+
+    def position(self, task_id: str) -> tuple[str, int, int] | None:
+        """The task's message as (topic, partition, offset), None if not known."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT topic, msg_partition, msg_offset FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+        if row is None or row[1] is None:
+            return None
+        return str(row[0]), int(row[1]), int(row[2])
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a task that has not started: True if it is (now or already) cancelled
