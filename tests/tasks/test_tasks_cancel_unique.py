@@ -3,6 +3,7 @@ and unique tasks (point 9)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -72,3 +73,23 @@ def test_a_unique_task_sent_twice_in_its_window_is_one_task(
         30,
         "the unique window to close",
     )
+
+
+def test_a_send_stands_when_where_its_message_is_cannot_be_recorded(
+    broker: BrokerProcess,
+    app: ModuleType,
+    start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The message is stored before its position is written to tasks.db: a failure there
+    is logged, not raised (the task runs; only a cancel could not reach the broker)."""
+
+    def locked(*args: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(app.tasks.store, "set_position", locked)
+    handle = app.add.send(1, 2)
+    assert "could not record where its message is: database is locked" in caplog.text
+    start_worker()
+    assert handle.result(timeout=60) == 3

@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import re
+import sqlite3
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
     ResultTimeoutError,
+    SpoolError,
     TaskFailed,
 )
 from spoolmq.protocol.limits import check_concurrency, parse_rate
@@ -411,7 +413,12 @@ class Tasks:
         except BaseException:
             self.store.forget(task_id)  # never a row for a task that was not stored
             raise
-        self.store.set_position(task_id, position.partition, position.offset)
+        try:
+            self.store.set_position(task_id, position.partition, position.offset)
+        except (sqlite3.Error, SpoolError) as exc:
+            # The task is stored and will run: only a cancel of it cannot reach the broker
+            # then (a worker drops it instead), so the sender is not told it failed.
+            logger.warning("task %s: could not record where its message is: %s", task_id, exc)
         return TaskHandle(self, task_id)
 
     # -- reading ------------------------------------------------------------------------
