@@ -155,3 +155,16 @@ def test_a_held_message_cancelled_meanwhile_is_not_delivered_again() -> None:
     assert [offset for offset, _ in take(group, 200)] == [3]  # k's next is due
     assert sorted(cancelled(group)) == [(0, "stop"), (1, "cancelled"), (2, "cancelled")]
     assert state.committed() == 3
+
+
+def test_a_dead_letter_in_another_partition_at_the_same_offset_does_not_count() -> None:
+    group = Group("g", GroupSettings(max_deliveries=1))
+    zero = group.add_partition("jobs", 0, 0)
+    one = group.add_partition("jobs", 1, 0)
+    group.add_consumer("w", prefetch=1, topics=["jobs"])
+    read(group, zero, [(None, None)])
+    ((_, tag),) = take(group)
+    group.nack(tag, "w", now=1, delay_ms=0, reason="bad")  # out of attempts: to the DLQ
+    assert group.cancel(zero, 0, now=2, reason=None) == "finished"
+    read(group, one, [(None, None)])
+    assert group.cancel(one, 0, now=2, reason=None) == "cancelled"

@@ -1221,7 +1221,10 @@ class Group:
             return "finished"
         if state.status[index] == IN_FLIGHT:
             return "in_flight"
-        if any(p.offset == offset and p.topic == state.topic for p in self.dead):
+        if any(
+            (p.topic, p.partition, p.offset) == (state.topic, state.partition, offset)
+            for p in self.dead
+        ):
             return "finished"  # out of attempts: on its way to the DLQ
         if state.keys[index] is not None:
             self._unlink(state, index)
