@@ -25,7 +25,7 @@ def test_version_3_gains_the_cancels_table_and_keeps_its_offsets(tmp_path: Path)
     db.commit()
     db.close()
     with Store(data) as store:
-        assert store.state.query("PRAGMA user_version") == [(4,)]
+        assert store.state.query("PRAGMA user_version") == [(state_module.SCHEMA_VERSION,)]
         assert store.state.committed_offsets("g") == {TopicPartition("t", 0): 7}
         assert store.state.cancels() == {}
 

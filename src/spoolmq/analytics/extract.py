@@ -22,8 +22,9 @@ from spoolmq.errors import SchemaVersionError, StorageError
 
 # The newest state.db schema this job understands (spoolmq.store.state.SCHEMA_VERSION).
 # Version 2 added the producer runs, version 3 the Kafka group membership, version 4 the
-# cancelled messages; the tables read here are those of version 1.
-_STATE_SCHEMA_VERSION = 4
+# cancelled messages, version 5 the parked messages; the tables read here are those of
+# version 1.
+_STATE_SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)

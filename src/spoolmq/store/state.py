@@ -29,7 +29,7 @@ from spoolmq.errors import SchemaVersionError, StorageError, TopicExistsError, U
 from spoolmq.files import chmod_sqlite_side_files, open_sqlite
 from spoolmq.types import TopicPartition
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -168,6 +168,23 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (topic, partition, offset)
     ) WITHOUT ROWID;
     """,
+    # Version 5: parked messages. A message a group reads that is due later than the
+    # broker's horizon (a delay, a retry's backoff) leaves the group's in-memory window for
+    # this table, saved in the same transaction as the committed offset that passes it; the
+    # ConsumerBroker reads it back by due time and the record by offset when it is due.
+    5: """
+    CREATE TABLE parked (
+        group_name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        due_at INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        reason TEXT,
+        PRIMARY KEY (group_name, topic, partition, offset)
+    ) WITHOUT ROWID;
+    CREATE INDEX parked_by_due ON parked (group_name, due_at, topic, partition, offset);
+    """,
 }
 
 _TOPIC_COLUMNS = (
@@ -250,6 +267,19 @@ class ScheduledRow(NamedTuple):
     reason: str | None
 
 
+class ParkedRow(NamedTuple):
+    """A row of ``parked`` (a message out of its group's window until it is due), in the
+    table's column order. ``attempt``: deliveries that failed before it was parked."""
+
+    group_name: str
+    topic: str
+    partition: int
+    offset: int
+    due_at: int
+    attempt: int
+    reason: str | None
+
+
 class DeliveryKey(NamedTuple):
     """Which message of which group a delivery row is about."""
 
@@ -263,6 +293,14 @@ _UPSERT_COMMITTED = (
     "INSERT INTO group_offsets VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (group_name, topic, partition) DO UPDATE SET "
     "committed_offset = excluded.committed_offset, updated_at = excluded.updated_at"
+)
+
+
+_UPSERT_PARKED = (
+    "INSERT INTO parked VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (group_name, topic, partition, offset) DO UPDATE SET "
+    "due_at = excluded.due_at, attempt = excluded.attempt, reason = excluded.reason "
+    "WHERE excluded.attempt > 0"
 )
 
 
@@ -427,7 +465,14 @@ class StateDB:
 
     def delete_topic(self, name: str) -> None:
         with self.write() as db:
-            for table in ("partitions", "group_offsets", "deliveries", "scheduled", "cancels"):
+            for table in (
+                "partitions",
+                "group_offsets",
+                "deliveries",
+                "scheduled",
+                "parked",
+                "cancels",
+            ):
                 db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             for table in ("producer_sequences", "producer_runs", "producer_marks"):
                 db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
@@ -648,7 +693,7 @@ class StateDB:
                 _UPSERT_COMMITTED,
                 [(group, t, p, o, timestamp) for (t, p), o in offsets.items()],
             )
-            for table in ("deliveries", "scheduled"):
+            for table in ("deliveries", "scheduled", "parked"):
                 db.executemany(
                     f"DELETE FROM {table} WHERE group_name = ? AND topic = ? AND partition = ?",
                     [(group, t, p) for t, p in offsets],
@@ -657,7 +702,7 @@ class StateDB:
     def delete_group(self, group: str) -> None:
         """Forget everything about ``group``: its offsets, open deliveries and retries."""
         with self.write() as db:
-            for table in ("group_offsets", "deliveries", "scheduled"):
+            for table in ("group_offsets", "deliveries", "scheduled", "parked"):
                 db.execute(f"DELETE FROM {table} WHERE group_name = ?", (group,))
 
     def groups(self) -> list[str]:
@@ -708,10 +753,14 @@ class StateDB:
         deliveries: Sequence[DeliveryRow],
         scheduled: Sequence[ScheduledRow],
         finished: Sequence[DeliveryKey],
+        parked: Sequence[ParkedRow] = (),
+        unparked: Sequence[DeliveryKey] = (),
     ) -> None:
         """Save a ConsumerBroker's progress in one transaction: the ``committed`` offsets
         that moved (per group), the open ``deliveries`` and ``scheduled`` retries (written
-        over their old rows), and the rows of deliveries ``finished`` since (deleted)."""
+        over their old rows), the rows of deliveries ``finished`` since (deleted), messages
+        ``parked`` (a row with no failed attempt never replaces one: it is a record read
+        again after a restart) and parked messages finished since (``unparked``)."""
         timestamp = self._clock.now_ms()
         with self.write() as db:
             db.executemany(
@@ -734,6 +783,12 @@ class StateDB:
             db.executemany(
                 "INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?, ?)", scheduled
             )
+            db.executemany(
+                "DELETE FROM parked WHERE group_name = ? AND topic = ? AND partition = ? "
+                "AND offset = ?",
+                unparked,
+            )
+            db.executemany(_UPSERT_PARKED, parked)
 
     def open_deliveries(self, group: str) -> dict[tuple[str, int, int], OpenDelivery]:
         """What ``group`` had in flight or waiting for a retry at its last checkpoint, by
@@ -745,3 +800,47 @@ class StateDB:
             (group,),
         )
         return {(t, p, o): OpenDelivery(attempt, due) for t, p, o, attempt, due in rows}
+
+    # -- parked messages (the ConsumerBroker's delay index) -------------------------------
+
+    def parked_due(
+        self, group: str, until: int, after: tuple[int, str, int, int] | None, limit: int
+    ) -> tuple[list[ParkedRow], int | None]:
+        """Up to ``limit`` of ``group``'s parked messages due by ``until`` (ms), in due
+        order, after the position ``after`` (due_at, topic, partition, offset) of the last
+        one read; and when the next one not returned is due (None: no other)."""
+        low = after if after is not None else (-(1 << 62), "", -1, -1)
+        rows = self.query(
+            "SELECT group_name, topic, partition, offset, due_at, attempt, reason FROM parked "
+            "WHERE group_name = ? AND (due_at, topic, partition, offset) > (?, ?, ?, ?) "
+            "ORDER BY due_at, topic, partition, offset LIMIT ?",
+            (group, *low, limit + 1),
+        )
+        found = [ParkedRow(*row) for row in rows]
+        taken = [row for row in found[:limit] if row.due_at <= until]
+        rest = found[len(taken) :]
+        return taken, rest[0].due_at if rest else None
+
+    def parked_offsets(
+        self, group: str, topic: str, partition: int, first: int, last: int
+    ) -> set[int]:
+        """The offsets in ``[first, last]`` of a partition that ``group`` has parked."""
+        rows = self.query(
+            "SELECT offset FROM parked WHERE group_name = ? AND topic = ? AND partition = ? "
+            "AND offset BETWEEN ? AND ?",
+            (group, topic, partition, first, last),
+        )
+        return {row[0] for row in rows}
+
+    def parked_end(self, group: str, topic: str, partition: int) -> int:
+        """One past the highest offset of the partition that ``group`` has parked (0: none)."""
+        rows = self.query(
+            "SELECT MAX(offset) FROM parked WHERE group_name = ? AND topic = ? AND partition = ?",
+            (group, topic, partition),
+        )
+        return 0 if rows[0][0] is None else int(rows[0][0]) + 1
+
+    def parked_counts(self) -> dict[str, int]:
+        """How many messages each group has parked."""
+        rows = self.query("SELECT group_name, COUNT(*) FROM parked GROUP BY group_name")
+        return {name: count for name, count in rows}
