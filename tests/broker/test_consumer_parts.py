@@ -253,6 +253,8 @@ def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> 
         ],
         [ScheduledRow("g", "orders", 0, 1, 1200, 1, "busy")],
         [DeliveryKey("g", "orders", 0, 3)],
+        [],  # nothing parked
+        [],
     )
     mark_saved(checkpoint, {"g": group})
     assert state.saved == {1: (1, 1200), 2: (1, 0)}

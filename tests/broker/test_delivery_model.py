@@ -11,6 +11,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_consumers import ModelConsumers
 
 from spoolmq.broker.delivery import Group, GroupSettings, delivery_tag
 from spoolmq.errors import LeaseExpiredError, UnknownDeliveryError
@@ -69,8 +70,8 @@ def test_per_key_order_and_one_in_flight_per_key_hold(ops: list[tuple[str, Any]]
         group.add_consumer(consumer, prefetch=3, topics=["t"])
     keys: list[str | None] = []
     finished: set[int] = set()
-    # What each consumer holds: tag -> offset.
-    held: dict[str, dict[int, int]] = {"x": {}, "y": {}}
+    consumers = ModelConsumers(group, ("x", "y"))
+    held = consumers.held  # what each consumer holds: tag -> offset
     now = 0
 
     def check_dispatch() -> None:
@@ -84,33 +85,6 @@ def test_per_key_order_and_one_in_flight_per_key_hold(ops: list[tuple[str, Any]]
                     assert in_flight == [], (offset, key, in_flight)
                 held[consumer][tag] = offset
 
-    def settle(kind: str, pick: int) -> None:
-        owners = [(c, t) for c in held for t in held[c]]
-        if not owners:
-            return
-        consumer, tag = owners[pick % len(owners)]
-        offset = held[consumer].pop(tag)
-        try:
-            if kind == "ack":
-                if not group.ack_runs([(tag, 1)], consumer, now):  # else: lease expired
-                    finished.add(offset)
-            elif kind == "nack":
-                group.nack(tag, consumer, now, delay_ms=0, reason="model")
-            else:
-                group.release(tag, consumer, now)
-        except LeaseExpiredError:
-            pass  # its lease ran out: it is due again, not finished
-
-    def run_timers() -> None:
-        """Fire due timers; forget the deliveries whose lease expired."""
-        seen = len(group.events)
-        group.run_timers(now)
-        for event in group.events[seen:]:
-            if event.type == "lease_expired":
-                for tags in held.values():
-                    for tag in [t for t, o in tags.items() if o == event.offset]:
-                        del tags[tag]
-
     for kind, argument in ops:
         if kind == "read":
             for key, priority in argument:
@@ -121,21 +95,17 @@ def test_per_key_order_and_one_in_flight_per_key_hold(ops: list[tuple[str, Any]]
             check_dispatch()
         elif kind == "time":
             now += argument
-            run_timers()
-        else:
-            settle(kind, argument)
+            consumers.run_timers(now)
+        elif (answered := consumers.settle(kind, argument, now)) and answered[1]:
+            finished.add(answered[0])
         assert state.committed() == min(
             (o for o in range(len(keys)) if o not in finished), default=len(keys)
         )
     # Drain: everything read is delivered and ACKed in the end, in key order.
     for _ in range(len(keys) + 2):
-        run_timers()
+        consumers.run_timers(now)
         check_dispatch()
-        for consumer in held:
-            for tag, offset in list(held[consumer].items()):
-                assert group.ack_runs([(tag, 1)], consumer, now) == []
-                finished.add(offset)
-                del held[consumer][tag]
+        finished.update(consumers.ack_all(now))
     assert finished == set(range(len(keys)))
     assert state.committed() == len(keys)
 

@@ -2,7 +2,9 @@
 
 Per group: the committed offsets that moved, a row for each delivery still open that
 ``state.db`` does not have as it is now (with its retry time when one is scheduled), and the
-rows of deliveries finished since they were written. A delivery younger than ``min_age_ms``
+rows of deliveries finished since they were written; and the messages the group parked
+(:attr:`Group.parking`) or finished after they were revived, in the same transaction as the
+committed offset that passes them. A delivery younger than ``min_age_ms``
 (one checkpoint interval) that never failed is not written yet: most are settled within
 milliseconds, so the common case costs no SQL at all; if the broker dies first, that
 delivery's attempt is not counted after the restart (the message itself is redelivered,
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from spoolmq.broker.delivery import Group, PartitionState
-from spoolmq.store.state import DeliveryKey, DeliveryRow, ScheduledRow
+from spoolmq.store.state import DeliveryKey, DeliveryRow, ParkedRow, ScheduledRow
 from spoolmq.types import TopicPartition
 
 
@@ -26,9 +28,18 @@ class Checkpoint(NamedTuple):
     deliveries: list[DeliveryRow]
     scheduled: list[ScheduledRow]
     finished: list[DeliveryKey]
+    parked: list[ParkedRow]
+    unparked: list[DeliveryKey]
 
     def is_empty(self) -> bool:
-        return not (self.committed or self.deliveries or self.scheduled or self.finished)
+        return not (
+            self.committed
+            or self.deliveries
+            or self.scheduled
+            or self.finished
+            or self.parked
+            or self.unparked
+        )
 
 
 def _open_deliveries(
@@ -62,10 +73,15 @@ def _open_deliveries(
 def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -> Checkpoint:
     """The checkpoint of ``groups`` (``now`` decides which retries are still to come and
     which deliveries are old enough to write)."""
-    checkpoint = Checkpoint({}, [], [], [])
+    checkpoint = Checkpoint({}, [], [], [], [], [])
     for group in groups:
         name = group.name
         lease_ms = group.settings.lease_ms
+        for (topic, partition, offset), row in group.parking.items():
+            if row is None:
+                checkpoint.unparked.append(DeliveryKey(name, topic, partition, offset))
+            else:
+                checkpoint.parked.append(ParkedRow(name, topic, partition, offset, *row))
         for key, state in group.partitions.items():
             position = state.committed()
             if position != state.committed_persisted:
@@ -104,6 +120,19 @@ def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -
 def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
     """Once ``checkpoint`` is in ``state.db``: remember what is saved, so the next one
     writes only what changes after it."""
+    where: tuple[str, int, int]
+    for parked in checkpoint.parked:
+        group = groups.get(parked.group_name)
+        if group is not None:
+            where = (parked.topic, parked.partition, parked.offset)
+            if group.parking.get(where) == (parked.due_at, parked.attempt, parked.reason):
+                del group.parking[where]  # unless it changed while the thread wrote
+    for gone in checkpoint.unparked:
+        group = groups.get(gone.group_name)
+        if group is not None:
+            where = (gone.topic, gone.partition, gone.offset)
+            if where in group.parking and group.parking[where] is None:
+                del group.parking[where]
     # A group reset meanwhile starts afresh, and a topic deleted meanwhile left its group:
     # what they no longer have is skipped.
     for name, offsets in checkpoint.committed.items():
@@ -123,8 +152,7 @@ def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
         )
         if state is None:
             continue
-        where = (row.group_name, row.topic, row.partition, row.offset)
-        state.saved[row.offset] = (row.attempt, due.get(where, 0))
+        state.saved[row.offset] = (row.attempt, due.get(DeliveryKey(*row[:4]), 0))
     for gone in checkpoint.finished:
         group = groups.get(gone.group_name)
         state = (

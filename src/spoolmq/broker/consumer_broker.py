@@ -41,6 +41,7 @@ from spoolmq.broker.dead_letter import dead_letter_message
 from spoolmq.broker.delivery import Batch, Event, Group, GroupSettings, delivery_tag, tag_order
 from spoolmq.broker.events import EventLog
 from spoolmq.broker.group_runtime import (
+    REVIVE_AHEAD_MS,
     FreshBatch,
     FreshLines,
     GroupRuntime,
@@ -155,6 +156,16 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         timers = [
             t for t in (rt.group.next_timer() for rt in self.groups.values()) if t is not None
         ]
+        # Parked messages to look for: not while a look runs or the lanes are full (the
+        # checkpoint timer wakes the loop to see the look's answer).
+        timers += [
+            rt.next_revive
+            for rt in self.groups.values()
+            if rt.next_revive is not None
+            and rt.group.consumers
+            and rt.reviving is None
+            and rt.lane_room() > 0
+        ]
         until = (min(timers) - now) / 1000 if timers else _RESCAN_S
         return max(0.0, min(until, _CHECKPOINT_S if self.groups else _RESCAN_S))
 
@@ -207,6 +218,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         now = self.clock.now_ms()
         for runtime in self.groups.values():
             group = runtime.group
+            self._revive(runtime, now)
             group.run_timers(now)
             self._fetch(runtime, now)
             self._dead_letter(runtime, now)
@@ -221,6 +233,31 @@ class ConsumerBroker(BrokerChild[_Consumer]):
     def _fetch(self, runtime: GroupRuntime, now: int) -> None:
         for skip in runtime.fetch(self.store, self.log_ends, now):
             self._skipped(runtime.group.name, skip)
+
+    def _revive(self, runtime: GroupRuntime, now: int) -> None:
+        """Parked messages: take in what the last look in state.db found (their records
+        read from the log), and start the next look when one is due and there is room.
+        The look runs on the checkpoint thread, after the checkpoints before it, so it sees
+        every row they saved."""
+        if runtime.reviving is not None:
+            if not runtime.reviving.done():
+                return
+            looking, runtime.reviving = runtime.reviving, None
+            try:
+                rows, next_due = looking.result()
+            except Exception:
+                logger.exception("reading parked messages from state.db failed; will retry")
+                runtime.next_revive = now + 1000
+                return
+            for skip in runtime.read_back(self.store, runtime.took_parked(rows, next_due), now):
+                self._skipped(runtime.group.name, skip)
+        if runtime.next_revive is None or now < runtime.next_revive or not runtime.group.consumers:
+            return
+        if runtime.lane_room() > 0:
+            after, room = runtime.looking()
+            runtime.reviving = self._saver.submit(
+                self.store.state.parked_due, runtime.group.name, now + REVIVE_AHEAD_MS, after, room
+            )
 
     def _skipped(self, group_name: str, skip: Skip) -> None:
         """Record that retention deleted ``skip`` before the group read it."""
@@ -643,7 +680,12 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             if state is None:
                 outcomes[name] = "pending"
                 continue
-            outcomes[name] = runtime.group.cancel(state, offset, now, reason)
+            outcome = runtime.group.cancel(state, offset, now, reason)
+            if outcome == "finished" and self.store.state.parked_offsets(
+                name, topic, partition, offset, offset
+            ):
+                outcome = "pending"  # parked: passed over when it is read back
+            outcomes[name] = outcome
             self._drain_events(runtime)
         self._pump()
         logger.info("cancelled %s/%d@%d: %s", topic, partition, offset, outcomes)
@@ -730,6 +772,14 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             logger.exception("checkpoint to state.db failed; will retry")
             return
         mark_saved(checkpoint, {name: rt.group for name, rt in self.groups.items()})
+        for name, runtime in self.groups.items():
+            runtime.saved_parked([row for row in checkpoint.parked if row.group_name == name])
+            if runtime.reviving is not None:
+                runtime.unparked_meanwhile.update(
+                    (gone.topic, gone.partition, gone.offset)
+                    for gone in checkpoint.unparked
+                    if gone.group_name == name
+                )
 
     def _record_lag(self) -> None:
         for name, runtime in self.groups.items():
@@ -756,18 +806,17 @@ class ConsumerBroker(BrokerChild[_Consumer]):
 
 def _deliver_header(batch: Batch) -> dict[str, Any]:
     """A ``deliver`` frame's header: per run ``[topic, partition, first offset, count,
-    attempt, first tag]``; the run's lines follow in order (docs/PROTOCOL.md)."""
-    return {
-        "op": "deliver",
-        "r": [
-            [
-                state.topic,
-                state.partition,
-                first,
-                count,
-                attempt,
-                delivery_tag(state.slot, first, attempt),
-            ]
-            for state, first, count, attempt in batch.runs
-        ],
-    }
+    attempt, first tag]``; the run's lines follow in order (docs/PROTOCOL.md). A run of a
+    lane (revived parked messages) goes as runs of one: its records' offsets are not
+    consecutive, though its tags are."""
+    runs: list[list[Any]] = []
+    for state, first, count, attempt in batch.runs:
+        tag = delivery_tag(state.slot, first, attempt)
+        if state.real is None:
+            runs.append([state.topic, state.partition, first, count, attempt, tag])
+            continue
+        at = first - state.base
+        for step in range(count):
+            offset = state.real[at + step]
+            runs.append([state.topic, state.partition, offset, 1, attempt, tag + step])
+    return {"op": "deliver", "r": runs}

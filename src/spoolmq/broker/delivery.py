@@ -24,7 +24,15 @@ Rules it keeps:
   deliveries (retries included) in any window of its length, and at most ``concurrency``
   in flight, across all of its consumers;
 - the committed offset of a partition is its smallest unfinished offset, so everything
-  below it is final.
+  below it is final;
+- a keyless message due more than ``PARK_AFTER_MS`` after it is read (its ``deliver_at``,
+  or a retry's backoff) is *parked*: it leaves the window for ``state.db`` (the broker saves
+  :attr:`Group.parking`), so the committed offset passes it and memory does not grow with
+  the number of delayed messages. When it is nearly due the broker reads it back
+  (:meth:`Group.revive`) into the partition's *lane*, a window of its own whose entries
+  stand in the order they were revived; the lane's offsets are its own (delivery tags,
+  leases and timers use them as a partition's), and what leaves the group (events, dead
+  letters, parked rows) carries the record's real offset.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -77,6 +85,9 @@ _ONLY_GROUP_BYTES = orjson.dumps(ONLY_GROUP_HEADER)
 _PRIORITY_BYTES = orjson.dumps(PRIORITY_HEADER)
 
 _EXPIRED_TAGS_KEPT = 10_000
+#: A keyless message due later than this after it is read (or after it failed) is parked:
+#: held in state.db rather than in memory until it is nearly due.
+PARK_AFTER_MS = 5_000
 _MAX_SETTING = 10 * 365 * 24 * 3600 * 1000  # ten years in ms
 
 
@@ -242,6 +253,9 @@ Run = list[Any]
 # Extras of a record that has any: (deliver_at, expires_at, tags, headers), where headers is
 # the stored list, or only whether there are any (a notice says no more).
 Extra = tuple[int | None, int | None, Sequence[str] | None, Any]
+# A parked message read back: (offset, due at, failed attempts, last reason, stored line,
+# its extras).
+Revived = tuple[int, int, int, str | None, bytes, Extra | None]
 
 
 @dataclass(slots=True, eq=False)
@@ -257,6 +271,7 @@ class Pending:
     attempt: int = 0
     last_reason: str | None = None
     consumer: str | None = None
+    lane_offset: int = -1  # a revived message: its offset in the partition's lane
 
 
 @dataclass(slots=True)
@@ -338,6 +353,7 @@ class PartitionState:
         "in_flight",
         "key_tail",
         "keys",
+        "lane",
         "lines",
         "low",
         "next_fetch",
@@ -345,8 +361,10 @@ class PartitionState:
         "open_count",
         "owners",
         "partition",
+        "positions",
         "priorities",
         "ready",
+        "real",
         "retries",
         "saved",
         "sent_at",
@@ -389,6 +407,15 @@ class PartitionState:
         self.retries: dict[int, tuple[int, str | None]] = {}
         self.saved: dict[int, tuple[int, int]] = {}
         self.priorities: dict[int, int] = {}
+        # A log window's lane (the parked messages it revived), made when first needed.
+        self.lane: PartitionState | None = None
+        # A lane only: the real offset of each entry, and the lane offset of each real one.
+        self.real: list[int] | None = None
+        self.positions: dict[int, int] = {}
+
+    def offset_at(self, index: int) -> int:
+        """The record's offset at ``index``: in a lane, its real one."""
+        return self.base + index if self.real is None else self.real[index]
 
     def committed(self) -> int:
         """The smallest unfinished offset: everything below it is final."""
@@ -413,6 +440,8 @@ class PartitionState:
         del self.lines[:count]
         del self.keys[:count]
         del self.next_same[:count]
+        if self.real is not None:
+            del self.real[:count]
         self.base += count
         # Dispatch may not have looked at what was finished without it (filtered out).
         self.fresh = max(self.fresh, self.base)
@@ -437,8 +466,8 @@ class PartitionState:
     def tag(self, index: int) -> int:
         return delivery_tag(self.slot, self.base + index, self.attempts[index])
 
-    def describe(self, offset: int) -> str:
-        return f"{self.topic}/{self.partition}@{offset}"
+    def describe(self, index: int) -> str:
+        return f"{self.topic}/{self.partition}@{self.offset_at(index)}"
 
 
 def _first_of(status: bytearray, bytes_: tuple[bytes, ...], start: int, stop: int) -> int:
@@ -459,6 +488,21 @@ def _extend_run(
             last[2] += count
             return
     runs.append([state, offset, count, attempt])
+
+
+def _real_runs(runs: list[Run]) -> list[Run]:
+    """Runs as the group's events tell them: a lane's in the records' real offsets, one
+    message per run (a lane's consecutive entries are not consecutive records)."""
+    if all(run[0].real is None for run in runs):
+        return runs
+    told: list[Run] = []
+    for state, first, count, attempt in runs:
+        if state.real is None:
+            told.append([state, first, count, attempt])
+        else:
+            for virtual in range(first, first + count):
+                told.append([state, state.real[virtual - state.base], 1, attempt])
+    return told
 
 
 def _settled(topic: str, lines: Sequence[bytes | None], now: int) -> Settled:
@@ -503,6 +547,11 @@ class Group:
         # one table, shared by its groups; a record in it is finished as it is read.
         self.cancelled: Mapping[TopicPartition, Mapping[int, str | None]] = {}
         self.filtered = 0
+        # Parked messages to save to state.db, by (topic, partition, offset): (due at,
+        # failed attempts, last reason), or None when a parked one is finished (its row
+        # goes). The broker's checkpoint saves them and takes them out (mark_saved).
+        self.parking: dict[tuple[str, int, int], tuple[int, int, str | None] | None] = {}
+        self._has_lanes = False
         # Slots of partitions whose topic was deleted: an answer for a delivery of one is
         # accepted and does nothing (the consumer may not have heard of the deletion yet).
         self._dropped_slots: set[int] = set()
@@ -550,34 +599,44 @@ class Group:
         dropped = [key for key in self.partitions if key.topic == topic]
         for key in dropped:
             state = self.partitions.pop(key)
-            self._dropped_slots.add(state.slot)
-            for index in state.in_flight_indexes():
-                owner = state.owners[index]
-                if owner is not None:
-                    owner.held -= 1
-            state.status = bytearray()
-            state.attempts, state.sent_at, state.owners = [], [], []
-            state.lines, state.keys, state.next_same = [], [], []
-            state.key_tail.clear()
-            state.ready.clear()
-            state.urgent.clear()
-            self._urgent.discard(state)
-            for table in (
-                state.delays,
-                state.expires,
-                state.extended,
-                state.retries,
-                state.saved,
-                state.priorities,
-            ):
-                table.clear()
-            state.open_count = state.in_flight = 0
-            state.fresh = state.next_fetch = state.base
+            self._empty(state)
+            if state.lane is not None:
+                self._empty(state.lane)
+        self.parking = {where: row for where, row in self.parking.items() if where[0] != topic}
         for slot in self.consumers.values():
             if topic in slot.topics:
                 slot.topics = slot.topics - {topic}
         self.dead = [pending for pending in self.dead if pending.topic != topic]
         return dropped
+
+    def _empty(self, state: PartitionState) -> None:
+        """Forget all a dropped partition (or its lane) holds; its slot stays, unused."""
+        self._dropped_slots.add(state.slot)
+        for index in state.in_flight_indexes():
+            owner = state.owners[index]
+            if owner is not None:
+                owner.held -= 1
+        state.status = bytearray()
+        state.attempts, state.sent_at, state.owners = [], [], []
+        state.lines, state.keys, state.next_same = [], [], []
+        if state.real is not None:
+            state.real = []
+        state.key_tail.clear()
+        state.ready.clear()
+        state.urgent.clear()
+        self._urgent.discard(state)
+        for table in (
+            state.delays,
+            state.expires,
+            state.extended,
+            state.retries,
+            state.saved,
+            state.priorities,
+            state.positions,
+        ):
+            table.clear()
+        state.open_count = state.in_flight = 0
+        state.fresh = state.next_fetch = state.base
 
     def _held_by(self, state: PartitionState, slot: ConsumerSlot) -> list[int]:
         owners = state.owners
@@ -620,12 +679,15 @@ class Group:
         extras: Mapping[int, Extra] | None,
         now: int,
         restored: dict[int, tuple[int, int]] | None = None,
+        parked: Collection[int] = (),
     ) -> None:
         """Take in records read from the partition at ``state.next_fetch``: their stored
         ``lines``, their ``keys`` (each a key_identity; None: no record has one), and
         ``extras`` by index for the few records that have any. ``restored`` holds, by
         offset, (attempts so far, retry due at ms) of deliveries open when an earlier broker
-        stopped: they keep counting, and are not delivered before their retry is due."""
+        stopped: they keep counting, and are not delivered before their retry is due.
+        ``parked``: offsets an earlier broker parked (read again after a restart): state.db
+        has them, so here they are finished, in silence."""
         count = len(lines)
         if not count:
             return
@@ -651,6 +713,11 @@ class Group:
                     self._event(now, _CANCELLED, state, index, None, reason)
                     self._finish_run(state, index, 1, now, link=False)
                     state.keys[index] = None
+        for offset in [o for o in parked if first <= o < first + count]:
+            index = offset - state.base
+            if status[index] != DONE:
+                self._finish_run(state, index, 1, now, link=False)
+                state.keys[index] = None
         spec = self.settings.filter
         if spec or extras:
             plain_passes = matches(spec, (), ())
@@ -675,6 +742,14 @@ class Group:
                 if extra is None:
                     continue
                 deliver_at, expires_at = extra[0], extra[1]
+                if (
+                    deliver_at is not None
+                    and deliver_at > now + PARK_AFTER_MS
+                    and (keys is None or keys[index] is None)
+                    and not (restored and first + index in restored)
+                ):
+                    self._park(state, start + index, deliver_at, 0, None, now)
+                    continue
                 if expires_at is not None:
                     state.expires[first + index] = expires_at
                 priority = (
@@ -751,6 +826,79 @@ class Group:
             restored,
         )
 
+    # -- parked messages ----------------------------------------------------------------
+
+    def _park(
+        self,
+        state: PartitionState,
+        index: int,
+        due_at: int,
+        attempt: int,
+        reason: str | None,
+        now: int,
+    ) -> None:
+        """Take a keyless message out of the window (or lane) until ``due_at``: finished
+        here, with no event, and a row for state.db in :attr:`parking`."""
+        offset = state.offset_at(index)
+        self._finish_run(state, index, 1, now, link=False)  # a lane's marks its row gone
+        self.parking[(state.topic, state.partition, offset)] = (due_at, attempt, reason)
+
+    def revive(self, state: PartitionState, parked: Sequence[Revived], now: int) -> None:
+        """Take parked messages of ``state``'s partition back, read from state.db and the
+        log: into its lane, due at their time. One the lane holds already is passed over,
+        as is one whose row changed since state.db had it (finished, or parked again with
+        a later time: :attr:`parking` holds the change until a checkpoint saves it)."""
+        lane = state.lane
+        if lane is None:
+            if len(self.slots) >= MAX_SLOTS:
+                raise InvalidArgumentError(
+                    f"a group reads at most {MAX_SLOTS} partitions and their parked messages"
+                )
+            lane = state.lane = PartitionState(state.topic, state.partition, len(self.slots), 0)
+            lane.real = []
+            self.slots.append(lane)
+            self._has_lanes = True
+        real = cast(list[int], lane.real)
+        lane.committed()  # lets the lane drop what is finished at its start
+        cancels = (
+            self.cancelled.get(TopicPartition(state.topic, state.partition))
+            if self.cancelled
+            else None
+        )
+        for offset, due_at, attempt, reason, line, extra in parked:
+            where = (state.topic, state.partition, offset)
+            if offset in lane.positions or where in self.parking:
+                continue
+            index = len(lane.status)
+            virtual = lane.base + index
+            lane.positions[offset] = virtual
+            real.append(offset)
+            lane.status += bytes([WAITING])
+            lane.attempts.append(attempt)
+            lane.sent_at.append(0)
+            lane.owners.append(None)
+            lane.lines.append(line)
+            lane.keys.append(None)
+            lane.next_same.append(-1)
+            lane.open_count += 1
+            lane.next_fetch = lane.fresh = virtual + 1  # a lane hands out its ready queue only
+            if cancels and offset in cancels:
+                self._event(now, _CANCELLED, lane, index, None, cancels[offset] or "cancelled")
+                self._finish_run(lane, index, 1, now, link=False)
+                continue
+            if attempt:
+                lane.retries[virtual] = (0, reason)
+            if extra is not None:
+                if extra[1] is not None:
+                    lane.expires[virtual] = extra[1]
+                if extra[3] and _PRIORITY_BYTES in line:
+                    priority = _priority(extra, line)
+                    if priority:
+                        lane.priorities[virtual] = priority
+            if due_at > now:
+                lane.delays[virtual] = due_at
+            self._make_due(lane, virtual, now)
+
     def _make_due(self, state: PartitionState, offset: int, now: int) -> None:
         """Ready now, or once its ``deliver_at`` or the retry time it was restored with."""
         index = offset - state.base
@@ -812,7 +960,7 @@ class Group:
                         self._schedule_lease(lease_end, [[state, offset, 1, attempt]])
                         continue
                     owner = state.owners[index]
-                    self._remember_expired(owner, state.tag(index), state.describe(offset))
+                    self._remember_expired(owner, state.tag(index), state.describe(index))
                     self._expire(state, index, now, owner.consumer_id if owner else None)
         while self._timers and self._timers[0][0] <= now:
             _, _, state, offset, attempt = heapq.heappop(self._timers)
@@ -902,7 +1050,8 @@ class Group:
         if not runs:
             return None
         batch = Batch(runs, lines)
-        self.events.append(RunEvent(now, _DELIVERED, slot.consumer_id, runs))
+        told = _real_runs(runs) if self._has_lanes else runs
+        self.events.append(RunEvent(now, _DELIVERED, slot.consumer_id, told))
         if self.settings.auto_ack:
             slot.credit -= batch.count
             settled = []
@@ -911,7 +1060,7 @@ class Group:
                 settled.append(_settled(state.topic, lines[at : at + count], now))
                 at += count
             self.events.append(
-                RunEvent(now, _ACKED, slot.consumer_id, runs, None, "auto_ack", settled)
+                RunEvent(now, _ACKED, slot.consumer_id, told, None, "auto_ack", settled)
             )
             for state, offset, count, _ in runs:
                 state.in_flight -= count
@@ -1109,7 +1258,7 @@ class Group:
             # The timer has not fired yet, but the lease is over: refuse, then expire it.
             self._expire(state, index, now, consumer_id)
             raise LeaseExpiredError(
-                f"delivery {tag} ({state.describe(state.base + index)}) came back after its "
+                f"delivery {tag} ({state.describe(index)}) came back after its "
                 "lease expired; the message will be redelivered"
             )
         return state, index
@@ -1147,6 +1296,8 @@ class Group:
                 tag += count
                 left -= count
         if acked:
+            if self._has_lanes:
+                acked = _real_runs(acked)
             self.events.append(RunEvent(now, _ACKED, consumer_id, acked, processing, None, settled))
         return refused
 
@@ -1214,17 +1365,21 @@ class Group:
         ``cancelled``, ``pending`` (not read yet: the ``cancelled`` table stops it when it
         is), ``in_flight`` (a consumer holds it: its answer is taken as usual, but if it
         comes back unfinished it is not delivered again) or ``finished``."""
-        if offset >= state.next_fetch:
+        where = (state.topic, state.partition, offset)
+        if state.lane is not None and offset in state.lane.positions:
+            state = state.lane  # revived: it is in the lane, at an offset of the lane's
+            index = state.positions[offset] - state.base
+        elif self.parking.get(where):
+            return "pending"  # parked, not saved yet: stopped when it is revived
+        elif offset >= state.next_fetch:
             return "pending"
-        index = offset - state.base
+        else:
+            index = offset - state.base
         if index < 0 or state.status[index] == DONE:
             return "finished"
         if state.status[index] == IN_FLIGHT:
             return "in_flight"
-        if any(
-            (p.topic, p.partition, p.offset) == (state.topic, state.partition, offset)
-            for p in self.dead
-        ):
+        if any((p.topic, p.partition, p.offset) == where for p in self.dead):
             return "finished"  # out of attempts: on its way to the DLQ
         if state.keys[index] is not None:
             self._unlink(state, index)
@@ -1238,7 +1393,7 @@ class Group:
         if not self.cancelled:
             return False
         cancels = self.cancelled.get(TopicPartition(state.topic, state.partition))
-        offset = state.base + index
+        offset = state.offset_at(index)
         if not cancels or offset not in cancels:
             return False
         self._event(now, _CANCELLED, state, index, None, cancels[offset] or "cancelled")
@@ -1310,7 +1465,7 @@ class Group:
                 kind,
                 state.topic,
                 state.partition,
-                state.base + index,
+                state.offset_at(index),
                 state.keys[index],
                 state.attempts[index],
                 state.lines[index],
@@ -1351,12 +1506,13 @@ class Group:
                 Pending(
                     state.topic,
                     state.partition,
-                    offset,
+                    state.offset_at(index),
                     state.keys[index],
                     state.lines[index] or b"",
                     attempt=attempt,
                     last_reason=reason,
                     consumer=owner.consumer_id if owner else None,
+                    lane_offset=-1 if state.real is None else offset,
                 )
             )
             return
@@ -1364,6 +1520,12 @@ class Group:
             delay_ms = backoff_ms(
                 attempt, self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms
             )
+        if delay_ms > PARK_AFTER_MS and state.keys[index] is None:
+            self._park(state, index, now + delay_ms, attempt, reason, now)
+            return
+        if state.real is not None:  # a revived message: its row says how often it failed
+            where = (state.topic, state.partition, state.real[index])
+            self.parking[where] = (now + delay_ms, attempt, reason)
         if delay_ms > 0:
             due_at = now + delay_ms
             state.status[index] = WAITING
@@ -1376,7 +1538,10 @@ class Group:
 
     def dead_lettered(self, pending: Pending, now: int) -> None:
         state = self.partitions[cast(TopicPartition, (pending.topic, pending.partition))]
-        index = pending.offset - state.base
+        offset = pending.offset
+        if pending.lane_offset >= 0:
+            state, offset = cast(PartitionState, state.lane), pending.lane_offset
+        index = offset - state.base
         self._event(now, _DEAD_LETTERED, state, index, pending.consumer, pending.last_reason)
         self._finish_run(state, index, 1, now)
 
@@ -1393,6 +1558,10 @@ class Group:
         else:
             state.lines[index:stop] = [None] * count
         offset = state.base + index
+        if state.real is not None:  # a revived message: its parked row goes
+            for real in state.real[index:stop]:
+                del state.positions[real]
+                self.parking[(state.topic, state.partition, real)] = None
         for table in (state.retries, state.expires, state.delays, state.priorities):
             if table:
                 if count <= len(table):
@@ -1421,15 +1590,21 @@ class Group:
         return sum(state.in_flight for state in self.slots)
 
     def in_flight_by_partition(self) -> dict[TopicPartition, int]:
-        return {key: state.in_flight for key, state in self.partitions.items() if state.in_flight}
+        counts: dict[TopicPartition, int] = {}
+        for state in self.slots:  # with the lanes
+            if state.in_flight:
+                key = TopicPartition(state.topic, state.partition)
+                counts[key] = counts.get(key, 0) + state.in_flight
+        return counts
 
     def consumers_by_partition(self) -> dict[TopicPartition, set[str]]:
         """The consumers holding deliveries of each partition."""
         owners: dict[TopicPartition, set[str]] = {}
-        for key, state in self.partitions.items():
+        for state in self.slots:
             for index in state.in_flight_indexes():
                 owner = state.owners[index]
                 if owner is not None:
+                    key = TopicPartition(state.topic, state.partition)
                     owners.setdefault(key, set()).add(owner.consumer_id)
         return owners
 

@@ -4,6 +4,10 @@ log reader per partition it reads, and the deliveries to save at the next checkp
 Reading is bounded (at most ``READ_AHEAD`` unfinished messages per partition in memory) and
 never skips in silence: records retention deleted before the group read them come back as
 :class:`Skip` ranges for the broker to report, and a damaged partition stops for the group.
+
+Messages the group parked (due later than ``PARK_AFTER_MS``, see :mod:`delivery`) are read
+back by due time from ``state.db``, ``REVIVE_AHEAD_MS`` before they are due and at most
+``LANE_SIZE`` at a time, and their records by offset (:meth:`GroupRuntime.read_back`).
 """
 
 from __future__ import annotations
@@ -13,18 +17,22 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from spoolmq.broker.delivery import Extra, Group, Key, PartitionState, record_extra
-from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
+from spoolmq.broker.delivery import Extra, Group, Key, PartitionState, Revived, record_extra
+from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError, SpoolError
 from spoolmq.store import Reader, Store
 from spoolmq.store.reader import fresh_lines
 from spoolmq.store.record import key_identity
-from spoolmq.store.state import OpenDelivery
+from spoolmq.store.state import OpenDelivery, ParkedRow
 from spoolmq.types import TopicPartition
 
 logger = logging.getLogger("spoolmq.consumer")
 
 READ_AHEAD = 20_000  # unfinished messages per group partition held in memory at most
 _READ_BATCH = 1000
+REVIVE_AHEAD_MS = 2_000  # parked messages are read back this long before they are due
+LANE_SIZE = 5_000  # revived messages a group holds in memory at most (all its lanes)
+REVIVE_BATCH = 500  # parked messages read back in one step at most
+_NEAR = 64  # a parked record this close after the reader's position is read on to, not sought
 
 
 class Skip(NamedTuple):
@@ -101,6 +109,20 @@ class GroupRuntime:
     # again at once, so a backlog is read into the window in steps without waiting for
     # consumers to make room (a priority message further on is then seen).
     behind: bool = False
+    # Parked messages: when to look for due ones next (None: none known), where the last
+    # look stopped (due_at, topic, partition, offset), and the look running on the
+    # broker's state.db thread with the rows its checkpoints deleted meanwhile.
+    next_revive: int | None = 0
+    revive_after: tuple[int, str, int, int] | None = None
+    reviving: Any = None
+    start_over: bool = False  # the next look starts from the first row (see look_again)
+    unparked_meanwhile: set[tuple[str, int, int]] = field(default_factory=set)
+    revive_readers: dict[TopicPartition, Reader] = field(default_factory=dict)
+    # After a restart, per partition: one past the highest offset parked when it opened
+    # (the reader reads parked records again below it: passed over) and those below it
+    # revived since (their rows may be gone by the time the reader gets there).
+    parked_below: dict[TopicPartition, int] = field(default_factory=dict)
+    revived_early: dict[TopicPartition, set[int]] = field(default_factory=dict)
 
     def open_partition(
         self,
@@ -122,6 +144,10 @@ class GroupRuntime:
         state.committed_persisted = -1 if committed is None else committed
         skip = _skip_to(self.group, state, begin)
         self.readers[key] = Reader(plog, state.next_fetch)
+        parked_end = store.state.parked_end(self.group.name, *key)
+        if parked_end > state.next_fetch:
+            self.parked_below[key] = parked_end
+        self.look_again()  # rows of a partition the group did not read were passed over
         return end, skip
 
     def fetch(self, store: Store, log_ends: dict[TopicPartition, int], now: int) -> list[Skip]:
@@ -151,7 +177,7 @@ class GroupRuntime:
                         break
                     entries += read
             except OffsetOutOfRangeError:
-                self._add_entries(state, entries, now)  # what was read before is good
+                self._add_entries(store, state, entries, now)  # what was read before is good
                 # Retention deleted records this group had not read yet (it lagged more
                 # than the topic keeps): go on from the log start, and say so.
                 begin = store.partition_log(*key).log_start_offset()
@@ -161,13 +187,13 @@ class GroupRuntime:
                     reader.seek(begin)
                 continue
             except CorruptRecordError as exc:
-                self._add_entries(state, entries, now)
+                self._add_entries(store, state, entries, now)
                 # Never skipped in silence: this partition stops for the group until the
                 # damage is dealt with (`spoolmq check`); the others go on.
                 logger.error("group %s stops reading %s/%d: %s", group.name, *key, exc)
                 del self.readers[key]
                 continue
-            self._add_entries(state, entries, now)
+            self._add_entries(store, state, entries, now)
             if len(state.status) > READ_AHEAD:
                 state.committed()  # lets the window drop what is finished
             if len(entries) == want and state.next_fetch < end:
@@ -175,12 +201,27 @@ class GroupRuntime:
         return skips
 
     def _add_entries(
-        self, state: PartitionState, entries: list[tuple[dict[str, Any], bytes]], now: int
+        self,
+        store: Store,
+        state: PartitionState,
+        entries: list[tuple[dict[str, Any], bytes]],
+        now: int,
     ) -> None:
         """Hand fully parsed records to the group as batches of contiguous offsets (a
         compacted log has gaps)."""
         group = self.group
-        restored = self.restored.get(TopicPartition(state.topic, state.partition))
+        key = TopicPartition(state.topic, state.partition)
+        restored = self.restored.get(key)
+        parked: set[int] = set()
+        below = self.parked_below.get(key)
+        if below is not None and entries:
+            first, last = entries[0][0]["offset"], entries[-1][0]["offset"]
+            if first < below:
+                parked = store.state.parked_offsets(group.name, *key, first, last)
+                parked |= self.revived_early.get(key, set())
+            if last + 1 >= below:
+                del self.parked_below[key]
+                self.revived_early.pop(key, None)
         lines: list[bytes] = []
         keys: list[Key] = []
         extras: dict[int, Extra] = {}
@@ -188,7 +229,9 @@ class GroupRuntime:
         for fields, line in entries:
             offset = fields["offset"]
             if offset != expected + len(lines):
-                group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored)
+                group.add_batch(
+                    state, lines, keys if any(keys) else None, extras, now, restored, parked
+                )
                 group.skip_to(state, offset)
                 lines, keys, extras, expected = [], [], {}, offset
             extra = record_extra(fields)
@@ -196,7 +239,7 @@ class GroupRuntime:
                 extras[len(lines)] = extra
             keys.append(key_identity(fields))
             lines.append(line)
-        group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored)
+        group.add_batch(state, lines, keys if any(keys) else None, extras, now, restored, parked)
 
     def take_fresh(
         self, key: TopicPartition, batch: FreshBatch, lines: FreshLines, now: int
@@ -229,12 +272,126 @@ class GroupRuntime:
         dropped = self.group.drop_topic(topic)
         for key in [key for key in self.readers if key.topic == topic]:
             self.readers.pop(key).close()
-        for key in [key for key in self.restored if key.topic == topic]:
-            del self.restored[key]
+        for key in [key for key in self.revive_readers if key.topic == topic]:
+            self.revive_readers.pop(key).close()
+        for table in (self.restored, self.parked_below, self.revived_early):
+            for key in [key for key in table if key.topic == topic]:
+                del table[key]
         return dropped
+
+    # -- parked messages --------------------------------------------------------------------
+
+    def lane_room(self) -> int:
+        """How many more parked messages the group may read back now."""
+        held = sum(state.open_count for state in self.group.slots if state.real is not None)
+        return LANE_SIZE - held
+
+    def look_again(self) -> None:
+        """The next look for parked messages starts from the first row (the lanes pass
+        over those they hold), also when one is running now."""
+        self.revive_after = None
+        self.next_revive = 0
+        self.start_over = True
+
+    def looking(self) -> tuple[tuple[int, str, int, int] | None, int]:
+        """A look starts: after which row, and how many rows at most."""
+        self.start_over = False
+        return self.revive_after, min(self.lane_room(), REVIVE_BATCH)
+
+    def took_parked(self, rows: list[ParkedRow], next_due: int | None) -> list[ParkedRow]:
+        """A look for due parked messages returned ``rows`` (and the next one is due at
+        ``next_due``): move past them, and return those to read back (not deleted by a
+        checkpoint while the look ran)."""
+        if self.start_over:
+            pass  # asked to look from the first row again while this look ran
+        elif rows:
+            last = rows[-1]
+            self.revive_after = (last.due_at, last.topic, last.partition, last.offset)
+            self.next_revive = None if next_due is None else next_due - REVIVE_AHEAD_MS
+        else:
+            self.next_revive = None if next_due is None else next_due - REVIVE_AHEAD_MS
+        gone, self.unparked_meanwhile = self.unparked_meanwhile, set()
+        return [row for row in rows if (row.topic, row.partition, row.offset) not in gone]
+
+    def saved_parked(self, rows: list[ParkedRow]) -> None:
+        """A checkpoint saved these parked rows: look for them in time. One due before
+        where the last look stopped (saved late) makes the next look start over."""
+        if not rows:
+            return
+        first = min(row.due_at for row in rows) - REVIVE_AHEAD_MS
+        self.next_revive = first if self.next_revive is None else min(self.next_revive, first)
+        after = self.revive_after
+        if after is not None and any(
+            (row.due_at, row.topic, row.partition, row.offset) <= after for row in rows
+        ):
+            self.look_again()
+
+    def read_back(self, store: Store, rows: list[ParkedRow], now: int) -> list[Skip]:
+        """Read the records of parked ``rows`` (due soon) and hand them to the group. A
+        record retention deleted meanwhile is reported as skipped, one compaction removed
+        is final; either way its row goes."""
+        group = self.group
+        skips: list[Skip] = []
+        by_partition: dict[TopicPartition, list[ParkedRow]] = {}
+        for row in rows:
+            by_partition.setdefault(TopicPartition(row.topic, row.partition), []).append(row)
+        for key, found in by_partition.items():
+            state = group.partitions.get(key)
+            if state is None:
+                continue  # not read by the group now: found again once it is (open_partition)
+            found.sort(key=lambda row: row.offset)
+            revived: list[Revived] = []
+            for row in found:
+                try:
+                    entry = self._read_at(store, key, row.offset)
+                except OffsetOutOfRangeError:
+                    skips.append(Skip(key.topic, key.partition, row.offset, row.offset + 1))
+                    entry = None
+                except (CorruptRecordError, SpoolError, OSError) as exc:
+                    # Left in state.db: found again after a restart, once it is mended.
+                    logger.error(
+                        "group %s cannot read parked %s/%d@%d: %s",
+                        group.name,
+                        *key,
+                        row.offset,
+                        exc,
+                    )
+                    continue
+                if entry is None:
+                    group.parking[(key.topic, key.partition, row.offset)] = None
+                    continue
+                fields, line = entry
+                revived.append(
+                    (row.offset, row.due_at, row.attempt, row.reason, line, record_extra(fields))
+                )
+                below = self.parked_below.get(key)
+                if below is not None and row.offset < below:
+                    self.revived_early.setdefault(key, set()).add(row.offset)
+            group.revive(state, revived, now)
+        return skips
+
+    def _read_at(
+        self, store: Store, key: TopicPartition, offset: int
+    ) -> tuple[dict[str, Any], bytes] | None:
+        """The record at ``offset`` (None: compaction removed it), read on from where the
+        last one was when it is near, else sought."""
+        reader = self.revive_readers.get(key)
+        if reader is None:
+            reader = self.revive_readers[key] = Reader(store.partition_log(*key), offset)
+        elif not reader.position <= offset < reader.position + _NEAR:
+            reader.seek(offset)
+        while True:
+            entries = reader.read_entries(offset - reader.position + 1)
+            if not entries:
+                return None
+            for fields, line in entries:
+                if fields["offset"] >= offset:
+                    return (fields, line) if fields["offset"] == offset else None
 
     def close(self) -> None:
         for reader in self.readers.values():
+            reader.close()
+        for reader in self.revive_readers.values():
             reader.close()
 
 

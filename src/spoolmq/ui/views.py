@@ -254,14 +254,18 @@ def groups(data: Path) -> dict[str, Any]:
 
 
 def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
-    """Retries waiting for their time (``scheduled``) and deliveries in flight, as the
+    """Retries waiting for their time (``scheduled``, and ``parked`` rows that failed
+    before) and deliveries in flight, as the
     ConsumerBroker last checkpointed them to ``state.db``, and delayed messages (a
     ``deliver_at`` still ahead) among the newest ``limit`` records of each partition."""
     now = int(time.time() * 1000)
     with Store(data) as store:
+        # A retry with a backoff over 5 s is parked (a ``parked`` row with its attempts).
         retries = store.state.query(
             "SELECT group_name, topic, partition, offset, due_at, attempt, reason "
-            "FROM scheduled ORDER BY due_at LIMIT ?",
+            "FROM scheduled UNION ALL "
+            "SELECT group_name, topic, partition, offset, due_at, attempt, reason "
+            "FROM parked WHERE attempt > 0 ORDER BY due_at LIMIT ?",
             (limit,),
         )
         deliveries = store.state.query(
