@@ -9,9 +9,12 @@ next ``--spread`` seconds (published in random order, as independent producers w
 Halfway through the spread the broker is stopped (SIGTERM) and started again. Printed, as
 a Markdown table for BENCHMARKS.md:
 
-- the publish rate of the delayed messages;
+- the publish rate of the delayed messages (the first is due ``--lead`` seconds after
+  publishing starts, so that none is due before it is published);
 - the peak resident memory of the broker's processes, sampled every 0.5 s (the
   ConsumerBroker holds what a group has read and not finished: delayed messages today);
+- where the messages are once published: rows in ``state.db``'s ``parked`` table and the
+  group's committed offset (parked messages are out of the group's in-memory window);
 - the restart: seconds from the start command until the broker answers, and the
   ConsumerBroker's memory right after it (what it re-read);
 - lateness: when the consumer received each message minus its due time (p50, p99, max),
@@ -33,9 +36,20 @@ import psutil
 
 from spoolmq import Consumer, Publisher
 from spoolmq.stats import percentile
+from spoolmq.store.state import StateDB
 from spoolmq.testing import BrokerProcess
 
 TOPIC = "later"
+
+
+def parked_and_committed(data: Path) -> tuple[int, int]:
+    """(rows the bench group has parked, its committed offsets summed) in state.db."""
+    state = StateDB(data / "state.db")
+    try:
+        committed = sum(state.committed_offsets("bench").values())
+        return state.parked_counts().get("bench", 0), committed
+    finally:
+        state.close()
 
 
 def broker_rss(broker: BrokerProcess) -> dict[str, int]:
@@ -70,6 +84,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--spread", type=float, default=120.0, help="seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--lead",
+        type=float,
+        default=None,
+        help="seconds from the start of publishing to the first due time (default: 5 s "
+        "plus one per 20,000 messages, so that none is published after it is due)",
+    )
     args = parser.parse_args()
     random.seed(args.seed)
 
@@ -104,7 +125,8 @@ def main() -> None:
         if not subscribed.wait(60):
             raise SystemExit("the consumer did not subscribe within 60 s")
 
-        start_ms = time.time_ns() // 1_000_000 + 5_000
+        lead = args.lead if args.lead is not None else 5 + args.messages / 20_000
+        start_ms = time.time_ns() // 1_000_000 + int(lead * 1000)
         spread_ms = int(args.spread * 1000)
         dues = [start_ms + random.randrange(spread_ms) for _ in range(args.messages)]
         began = time.perf_counter()
@@ -113,6 +135,14 @@ def main() -> None:
                 publisher.publish_async(TOPIC, [number, due], deliver_at=due)
             publisher.flush()
         publish_s = time.perf_counter() - began
+        # Once the broker has read them all (its committed offset at the log end, since
+        # the delayed messages are parked, or a minute at most).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            parked, committed = parked_and_committed(data)
+            if committed >= args.messages:
+                break
+            time.sleep(0.5)
         after_publish = broker_rss(broker)
 
         # Halfway through the spread: stop and start the broker.
@@ -139,6 +169,10 @@ def main() -> None:
     for name in ("manager", "publisher", "consumer"):
         print(f"| peak RSS {name} | {sampler.peak.get(name, 0) / mib:,.0f} MiB |")
     print(f"| ConsumerBroker RSS after publishing | {after_publish['consumer'] / mib:,.0f} MiB |")
+    print(
+        f"| after publishing: parked rows / committed offset / delivered | {parked:,} / "
+        f"{committed:,} / {len(lateness):,} |"
+    )
     print(f"| restart halfway: until ready | {restart_s:.2f} s |")
     print(
         f"| ConsumerBroker RSS right after the restart | "
