@@ -144,6 +144,7 @@ def main() -> None:
                 break
             time.sleep(0.5)
         after_publish = broker_rss(broker)
+        delivered_then = len(lateness)
 
         # Halfway through the spread: stop and start the broker.
         halfway = (start_ms + spread_ms / 2) / 1000
@@ -171,7 +172,7 @@ def main() -> None:
     print(f"| ConsumerBroker RSS after publishing | {after_publish['consumer'] / mib:,.0f} MiB |")
     print(
         f"| after publishing: parked rows / committed offset / delivered | {parked:,} / "
-        f"{committed:,} / {len(lateness):,} |"
+        f"{committed:,} / {delivered_then:,} |"
     )
     print(f"| restart halfway: until ready | {restart_s:.2f} s |")
     print(

@@ -6,6 +6,7 @@ import errno
 import os
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from store_helpers import START_MS, segment_files
 from spoolmq import Message, Store
 from spoolmq.clock import ManualClock
 from spoolmq.config import DAY_MS
-from spoolmq.errors import OffsetOutOfRangeError, StorageError
+from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError, StorageError
 from spoolmq.store.segment import SegmentFiles
 
 TOPIC = "t"
@@ -307,3 +308,49 @@ def test_log_end_offset_follows_other_writers(store: Store) -> None:
         other.append(TOPIC, "z" * 90)
         assert store.log_end_offset(TOPIC, 0) == i
     other.close()
+
+
+def test_looking_up_records_one_by_one(store: Store, clock: ManualClock) -> None:
+    """``Reader.read_many``: any offsets, across segments, in batches of many records and
+    with long lines; those retention deleted are told apart from those compaction removed
+    (in neither answer), and a damaged line is reported, never returned."""
+    store.create_topic(TOPIC, cleanup_policy="compact", segment_bytes=8192, retention_ms=50_000)
+    for i in range(40):
+        batch = [Message({"i": i, "j": j}, key=f"k{j}") for j in range(5)]
+        if i == 20:
+            batch.append(Message({"i": i, "pad": "x" * 20_000}))  # longer than one read
+        store.append_batch(TOPIC, batch)
+        clock.advance(1000)
+    everything = {r.offset: r.value for r in store.reader(TOPIC, 0)}
+    reader = store.reader(TOPIC, 0)
+    wanted = sorted({0, 3, 57, 104, 105, 150, 199, max(everything)})
+    found, deleted = reader.read_many(wanted)
+    assert deleted == []
+    assert {o: orjson.loads(line)["value"] for o, (_, line) in found.items()} == {
+        o: everything[o] for o in wanted
+    }
+    assert all(fields["offset"] == o for o, (fields, _) in found.items())
+    # Compaction removes most of the closed segments' records; retention the oldest.
+    store.compact(TOPIC)
+    kept = {r.offset for r in store.reader(TOPIC, 0)}
+    clock.advance(30_000)
+    store.enforce_retention(TOPIC)
+    start = store.log_start_offset(TOPIC, 0)
+    assert start > 0
+    found, deleted = store.reader(TOPIC, 0).read_many(wanted)
+    assert deleted == [o for o in wanted if o < start]
+    assert sorted(found) == [o for o in wanted if o >= start and o in kept]
+
+
+def test_a_damaged_record_is_reported_by_a_look_up(store: Store, data_dir: Path) -> None:
+    store.create_topic(TOPIC)
+    for i in range(10):
+        store.append(TOPIC, {"i": i})
+    (segment,) = segment_files(data_dir, TOPIC)
+    data = segment.read_bytes()
+    fifth = data.index(b'{"offset":5,')
+    segment.write_bytes(data[: fifth + 30] + b"X" + data[fifth + 31 :])
+    with pytest.raises(CorruptRecordError):
+        store.reader(TOPIC, 0).read_many([5])
+    found, _ = store.reader(TOPIC, 0).read_many([4, 6])
+    assert sorted(found) == [4, 6]

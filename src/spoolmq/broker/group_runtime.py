@@ -7,7 +7,7 @@ never skips in silence: records retention deleted before the group read them com
 
 Messages the group parked (due later than ``PARK_AFTER_MS``, see :mod:`delivery`) are read
 back by due time from ``state.db``, ``REVIVE_AHEAD_MS`` before they are due and at most
-``LANE_SIZE`` at a time, and their records by offset (:meth:`GroupRuntime.read_back`).
+``LANE_SIZE`` at a time, and their records one by one by offset (:meth:`GroupRuntime.read_back`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ _READ_BATCH = 1000
 REVIVE_AHEAD_MS = 2_000  # parked messages are read back this long before they are due
 LANE_SIZE = 5_000  # revived messages a group holds in memory at most (all its lanes)
 REVIVE_BATCH = 500  # parked messages read back in one step at most
-_NEAR = 64  # a parked record this close after the reader's position is read on to, not sought
 
 
 class Skip(NamedTuple):
@@ -340,53 +339,35 @@ class GroupRuntime:
             if state is None:
                 continue  # not read by the group now: found again once it is (open_partition)
             found.sort(key=lambda row: row.offset)
+            reader = self.revive_readers.get(key)
+            if reader is None:
+                plog = store.partition_log(*key)
+                reader = self.revive_readers[key] = Reader(plog, plog.log_start_offset())
+            try:
+                records, deleted = reader.read_many([row.offset for row in found])
+            except (CorruptRecordError, SpoolError, OSError) as exc:
+                # Left in state.db: found again after a restart, once it is mended.
+                logger.error(
+                    "group %s cannot read parked messages of %s/%d: %s", group.name, *key, exc
+                )
+                continue
+            for offset in deleted:
+                skips.append(Skip(key.topic, key.partition, offset, offset + 1))
             revived: list[Revived] = []
+            below = self.parked_below.get(key)
             for row in found:
-                try:
-                    entry = self._read_at(store, key, row.offset)
-                except OffsetOutOfRangeError:
-                    skips.append(Skip(key.topic, key.partition, row.offset, row.offset + 1))
-                    entry = None
-                except (CorruptRecordError, SpoolError, OSError) as exc:
-                    # Left in state.db: found again after a restart, once it is mended.
-                    logger.error(
-                        "group %s cannot read parked %s/%d@%d: %s",
-                        group.name,
-                        *key,
-                        row.offset,
-                        exc,
-                    )
-                    continue
-                if entry is None:
+                entry = records.get(row.offset)
+                if entry is None:  # deleted by retention or removed by compaction
                     group.parking[(key.topic, key.partition, row.offset)] = None
                     continue
                 fields, line = entry
                 revived.append(
                     (row.offset, row.due_at, row.attempt, row.reason, line, record_extra(fields))
                 )
-                below = self.parked_below.get(key)
                 if below is not None and row.offset < below:
                     self.revived_early.setdefault(key, set()).add(row.offset)
             group.revive(state, revived, now)
         return skips
-
-    def _read_at(
-        self, store: Store, key: TopicPartition, offset: int
-    ) -> tuple[dict[str, Any], bytes] | None:
-        """The record at ``offset`` (None: compaction removed it), read on from where the
-        last one was when it is near, else sought."""
-        reader = self.revive_readers.get(key)
-        if reader is None:
-            reader = self.revive_readers[key] = Reader(store.partition_log(*key), offset)
-        elif not reader.position <= offset < reader.position + _NEAR:
-            reader.seek(offset)
-        while True:
-            entries = reader.read_entries(offset - reader.position + 1)
-            if not entries:
-                return None
-            for fields, line in entries:
-                if fields["offset"] >= offset:
-                    return (fields, line) if fields["offset"] == offset else None
 
     def close(self) -> None:
         for reader in self.readers.values():

@@ -26,10 +26,11 @@ from spoolmq.store.record import (
     record_offset_and_timestamp,
     verified_fields,
 )
-from spoolmq.store.segment import first_line_at_or_after
+from spoolmq.store.segment import SparseIndex, first_line_at_or_after
 
 _CHUNK = 1024 * 1024
 _FIRST_CHUNK = 16 * 1024  # after a seek: the first poll parses little
+_LOOKUP_CHUNK = 4096  # read_at: what is read at a time to find one line
 
 
 def offset_for_timestamp(partition: PartitionLog, timestamp: int) -> int:
@@ -69,6 +70,26 @@ def _timestamp_of(line: bytes) -> int:
 
 def _offset_of(line: bytes) -> int:
     return record_offset_and_timestamp(line)[0]
+
+
+def _first_line_from(data: bytes, offset: int) -> int:
+    """Where the first line of ``data`` (whole lines) at or after ``offset`` starts, read
+    line by line: a line whose head is not a record's counts as that line unless a line
+    after it comes before ``offset`` (then it is not the one looked for)."""
+    start, damaged = 0, -1
+    while start < len(data):
+        end = data.index(b"\n", start) + 1
+        try:
+            found = _offset_of(data[start:end])
+        except ValueError:
+            if damaged < 0:
+                damaged = start
+        else:
+            if found >= offset:
+                return damaged if damaged >= 0 and found > offset else start
+            damaged = -1
+        start = end
+    return damaged if damaged >= 0 else start
 
 
 def _whole_lines(fd: int, start: int, stop: int) -> bytes:
@@ -215,6 +236,81 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def read_many(
+        self, offsets: list[int]
+    ) -> tuple[dict[int, tuple[dict[str, Any], bytes]], list[int]]:
+        """Look up the records at ``offsets`` (ascending), each alone: found through its
+        segment's index and a search of a few line heads, and checked by its CRC, with
+        nothing read ahead (parked messages coming due: a line's parse each). Returns the
+        records found, as (parsed fields, stored line) by offset, and the offsets retention
+        deleted; one in neither was removed by compaction. The reader is left after the
+        last one found."""
+        found: dict[int, tuple[dict[str, Any], bytes]] = {}
+        deleted: list[int] = []
+        bases = self._partition.segment_bases()
+        indexes: dict[int, SparseIndex] = {}
+        for offset in offsets:
+            slot = bisect.bisect_right(bases, offset) - 1
+            if slot < 0:
+                deleted.append(offset)
+                continue
+            base = bases[slot]
+            if base != self._base or self._fd < 0:
+                self._close_file()
+                self._pending.clear()
+                try:
+                    self._fd = os.open(self._partition.segment_path(base), os.O_RDONLY)
+                except FileNotFoundError:
+                    deleted.append(offset)  # retention deleted it meanwhile
+                    continue
+                self._base = base
+            index = indexes.get(base)
+            if index is None:
+                index = indexes[base] = self._partition.index_of(base)
+            entry = self._look_up(index, offset)
+            if entry is not None:
+                found[offset] = entry
+        return found, deleted
+
+    def _look_up(self, index: SparseIndex, offset: int) -> tuple[dict[str, Any], bytes] | None:
+        """The record at ``offset`` in the open segment, or None when it has none."""
+        entry = index.floor_for_offset(offset)
+        position = index.positions[entry] if entry >= 0 else 0
+        # The record is before the next entry when there is one: read up to it at once.
+        chunk = _LOOKUP_CHUNK
+        if 0 <= entry < len(index) - 1 and index.offsets[entry + 1] > offset:
+            chunk = max(chunk, index.positions[entry + 1] - position)
+        while True:
+            data = os.pread(self._fd, chunk, position)
+            whole = data[: data.rfind(b"\n") + 1]
+            if not whole:
+                if len(data) < chunk:
+                    return None  # the end of the segment: the record is not in it
+                chunk *= 4  # a line longer than what was read
+                continue
+            try:
+                start = first_line_at_or_after(whole, offset, _offset_of)
+            except ValueError:  # a damaged line head: line by line, to stop at it
+                start = _first_line_from(whole, offset)
+            if start == len(whole):
+                if len(data) < chunk:
+                    return None
+                position += len(whole)  # all before it: read on, more at a time
+                chunk = min(chunk * 4, _CHUNK)
+                continue
+            end = whole.index(b"\n", start) + 1
+            line = whole[start:end]
+            fields = verified_fields(line)
+            if fields is None:
+                path = str(self._partition.segment_path(self._base))
+                check_line(line, path=path, position=position + start)
+                return None
+            if fields["offset"] != offset:
+                return None  # the first record after it: there is none at ``offset``
+            self._byte_position = position + end
+            self.position = offset + 1
+            return fields, line
 
     # -- fresh batches the writer described ------------------------------------------------
 
