@@ -249,7 +249,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 logger.exception("reading parked messages from state.db failed; will retry")
                 runtime.next_revive = now + 1000
                 return
-            for skip in runtime.read_back(self.store, runtime.took_parked(rows, next_due), now):
+            taken = runtime.took_parked(rows, next_due, now)
+            for skip in runtime.read_back(self.store, taken, now):
                 self._skipped(runtime.group.name, skip)
         if runtime.next_revive is None or now < runtime.next_revive or not runtime.group.consumers:
             return

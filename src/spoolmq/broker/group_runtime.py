@@ -32,6 +32,9 @@ _READ_BATCH = 1000
 REVIVE_AHEAD_MS = 2_000  # parked messages are read back this long before they are due
 LANE_SIZE = 5_000  # revived messages a group holds in memory at most (all its lanes)
 REVIVE_BATCH = 500  # parked messages read back in one step at most
+# Looks for due parked messages come at most this often unless one filled its batch: each
+# takes all due in the next REVIVE_AHEAD_MS, so a steady flow costs a few looks a second.
+LOOK_EVERY_MS = REVIVE_AHEAD_MS // 4
 
 
 class Skip(NamedTuple):
@@ -115,6 +118,7 @@ class GroupRuntime:
     revive_after: tuple[int, str, int, int] | None = None
     reviving: Any = None
     start_over: bool = False  # the next look starts from the first row (see look_again)
+    look_limit: int = 0  # the rows the running look may return
     unparked_meanwhile: set[tuple[str, int, int]] = field(default_factory=set)
     revive_readers: dict[TopicPartition, Reader] = field(default_factory=dict)
     # After a restart, per partition: one past the highest offset parked when it opened
@@ -295,20 +299,23 @@ class GroupRuntime:
     def looking(self) -> tuple[tuple[int, str, int, int] | None, int]:
         """A look starts: after which row, and how many rows at most."""
         self.start_over = False
-        return self.revive_after, min(self.lane_room(), REVIVE_BATCH)
+        self.look_limit = min(self.lane_room(), REVIVE_BATCH)
+        return self.revive_after, self.look_limit
 
-    def took_parked(self, rows: list[ParkedRow], next_due: int | None) -> list[ParkedRow]:
+    def took_parked(self, rows: list[ParkedRow], next_due: int | None, now: int) -> list[ParkedRow]:
         """A look for due parked messages returned ``rows`` (and the next one is due at
-        ``next_due``): move past them, and return those to read back (not deleted by a
-        checkpoint while the look ran)."""
-        if self.start_over:
-            pass  # asked to look from the first row again while this look ran
-        elif rows:
-            last = rows[-1]
-            self.revive_after = (last.due_at, last.topic, last.partition, last.offset)
-            self.next_revive = None if next_due is None else next_due - REVIVE_AHEAD_MS
-        else:
-            self.next_revive = None if next_due is None else next_due - REVIVE_AHEAD_MS
+        ``next_due``): move past them, set when to look next, and return those to read
+        back (not deleted by a checkpoint while the look ran)."""
+        if not self.start_over:  # else: asked to look from the first row again meanwhile
+            if rows:
+                last = rows[-1]
+                self.revive_after = (last.due_at, last.topic, last.partition, last.offset)
+            if len(rows) >= self.look_limit:
+                self.next_revive = now  # a full batch: more may be due at once
+            elif next_due is None:
+                self.next_revive = None
+            else:
+                self.next_revive = max(next_due - REVIVE_AHEAD_MS, now + LOOK_EVERY_MS)
         gone, self.unparked_meanwhile = self.unparked_meanwhile, set()
         return [row for row in rows if (row.topic, row.partition, row.offset) not in gone]
 
