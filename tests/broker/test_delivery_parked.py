@@ -228,6 +228,8 @@ def test_cancelling_a_parked_or_revived_message() -> None:
     group.run_timers(LATER)
     assert take(group, LATER) == []
     assert group.parking[("jobs", 0, 50)] is None
+    # Finished, its row not deleted yet: too late to cancel.
+    assert group.cancel(state, 50, now=LATER, reason=None) == "finished"
     # One cancelled in the registry before it comes back is passed over as it does.
     group.cancelled = {TopicPartition("jobs", 0): {60: "old"}}
     group.revive(state, [parked_back(60, 0)], now=LATER)

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spoolmq import Consumer, Publisher
+from event_shapes import events_of
+from spoolmq import Admin, Consumer, Publisher
 from spoolmq.broker.delivery import PARK_AFTER_MS
 from spoolmq.store.state import StateDB
 from spoolmq.testing import BrokerProcess, wait_until
@@ -146,3 +147,28 @@ def test_a_restart_that_reads_parked_records_again_delivers_them_once(
     assert [value for value, _ in received].count("held") == 1
     check_on_time(received, dues)
     assert len(received) == 51
+
+
+def test_a_parked_message_cancelled_is_never_delivered(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with (
+        Consumer(TOPIC, group="g", data=data_dir) as consumer,
+        Publisher(data=data_dir) as publisher,
+        Admin(data_dir) as admin,
+    ):
+        publisher.publish(TOPIC, "now", partition=0)
+        first = consumer.receive(timeout=60)
+        assert first is not None
+        first.ack()
+        due = now_ms() + SOON_MS
+        doomed = publisher.publish(TOPIC, "doomed", partition=0, deliver_at=due)
+        after = publisher.publish(TOPIC, "after", partition=0, deliver_at=due + 500)
+        wait_until(lambda: group_figures(data_dir, "g") == (3, 2), 60, "both parked")
+        assert admin.cancel_message(TOPIC, 0, doomed.offset, reason="no") == {"g": "pending"}
+        message = consumer.receive(timeout=120)
+        assert message is not None and message.offset == after.offset  # not the cancelled one
+        message.ack()
+        wait_until(lambda: group_figures(data_dir, "g") == (3, 0), 60, "both rows gone")
+    cancelled = wait_until(lambda: events_of(data_dir, "cancelled"), 60, "the cancel event")
+    assert [(e["offset"], e["reason"]) for e in cancelled] == [(doomed.offset, "no")]

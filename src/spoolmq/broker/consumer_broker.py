@@ -682,8 +682,10 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 outcomes[name] = "pending"
                 continue
             outcome = runtime.group.cancel(state, offset, now, reason)
-            if outcome == "finished" and self.store.state.parked_offsets(
-                name, topic, partition, offset, offset
+            if (
+                outcome == "finished"
+                and (topic, partition, offset) not in runtime.group.parking
+                and self.store.state.parked_offsets(name, topic, partition, offset, offset)
             ):
                 outcome = "pending"  # parked: passed over when it is read back
             outcomes[name] = outcome

@@ -1369,8 +1369,8 @@ class Group:
         if state.lane is not None and offset in state.lane.positions:
             state = state.lane  # revived: it is in the lane, at an offset of the lane's
             index = state.positions[offset] - state.base
-        elif self.parking.get(where):
-            return "pending"  # parked, not saved yet: stopped when it is revived
+        elif where in self.parking:  # parked and not saved yet, or finished since it was
+            return "pending" if self.parking[where] else "finished"
         elif offset >= state.next_fetch:
             return "pending"
         else:
