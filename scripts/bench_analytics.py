@@ -109,27 +109,30 @@ class EventWriter:
         }
 
 
-def build_store(data: Path, count: int, shape: str = "new", seed: int = 7) -> dict[str, int]:
+def build_store(
+    data: Path, count: int, shape: str = "new", seed: int = 7, first: int = 0
+) -> dict[str, int]:
     """N messages on 4 partitions with one group's events: ~3 % retried once, ~0.1 %
     dead-lettered after 3 attempts; delivered in frames of up to FRAME messages (sorted by
     partition and offset, so a frame is a run or two) and ACKed in frames, the events
-    written in ``shape``. Returns counts of what was written."""
-    rng = random.Random(seed)
+    written in ``shape``. ``first`` > 0 adds to a store built before (order ids from
+    ``first`` on, events in a new file). Returns counts of what was written."""
+    rng = random.Random(seed + first)
     events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
     with Store(data) as store:
         store.create_topic(TOPIC, partitions=PARTITIONS)
         events_dir.mkdir(parents=True, mode=0o700)
         out = (events_dir / f"{int(time.time() * 1000)}-{os.getpid()}.jsonl").open("wb")
         written = {"messages": 0, "events": 0, "dead_lettered": 0}
-        ends = [0] * PARTITIONS
+        ends = [store.log_end_offset(TOPIC, p) for p in range(PARTITIONS)]
         next_lag = 0
-        for start in range(0, count, BATCH):
+        for start in range(first, first + count, BATCH):
             batch = [
                 Message(
                     {"order_id": i, "customer": f"customer-{i % 997}", "amount": 12.5, "items": 3},
                     key=f"customer-{i % 997}",
                 )
-                for i in range(start, min(count, start + BATCH))
+                for i in range(start, min(first + count, start + BATCH))
             ]
             positions = store.append_batch(TOPIC, batch, acks="1")
             events = EventWriter(shape)
@@ -210,10 +213,10 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return total
 
 
-def run_job(data: Path, out: Path, master: str) -> dict[str, Any]:
+def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[str, Any]:
     """Run the job as a new process: its wall time, CPU time, the driver's peak RSS, and
     wall and CPU time per step (the job names each step on stderr as it starts it; a
-    step's figures run to the next step's line)."""
+    step's figures run to the next step's line). ``full``: ``--full`` (no parse cache)."""
     command = [
         sys.executable,
         "-m",
@@ -225,6 +228,7 @@ def run_job(data: Path, out: Path, master: str) -> dict[str, Any]:
         str(out),
         "--master",
         master,
+        *(["--full"] if full else []),
     ]
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -286,6 +290,40 @@ def run_job(data: Path, out: Path, master: str) -> dict[str, Any]:
     }
 
 
+def _figures_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary less what differs between runs over the same store."""
+    return {k: v for k, v in summary.items() if k not in ("run", "data")}
+
+
+def grow(
+    root: Path, count: int, args: argparse.Namespace, before: dict[str, Any]
+) -> list[tuple[str, int, int, dict[str, Any]]]:
+    """Add ``args.grow`` % to the store, re-run into the same output, run cold into another;
+    the two must agree. Returns their table rows."""
+    data = root / "queue_data"
+    added = int(count * args.grow / 100)
+    written = build_store(data, added, args.event_shape, first=count)
+    size = sum(p.stat().st_size for p in data.rglob("*.jsonl"))
+    rows = []
+    for label, out, full in (
+        (f"{count:,} + {args.grow:g} %, re-run", root / "analytics_out", False),
+        (f"{count:,} + {args.grow:g} %, cold (--full)", root / "analytics_cold", True),
+    ):
+        figures = run_job(data, out, args.master, full=full)
+        summary = orjson.loads((out / "summary.json").read_bytes())
+        if summary["topics"][TOPIC]["messages"] != count + added:
+            raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
+        figures["run"] = summary["run"]
+        rows.append((label, before["inputs"]["event_lines"] + written["events"], size, figures))
+        print(label, {k: v for k, v in figures.items() if k != "steps"}, flush=True)
+    re_run, cold = (orjson.loads((root / name / "summary.json").read_bytes())
+                    for name in ("analytics_out", "analytics_cold"))  # fmt: skip
+    if _figures_of(re_run) != _figures_of(cold):
+        raise SystemExit("the re-run's summary.json differs from the cold run's")
+    print("the re-run's summary.json figures equal the cold run's", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -301,6 +339,15 @@ def main() -> None:
         default="new",
         help="delivery events a line per frame (new, as brokers write since issue 10) or a "
         "line per message (old)",
+    )
+    parser.add_argument(
+        "--grow",
+        type=float,
+        default=0.0,
+        metavar="PERCENT",
+        help="then add this many percent more messages (and their events), run the job "
+        "again into the same output (incremental), and once more with --full into another "
+        "(cold), and check that both give the same figures",
     )
     parser.add_argument("--keep", action="store_true", help="keep the stores (prints where)")
     args = parser.parse_args()
@@ -321,8 +368,10 @@ def main() -> None:
             summary = orjson.loads((root / "analytics_out" / "summary.json").read_bytes())
             if summary["topics"][TOPIC]["messages"] != count:
                 raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
-            rows.append((count, written["events"], size, figures))
+            rows.append((f"{count:,}", written["events"], size, figures))
             print({k: v for k, v in figures.items() if k != "steps"}, flush=True)
+            if args.grow > 0:
+                rows += grow(root, count, args, summary)
         finally:
             if args.keep:
                 print(f"kept {root}")
@@ -340,13 +389,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for count, events, size, f in rows:
         print(
-            f"| {count:,} | {events:,} | {size / 2**20:.0f} MiB | {f['wall_s']:.1f} s | "
+            f"| {count} | {events:,} | {size / 2**20:.0f} MiB | {f['wall_s']:.1f} s | "
             f"{f['cpu_s']:.0f} s | "
             f"{f['rss_total_mib']:.0f} MiB ({f['rss_python_mib']:.0f} + "
             f"{f['rss_jvm_mib']:.0f}) | {f['anonymous_mib']:.0f} MiB | {f['load_1min']:.1f} |"
         )
     for count, _, _, f in rows:
-        print(f"\nper step, {count:,} messages (wall s / CPU s, Python + JVM):\n")
+        print(f"\nper step, {count} messages (wall s / CPU s, Python + JVM):\n")
         print("| step | wall | CPU |\n|---|---|---|")
         for name, wall, cpu in f["steps"]:
             print(f"| {name} | {wall:.1f} s | {cpu:.1f} s |")

@@ -653,6 +653,8 @@ def cmd_analytics(args: argparse.Namespace) -> int:
         forwarded += ["--out", args.out]
     if args.master:
         forwarded += ["--master", args.master]
+    if args.full:
+        forwarded.append("--full")
     return main(forwarded)
 
 
@@ -878,6 +880,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="output directory (default: analytics_out next to the data directory)"
     )
     p.add_argument("--master", help="Spark master URL (default: local[*])")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="parse the whole store again (default: only what is new since the last run)",
+    )
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(command)

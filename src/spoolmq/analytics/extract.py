@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -118,25 +118,36 @@ def local_frame(
     return spark.range(1).select(F.inline(F.array(*structs)))
 
 
-def segment_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
-    """One row per segment line: topic and partition (from the path) and the line's text."""
+def _file_id(path: Column) -> Column:
+    """The parse cache's id of a staged file: its name without ``.jsonl`` (cache.py)."""
+    return F.substring_index(F.substring_index(path, "/", -1), ".", 1).alias("file_id")
+
+
+def segment_lines(spark: SparkSession, files: list[Path], *, staged: bool = False) -> DataFrame:
+    """One row per segment line: topic and partition (from the path) and the line's text;
+    with ``staged``, also the parse cache's ``file_id`` (from the staged file's name)."""
     if not files:
-        return local_frame(spark, [], schemas.SEGMENT_LINES)
+        empty = local_frame(spark, [], schemas.SEGMENT_LINES)
+        return empty.select("*", F.lit(None).cast("string").alias("file_id")) if staged else empty
     raw = spark.read.text([str(path) for path in files])
-    # .../logs/<topic>/<partition>/<base>.jsonl (cheaper per line than a regular expression)
+    # .../<topic>/<partition>/<file> (cheaper per line than a regular expression)
     path = F.col("_metadata.file_path")
     return raw.select(
         F.substring_index(F.substring_index(path, "/", -3), "/", 1).alias("topic"),
         F.substring_index(F.substring_index(path, "/", -2), "/", 1).cast("int").alias("partition"),
         F.col("value").alias("line"),
+        *([_file_id(path)] if staged else []),
     )
 
 
-def event_lines(spark: SparkSession, files: list[Path]) -> DataFrame:
-    """One row per delivery event line (its text)."""
+def event_lines(spark: SparkSession, files: list[Path], *, staged: bool = False) -> DataFrame:
+    """One row per delivery event line (its text); with ``staged``, also ``file_id``."""
     if not files:
-        return local_frame(spark, [], schemas.EVENT_LINES)
-    return spark.read.text([str(path) for path in files]).select(F.col("value").alias("line"))
+        empty = local_frame(spark, [], schemas.EVENT_LINES)
+        return empty.select("*", F.lit(None).cast("string").alias("file_id")) if staged else empty
+    raw = spark.read.text([str(path) for path in files])
+    path = F.col("_metadata.file_path")
+    return raw.select(F.col("value").alias("line"), *([_file_id(path)] if staged else []))
 
 
 def state_frames(spark: SparkSession, state: StateTables) -> tuple[DataFrame, DataFrame, DataFrame]:

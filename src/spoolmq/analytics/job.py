@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, transform
+from spoolmq.analytics.cache import KINDS, ParseCache, Staged
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
@@ -72,8 +74,61 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = None) -> Result:
-    """Run the job over ``data_dir`` into ``out_dir``; ``step`` is told what happens next."""
+# Event fields the job never uses (the record has them): not parsed into the cache.
+_UNUSED_EVENT_FIELDS = ("key", "key_b64", "bytes")
+
+
+def _parsers(
+    spark: SparkSession, kind: str
+) -> tuple[Callable[..., DataFrame], Callable[[DataFrame], DataFrame]]:
+    if kind == "segments":
+        return extract.segment_lines, transform.parse_records
+    return extract.event_lines, lambda lines: transform.parse_events(lines).drop(
+        *_UNUSED_EVENT_FIELDS
+    )
+
+
+def _fingerprint(spark: SparkSession) -> str:
+    """The shape of the parsed rows the cache holds: a cache of another shape (written by
+    another spoolmq) is not read, but started again."""
+    shapes = []
+    for kind in KINDS:
+        lines, parse = _parsers(spark, kind)
+        shapes.append(parse(lines(spark, [], staged=True)).schema.json())
+    return hashlib.sha1("\n".join(shapes).encode()).hexdigest()
+
+
+def _parse(
+    spark: SparkSession, cache: ParseCache, kind: str, files: list[Path]
+) -> tuple[DataFrame, Staged]:
+    """The parsed rows of every file of ``kind``: those kept from earlier runs, plus the new
+    bytes parsed now (and added to the cache), plus unfinished last lines (parsed each run)."""
+    lines, parse = _parsers(spark, kind)
+    staged = cache.plan(kind, files)
+    if staged.keep:
+        fresh = parse(lines(spark, staged.keep, staged=True))
+        fresh.write.partitionBy("file_id").mode("append").parquet(str(cache.table(kind)))
+        cache.record(kind)
+    if cache.holds_rows(kind):
+        rows = spark.read.parquet(str(cache.table(kind))).drop("file_id")
+    else:
+        rows = parse(lines(spark, [], staged=True)).drop("file_id")
+    if staged.fragments:
+        rows = rows.unionByName(parse(lines(spark, staged.fragments)))
+    return rows, staged
+
+
+def run(
+    spark: SparkSession,
+    data_dir: Path,
+    out_dir: Path,
+    step: Step | None = None,
+    *,
+    full: bool = False,
+) -> Result:
+    """Run the job over ``data_dir`` into ``out_dir``; ``step`` is told what happens next.
+    It parses only what is new since the last run into ``out_dir`` (analytics/cache.py);
+    ``full`` parses everything again."""
     tell = step or (lambda _: None)
     if not data_dir.is_dir():
         raise InvalidArgumentError(f"no data directory at {data_dir}")
@@ -86,9 +141,10 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     inputs = extract.list_inputs(data_dir)
     state = extract.read_state(data_dir)
     topics, state_partitions, group_offsets = extract.state_frames(spark, state)
+    cache = ParseCache(out_dir / "cache", data_dir, fingerprint=_fingerprint(spark), full=full)
 
     tell("parsing message segments")
-    parsed = transform.parse_records(extract.segment_lines(spark, inputs.segment_files))
+    parsed, segments_run = _parse(spark, cache, "segments", inputs.segment_files)
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     incomplete = transform.incomplete_batches(parsed)
     cuts = extract.local_frame(spark, incomplete.collect(), incomplete.schema)  # a row or two
@@ -96,8 +152,9 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
 
     tell("parsing delivery events")
-    events_all = transform.parse_events(extract.event_lines(spark, inputs.event_files))
-    events_all = events_all.drop("key", "key_b64", "bytes").persist(StorageLevel.MEMORY_AND_DISK)
+    events_all, events_run = _parse(spark, cache, "events", inputs.event_files)
+    events_all = events_all.persist(StorageLevel.MEMORY_AND_DISK)
+    cache.commit()
     events = events_all.where("problem IS NULL")
     outcomes = transform.delivery_outcomes(events, records).persist(StorageLevel.MEMORY_AND_DISK)
 
@@ -157,6 +214,7 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
     }
     for frame in (parsed, events_all, outcomes):
         frame.unpersist()
+    cache.close()
 
     tell("summary and report")
     summary = build_summary(
@@ -174,6 +232,16 @@ def run(spark: SparkSession, data_dir: Path, out_dir: Path, step: Step | None = 
         reasons=tables["failure_reasons"],
     )
     summary["attention"] = needs_attention(summary, lag_buckets, tables["processing"])
+    summary["run"] = {
+        "full": full,
+        **{
+            f"{kind}_{figure}": getattr(staged, figure)
+            for kind, staged in (("segments", segments_run), ("events", events_run))
+            for figure in (
+                "files_parsed", "files_reused", "files_dropped", "parsed_bytes", "reused_bytes"
+            )
+        },
+    }  # fmt: skip
     _write_atomically(
         out_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
     )
@@ -217,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="output directory (default: analytics_out next to the data directory)"
     )
     parser.add_argument(
+        "--full",
+        action="store_true",
+        help="parse the whole store again (default: only what is new since the last run "
+        "into the same output directory)",
+    )
+    parser.add_argument(
         "--master",
         help="Spark master URL, e.g. local[2] or spark://HOST:7077 (default: local[*], or "
         "what spark-submit was given)",
@@ -229,7 +303,13 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def analyse(data_dir: Path, out_dir: Path | None = None, master: str | None = None) -> Result:
+def analyse(
+    data_dir: Path,
+    out_dir: Path | None = None,
+    master: str | None = None,
+    *,
+    full: bool = False,
+) -> Result:
     """Start Spark, run the job with its progress on stderr, stop Spark: what ``spoolmq
     analytics`` and the demo do (the demo prints the figures this returns, so its summary
     and the report are the same numbers). ``master`` None: local[*], or what spark-submit
@@ -262,7 +342,7 @@ def analyse(data_dir: Path, out_dir: Path | None = None, master: str | None = No
             small=size < SMALL_INPUT_BYTES,
         )
         try:
-            result = run(spark, data_dir, out, step)
+            result = run(spark, data_dir, out, step, full=full)
         finally:
             spark.stop()
         progress.update(task, description="done")
@@ -275,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     data_dir = resolve_data_dir(args.data)
     started = time.monotonic()
-    result = analyse(data_dir, Path(args.out) if args.out else None, args.master)
+    result = analyse(data_dir, Path(args.out) if args.out else None, args.master, full=args.full)
     topics = result.summary["topics"]
     skipped = sum(n for reasons in result.summary["skipped"].values() for n in reasons.values())
     print(

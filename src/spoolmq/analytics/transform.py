@@ -89,9 +89,11 @@ def parse_records(lines: DataFrame) -> DataFrame:
 
     ``problem`` is null for a good record, else ``unparsable`` (not a JSON record line: a
     torn write, or damage) or ``checksum mismatch`` (``crc`` is not the CRC-32 of the
-    bytes before the last ``,"crc":``, as the store writes it).
+    bytes before the last ``,"crc":``, as the store writes it). Columns of ``lines`` other
+    than those three (the parse cache's ``file_id``) are passed through.
     """
-    parsed = _parse_json_lines(lines, ["topic", "partition", "line"], schemas.RECORD_LINE)
+    passed = [c for c in lines.columns if c not in ("topic", "partition", "line")]
+    parsed = _parse_json_lines(lines, ["topic", "partition", "line", *passed], schemas.RECORD_LINE)
     after_mark = F.substring_index(F.col("line"), _CRC_MARK, -1)
     before_mark = F.expr(
         "left(line, length(line) - length(substring_index(line, ',\"crc\":', -1)) - 7)"
@@ -115,6 +117,7 @@ def parse_records(lines: DataFrame) -> DataFrame:
         "deliver_at",
         "batch_records",
         problem.alias("problem"),
+        *passed,
     )
 
 
@@ -201,9 +204,10 @@ def parse_events(lines: DataFrame) -> DataFrame:
     no ``ts``, ``type`` or ``group``; per message, no ``topic`` or ``partition``; per frame,
     an ``offset`` too, a run that is not five fields with a count from 1 to
     MAX_MESSAGES_PER_LINE (in all), or a ``processing_ms`` array of another length. Such a
-    line is one row.
+    line is one row. Columns of ``lines`` other than ``line`` are passed through.
     """
-    parsed = _parse_json_lines(lines, [], schemas.EVENT_LINE, text=("runs", "processing_ms"))
+    passed = [c for c in lines.columns if c != "line"]
+    parsed = _parse_json_lines(lines, passed, schemas.EVENT_LINE, text=("runs", "processing_ms"))
     framed = F.col("_json_runs").isNotNull()
     # Parsed once per line into columns, each used by the checks and by the expansion.
     arrays = parsed.select(
@@ -280,6 +284,7 @@ def parse_events(lines: DataFrame) -> DataFrame:
         ),
         "problem",
         (F.col("_index") == 0).alias("first_in_line"),
+        *passed,
     )
 
 

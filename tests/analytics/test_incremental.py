@@ -1,0 +1,206 @@
+"""Re-runs read only what is new (analytics/cache.py), and give exactly what a cold run gives:
+after the store grew, after retention deleted a segment and compaction rewrote others,
+around a half-written line, and after a run that stopped between writing and recording."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from analytics_helpers import event_file
+from pyspark.sql import SparkSession
+from test_end_to_end import assert_same, expected_summary, without_attention
+from test_event_shapes import delivery_history
+
+import spoolmq.analytics
+from spoolmq import Message, Store
+from spoolmq.analytics import run
+from spoolmq.cli import main as cli_main
+
+pytestmark = pytest.mark.spark
+
+DAY = "date=2026-11-23"
+
+
+def _append_orders(data: Path, first: int, count: int) -> list[Any]:
+    with Store(data) as store:
+        return [
+            position
+            for start in range(first, first + count, 10)
+            for position in store.append_batch(
+                "orders",
+                [
+                    Message({"n": n, "pad": "x" * 40}, key=f"k{n % 5}")
+                    for n in range(start, start + 10)
+                ],
+            )
+        ]
+
+
+def _store(root: Path) -> Path:
+    """Orders on 2 partitions in 1 KiB segments (so several files each), one events file."""
+    data = root / "queue_data"
+    with Store(data) as store:
+        store.create_topic("orders", partitions=2, segment_bytes=1024)
+        store.create_topic("profiles", partitions=1, segment_bytes=1024, cleanup_policy="compact")
+        for round_ in range(4):
+            store.append_batch(
+                "profiles",
+                [Message({"v": round_, "pad": "y" * 30}, key=f"p{i}") for i in range(7)]
+                + [Message({"v": round_}, key=f"once{round_}")],  # kept by compaction
+            )
+    positions = _append_orders(data, 0, 80)
+    day = data / "events" / DAY
+    day.mkdir(parents=True)
+    (day / "1-1.jsonl").write_bytes(event_file(delivery_history(positions), "new"))
+    return data
+
+
+def _outputs(spark: SparkSession, out: Path) -> dict[str, Any]:
+    """The summary (less what the run parsed), every table's rows (sorted) and the charts."""
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    summary.pop("run")
+    summary.pop("data")
+    tables = {
+        path.name: sorted((tuple(row) for row in spark.read.parquet(str(path)).collect()), key=repr)
+        for path in sorted((out / "tables").iterdir())
+    }
+    charts = {p.name: p.read_bytes() for p in sorted((out / "charts").iterdir())}
+    return {"summary": summary, "tables": tables, "charts": charts}
+
+
+def _same_as_cold(spark: SparkSession, data: Path, out: Path, scratch: Path) -> dict[str, Any]:
+    """Re-run into ``out``, run cold into a new directory: the outputs are equal (and the
+    figures are the plain Python computation's). Returns the re-run's summary."""
+    again = run(spark, data, out).summary
+    cold_out = scratch / "cold"
+    shutil.rmtree(cold_out, ignore_errors=True)
+    cold = run(spark, data, cold_out, full=True).summary
+    assert cold["run"]["full"] and not again["run"]["full"]
+    assert _outputs(spark, out) == _outputs(spark, cold_out)
+    assert_same(without_attention({k: v for k, v in again.items() if k != "data"}),
+                {k: v for k, v in expected_summary(data).items() if k != "data"})  # fmt: skip
+    return again
+
+
+def test_a_rerun_after_the_store_grew_reads_only_the_new_bytes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    first = run(spark, data, out).summary["run"]
+    segments = list((data / "logs").glob("*/*/*.jsonl"))
+    assert first["segments_files_reused"] == 0
+    assert first["segments_files_parsed"] == len(segments) > 4
+    assert first["segments_parsed_bytes"] == sum(p.stat().st_size for p in segments)
+
+    # Grow: more records (the newest segment of each partition grows, new ones are rolled),
+    # events appended to the events file and a second events file.
+    positions = _append_orders(data, 80, 20)
+    history = delivery_history(positions)
+    with (data / "events" / DAY / "1-1.jsonl").open("ab") as file:
+        file.write(event_file(history[: len(history) // 2], "new"))
+    (data / "events" / DAY / "2-2.jsonl").write_bytes(
+        event_file(history[len(history) // 2 :], "old")
+    )
+    again = _same_as_cold(spark, data, out, tmp_path)["run"]
+    grown = list((data / "logs").glob("*/*/*.jsonl"))
+    total = sum(p.stat().st_size for p in grown)
+    assert again["segments_files_reused"] >= len(segments) - 2  # all but the newest two
+    assert 0 < again["segments_parsed_bytes"] < total / 2
+    assert again["segments_parsed_bytes"] + again["segments_reused_bytes"] == total
+    assert again["events_files_parsed"] == 2 and again["events_reused_bytes"] > 0
+
+    # Nothing new: nothing parsed.
+    idle = run(spark, data, out).summary["run"]
+    assert idle["segments_parsed_bytes"] == idle["events_parsed_bytes"] == 0
+    assert _outputs(spark, out) == _outputs(spark, tmp_path / "cold")
+
+
+def test_retention_and_compaction_leave_only_current_data_in_the_figures(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    before = {p: p.stat().st_ino for p in (data / "logs" / "profiles").glob("*/*.jsonl")}
+    with Store(data) as store:
+        store.alter_topic("orders", retention_bytes=3000)
+        assert store.enforce_retention("orders").deleted_segments > 0
+        assert store.compact("profiles").removed_records > 0
+    after = {p: p.stat().st_ino for p in (data / "logs" / "profiles").glob("*/*.jsonl")}
+    assert any(before.get(p) != ino for p, ino in after.items())  # rewritten files
+    again = _same_as_cold(spark, data, out, tmp_path)["run"]
+    assert again["segments_files_dropped"] > 0 and again["segments_files_parsed"] > 0
+
+
+def test_a_half_written_line_counts_as_in_a_cold_run_until_it_is_whole(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    events = data / "events" / DAY / "1-1.jsonl"
+    line = orjson.dumps(
+        {"ts": 1763830000123, "type": "nacked", "group": "billing", "topic": "orders",
+         "partition": 0, "offset": 0, "consumer": "c9", "attempt": 1, "processing_ms": 2.0,
+         "reason": "late"}
+    )  # fmt: skip
+    with events.open("ab") as file:
+        file.write(line[:30])
+    half = _same_as_cold(spark, data, out, tmp_path)
+    assert half["skipped"]["events"] == {"unparsable": 1}
+    with events.open("ab") as file:
+        file.write(line[30:] + b"\n")
+    whole = _same_as_cold(spark, data, out, tmp_path)
+    assert whole["skipped"]["events"] == {}
+    assert whole["by_group"]["billing"]["orders"]["nack_reasons"].get("late") == 1
+
+
+def test_rows_a_stopped_run_wrote_but_did_not_record_are_not_counted(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    cache = out / "cache"
+    manifest = orjson.loads((cache / "manifest.json").read_bytes())
+    assert set(manifest["files"]) == {"segments", "events"}
+    # As if a run had written another copy of a file's rows and stopped before recording:
+    # a part file the manifest does not list, and a directory of a file it does not know.
+    directory = next((cache / "events").glob("file_id=*"))
+    part = next(p for p in directory.iterdir() if p.suffix == ".parquet")
+    shutil.copy(part, directory / ("part-99999-stray" + "".join(part.suffixes)))
+    shutil.copytree(directory, cache / "events" / "file_id=fstray")
+    _same_as_cold(spark, data, out, tmp_path)
+    assert not (cache / "events" / "file_id=fstray").exists()
+    assert (cache.stat().st_mode & 0o777) == 0o700
+
+
+def test_another_data_directory_or_a_damaged_manifest_starts_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = _store(tmp_path / "a")
+    out = tmp_path / "out"
+    run(spark, data, out)
+    other = _store(tmp_path / "b")
+    _append_orders(other, 80, 10)
+    moved = run(spark, other, out).summary
+    assert moved["run"]["segments_reused_bytes"] == 0
+    assert moved["topics"]["orders"]["messages"] == 90
+    (out / "cache" / "manifest.json").write_bytes(b'{"version": 1, "files": ')
+    assert run(spark, other, out).summary["run"]["segments_reused_bytes"] == 0
+
+
+def test_the_cli_passes_full_to_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    monkeypatch.setattr(spoolmq.analytics, "main", lambda argv: seen.append(argv) or 0)
+    (tmp_path / "d").mkdir()
+    assert cli_main(["analytics", "--data", str(tmp_path / "d"), "--full"]) == 0
+    assert cli_main(["analytics", "--data", str(tmp_path / "d")]) == 0
+    assert seen[0][-1] == "--full" and "--full" not in seen[1]
+    args = spoolmq.analytics.job.build_parser().parse_args(["--full"])
+    assert args.full
