@@ -121,7 +121,7 @@ def build_store(
     events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
     with Store(data) as store:
         store.create_topic(TOPIC, partitions=PARTITIONS)
-        events_dir.mkdir(parents=True, mode=0o700)
+        events_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
         out = (events_dir / f"{int(time.time() * 1000)}-{os.getpid()}.jsonl").open("wb")
         written = {"messages": 0, "events": 0, "dead_lettered": 0}
         ends = [store.log_end_offset(TOPIC, p) for p in range(PARTITIONS)]
