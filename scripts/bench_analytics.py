@@ -110,14 +110,14 @@ class EventWriter:
 
 
 def build_store(
-    data: Path, count: int, shape: str = "new", seed: int = 7, first: int = 0
+    data: Path, count: int, shape: str = "new", seed: int = 7, start_at: int = 0
 ) -> dict[str, int]:
     """N messages on 4 partitions with one group's events: ~3 % retried once, ~0.1 %
     dead-lettered after 3 attempts; delivered in frames of up to FRAME messages (sorted by
     partition and offset, so a frame is a run or two) and ACKed in frames, the events
-    written in ``shape``. ``first`` > 0 adds to a store built before (order ids from
-    ``first`` on, events in a new file). Returns counts of what was written."""
-    rng = random.Random(seed + first)
+    written in ``shape``. ``start_at`` > 0 adds to a store built before (order ids from
+    ``start_at`` on, events in a new file). Returns counts of what was written."""
+    rng = random.Random(seed + start_at)
     events_dir = data / "events" / f"date={time.strftime('%Y-%m-%d', time.gmtime())}"
     with Store(data) as store:
         store.create_topic(TOPIC, partitions=PARTITIONS)
@@ -126,13 +126,13 @@ def build_store(
         written = {"messages": 0, "events": 0, "dead_lettered": 0}
         ends = [store.log_end_offset(TOPIC, p) for p in range(PARTITIONS)]
         next_lag = 0
-        for start in range(first, first + count, BATCH):
+        for start in range(start_at, start_at + count, BATCH):
             batch = [
                 Message(
                     {"order_id": i, "customer": f"customer-{i % 997}", "amount": 12.5, "items": 3},
                     key=f"customer-{i % 997}",
                 )
-                for i in range(start, min(first + count, start + BATCH))
+                for i in range(start, min(start_at + count, start + BATCH))
             ]
             positions = store.append_batch(TOPIC, batch, acks="1")
             events = EventWriter(shape)
@@ -302,7 +302,7 @@ def grow(
     the two must agree. Returns their table rows."""
     data = root / "queue_data"
     added = int(count * args.grow / 100)
-    written = build_store(data, added, args.event_shape, first=count)
+    written = build_store(data, added, args.event_shape, start_at=count)
     size = sum(p.stat().st_size for p in data.rglob("*.jsonl"))
     rows = []
     for label, out, full in (

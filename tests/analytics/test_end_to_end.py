@@ -299,7 +299,7 @@ def expected_summary(data: Path) -> dict[str, Any]:
         o = outcomes.setdefault(
             (e["group"], e["topic"], e["partition"], e["offset"]),
             {"published_at": None, "first": None, "attempts": None, "acked_at": None,
-             "dead": False, "expired": False, "finished": None},
+             "dead": False, "expired": False, "cancelled": False, "finished": None},
         )  # fmt: skip
         if e.get("published_at") is not None:
             o["published_at"] = max(o["published_at"] or 0, e["published_at"])
@@ -310,7 +310,8 @@ def expected_summary(data: Path) -> dict[str, Any]:
             o["acked_at"] = e["ts"] if o["acked_at"] is None else min(o["acked_at"], e["ts"])
         o["dead"] |= e["type"] == "dead_lettered"
         o["expired"] |= e["type"] == "expired"
-        if e["type"] in ("acked", "dead_lettered", "expired"):
+        o["cancelled"] |= e["type"] == "cancelled"
+        if e["type"] in ("acked", "dead_lettered", "expired", "cancelled"):
             o["finished"] = min(o["finished"] or e["ts"], e["ts"])
     # Held back: delayed, or published while an earlier message of its key (same group and
     # partition) was unfinished; unknown (None) when its record is gone.
@@ -364,6 +365,7 @@ def expected_summary(data: Path) -> dict[str, Any]:
             "retried": sum((o["attempts"] or 0) > 1 for o in mine),
             "dead_lettered": sum(o["dead"] for o in mine),
             "expired": sum(o["expired"] for o in mine),
+            "cancelled": sum(o["cancelled"] for o in mine),
         }
         topics[topic] = {
             "messages": sum(p["messages"] for p in parts.values()),
@@ -409,11 +411,39 @@ def expected_summary(data: Path) -> dict[str, Any]:
             for e in mine_events
             if e["type"] == "acked" and e.get("processing_ms") is not None
         ]
+        # Busy: the union of its deliveries' spans (delivery to the event that ended that
+        # attempt); idle: the rest of first delivery to last end.
+        spans: dict[tuple[Any, ...], list[int | None]] = {}
+        for e in mine_events:
+            if e.get("offset") is None:
+                continue
+            span = spans.setdefault((e["topic"], e["partition"], e["offset"], e["attempt"]),
+                                    [None, None])  # fmt: skip
+            if e["type"] == "delivered":
+                span[0] = e["ts"] if span[0] is None else min(span[0], e["ts"])
+            else:
+                span[1] = e["ts"] if span[1] is None else max(span[1], e["ts"])
+        intervals = sorted((a, max(a, b if b is not None else a))
+                           for a, b in spans.values() if a is not None)  # fmt: skip
+        busy = idle = 0
+        if intervals:
+            start, end = intervals[0]
+            for a, b in intervals[1:]:
+                if a > end:
+                    busy, idle = busy + end - start, idle + a - end
+                    start, end = a, b
+                else:
+                    end = max(end, b)
+            busy += end - start
+        span_ms = busy + idle
         consumers[group][consumer] = {
             "deliveries": kinds["delivered"],
             "acked": kinds["acked"],
             "failures": failures,
             "failure_rate": failures / kinds["delivered"] if kinds["delivered"] else None,
+            "busy_ms": busy if intervals else None,
+            "idle_ms": idle if intervals else None,
+            "idle_share": (idle / span_ms if span_ms else None) if intervals else None,
             "processing_ms": _figures(times, "mean"),
         }
 
@@ -433,7 +463,32 @@ def expected_summary(data: Path) -> dict[str, Any]:
         "groups": {g: dict(t) for g, t in groups.items()},
         "by_group": _by_group(outcomes, events),
         "consumers": dict(consumers),
+        **_expected_tasks(data),
     }
+
+
+def _expected_tasks(data: Path) -> dict[str, Any]:
+    """summary.json's ``tasks`` and ``periodic``, from every row of tasks.db."""
+    tasks: dict[str, Any] = {}
+    periodic: dict[str, Any] = {}
+    if (data / "tasks.db").exists():
+        db = sqlite3.connect(f"{(data / 'tasks.db').as_uri()}?mode=ro", uri=True)
+        rows = db.execute("SELECT name, state, started_ms, finished_ms FROM tasks").fetchall()
+        jobs = db.execute("SELECT * FROM periodic").fetchall()
+        db.close()
+        for name in sorted({r[0] for r in rows}):
+            mine = [r for r in rows if r[0] == name]
+            runs = [r[3] - r[2] for r in mine
+                    if r[1] in ("succeeded", "failed") and None not in (r[2], r[3])]  # fmt: skip
+            tasks[name] = {
+                "states": dict(sorted(Counter(r[1] for r in mine).items())),
+                "run_ms": {"mean": sum(runs) / len(runs), "max": float(max(runs))}
+                if runs else None,
+            }  # fmt: skip
+        for name, task, schedule, last_tick, last_fired, next_ms in sorted(jobs):
+            periodic[name] = {"task": task, "schedule": schedule, "last_tick": last_tick,
+                              "last_run_ms": last_fired, "next_run_ms": next_ms}  # fmt: skip
+    return {"tasks": tasks, "periodic": periodic}
 
 
 def _key(record: dict[str, Any]) -> str | None:
@@ -476,6 +531,7 @@ def _by_group(
             "retried": retried,
             "dead_lettered": dead,
             "expired": sum(o["expired"] for o in mine),
+            "cancelled": sum(o["cancelled"] for o in mine),
             "retry_rate": retried / tracked,
             "dlq_rate": dead / tracked,
             "e2e_latency_ms": _figures(
@@ -551,7 +607,8 @@ def test_the_job_says_where_the_report_is_and_writes_every_table(e2e: Run) -> No
         "lines", "partitions", "throughput_per_minute", "latency", "processing_time",
         "delivery_attempts", "outcomes", "failure_reasons", "consumers", "lag_now",
         "lag_over_time", "top_keys",
-        "payload_sizes",
+        "payload_sizes", "throughput_by_group_per_minute", "throughput_by_consumer_per_minute",
+        "tasks", "periodic",
     }  # fmt: skip
     for table in tables:
         assert list((e2e.out / "tables" / table).glob("part-*.parquet")), table
@@ -580,7 +637,7 @@ def test_the_report_renders_in_chromium(e2e: Run, tmp_path: Path) -> None:
         widths = driver.execute_script(
             "return Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)"
         )
-        assert len(widths) == 4 and all(width > 0 for width in widths), widths
+        assert len(widths) == 5 and all(width > 0 for width in widths), widths
         text = driver.find_element("tag name", "body").text
         assert "orders.dlq" in text and "billing" in text and "audit" in text
         height = driver.execute_script("return document.body.scrollHeight")

@@ -24,7 +24,8 @@ TABLES = {
     "lines", "partitions", "throughput_per_minute", "latency", "processing_time",
     "delivery_attempts", "outcomes", "failure_reasons", "consumers", "lag_now",
     "lag_over_time", "top_keys",
-    "payload_sizes",
+    "payload_sizes", "throughput_by_group_per_minute", "throughput_by_consumer_per_minute",
+    "tasks", "periodic",
 }  # fmt: skip
 
 
@@ -53,7 +54,7 @@ def test_an_empty_directory_gives_an_empty_report(spark: SparkSession, tmp_path:
     assert {p.name for p in (tmp_path / "out" / "tables").iterdir()} == TABLES
     assert spark.read.parquet(str(tmp_path / "out" / "tables" / "partitions")).count() == 0
     assert {p.name for p in (tmp_path / "out" / "charts").iterdir()} == {
-        "throughput.png", "latency.png", "lag.png", "attempts.png",
+        "throughput.png", "latency.png", "lag.png", "attempts.png", "consumers.png",
     }  # fmt: skip
     assert "Every line was read" in result.report.read_text()
 
@@ -168,3 +169,53 @@ def test_a_store_being_written_to_is_read_without_failing(
     assert sum(p["messages"] for p in parts.values()) == messages
     for partition in parts.values():
         assert partition["log_end_offset"] >= partition["messages"]
+
+
+def test_tasks_and_periodic_jobs_from_tasks_db(spark: SparkSession, tmp_path: Path) -> None:
+    import sqlite3
+
+    from spoolmq.tasks.results import ResultStore
+
+    data = tmp_path / "queue_data"
+    data.mkdir()
+    store = ResultStore(data)
+    common = {"topic": "tasks", "args": {}, "key": None, "priority": 0, "eta_ms": None,
+              "result_ttl_ms": None}  # fmt: skip
+    for n in range(4):
+        store.add(f"t{n}", name="send_email", **common)
+    store.add("r0", name="resize", **common)
+    for task_id, state in (("t0", "succeeded"), ("t1", "succeeded"), ("t2", "failed")):
+        store.claim(task_id, 1, "w1", {})
+        store.finish(task_id, state)
+    assert store.cancel("t3")
+    store.periodic_last_tick("nightly", "resize", "0 3 * * *")
+    store.periodic_advance("nightly", 12, 1_800_000_000_000, fired=True)
+    store.close()
+    # Known run times (start to finish): 100 and 300 ms succeeded, 50 ms failed.
+    db = sqlite3.connect(data / "tasks.db")
+    with db:
+        for task_id, ran in (("t0", 100), ("t1", 300), ("t2", 50)):
+            db.execute("UPDATE tasks SET started_ms = 1000, finished_ms = ? WHERE id = ?",
+                       (1000 + ran, task_id))  # fmt: skip
+    db.close()
+
+    result = run(spark, data, tmp_path / "out")
+    assert result.summary["tasks"] == {
+        "resize": {"states": {"queued": 1}, "run_ms": None},
+        "send_email": {
+            "states": {"cancelled": 1, "failed": 1, "succeeded": 2},
+            "run_ms": {"mean": 150.0, "max": 300.0},
+        },
+    }
+    nightly = result.summary["periodic"]["nightly"]
+    assert (nightly["task"], nightly["schedule"], nightly["last_tick"]) == (
+        "resize", "0 3 * * *", 12,
+    )  # fmt: skip
+    assert nightly["next_run_ms"] == 1_800_000_000_000 and nightly["last_run_ms"] > 0
+    rows = spark.read.parquet(str(tmp_path / "out" / "tables" / "tasks")).collect()
+    assert sorted((r["task"], r["state"], r["tasks"]) for r in rows) == [
+        ("resize", "queued", 1), ("send_email", "cancelled", 1),
+        ("send_email", "failed", 1), ("send_email", "succeeded", 2),
+    ]  # fmt: skip
+    page = result.report.read_text()
+    assert "nightly" in page and "2027-01-15 08:00:00" in page  # next run, in UTC

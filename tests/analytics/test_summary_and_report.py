@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
                 "retried": 1,
                 "dead_lettered": 1,
                 "expired": 0,
+                "cancelled": 0,
             },
             {
                 "topic": "t",
@@ -59,6 +61,7 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
                 "retried": 0,
                 "dead_lettered": 0,
                 "expired": 0,
+                "cancelled": 0,
             },
         ],
         payload_sizes=[
@@ -90,6 +93,9 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
                 "acked": 4,
                 "failures": 2,
                 "failure_rate": 2 / 6,
+                "busy_ms": 300,
+                "idle_ms": 100,
+                "idle_share": 0.25,
             },
             {
                 "group": "b",
@@ -98,6 +104,9 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
                 "acked": 5,
                 "failures": 0,
                 "failure_rate": 0.0,
+                "busy_ms": None,
+                "idle_ms": None,
+                "idle_share": None,
             },
         ],
         processing=[
@@ -143,6 +152,8 @@ def test_build_summary_sums_groups_and_keeps_the_documented_shape() -> None:
     assert dlq["delivery_attempts"] == {}
     assert summary["groups"] == {"a": {"t": {"0": {"committed": 1, "log_end_offset": 3, "lag": 2}}}}
     assert summary["consumers"]["a"]["c1"]["processing_ms"]["p90"] == 3.0
+    assert summary["consumers"]["a"]["c1"]["idle_share"] == 0.25
+    assert summary["tasks"] == {} and summary["periodic"] == {}
     # Per group, nothing summed: a's 4 ACKs of 5 and its own latencies, b's 5 of 5.
     a, b = summary["by_group"]["a"]["t"], summary["by_group"]["b"]["t"]
     assert (a["acked"], a["retried"], a["dead_lettered"], a["tracked"]) == (4, 1, 1, 5)
@@ -186,9 +197,13 @@ def test_charts_are_pngs_also_without_data(tmp_path: Path) -> None:
         {"topic": "t", "bucket_start_ms": 60_000, "published": 10, "acked": 5},
         {"topic": "t", "bucket_start_ms": 61_000, "published": 20, "acked": 25},
     ]
+    by_group = [{**row, "group": "g"} for row in rows]
+    by_consumer = [{**row, "group": "g", "consumer": "c1"} for row in rows]
     made = [
-        report.throughput_chart(rows, 1_000, tmp_path / "a.png"),
-        report.throughput_chart([], 1_000, tmp_path / "b.png"),
+        report.throughput_chart(rows, by_group, 1_000, tmp_path / "a.png"),
+        report.throughput_chart([], [], 1_000, tmp_path / "b.png"),
+        report.consumers_chart(by_consumer, 1_000, tmp_path / "h.png"),
+        report.consumers_chart([], 1_000, tmp_path / "i.png"),
         report.lag_chart(
             [{"group": "g", "bucket_start_ms": 5_000, "lag": 3}], 5_000, tmp_path / "c.png"
         ),
@@ -217,15 +232,17 @@ def test_render_html_inlines_charts_and_lists_what_was_skipped(tmp_path: Path) -
         "partitions",
         "top_keys",
         "payload_sizes",
+        "tasks",
+        "periodic",
     )
     tables: dict[str, list[dict[str, object]]] = {name: [] for name in names}
     page = report.render_html(
         summary,
-        dict.fromkeys(("throughput", "latency", "lag", "attempts"), chart),
+        dict.fromkeys(("throughput", "latency", "lag", "attempts", "consumers"), chart),
         tables,
         dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
     )
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count("data:image/png;base64,") == 5
     assert 'src="http' not in page and "<script" not in page
     assert "2 segments line(s): unparsable" in page
     assert "/d&lt;&amp;&gt;" in page and "2026-01-02 03:04:05 UTC" in page
@@ -273,3 +290,34 @@ def test_needs_attention_names_dead_letters_growing_lag_and_slow_consumers() -> 
         "group g's lag grew from 5 to 50 messages",
         "consumer c3 of group g takes 5.0 ms per message (p50), its group's median is 1.2 ms",
     ]
+
+
+def test_the_throughput_chart_has_a_line_per_group_never_a_sum() -> None:
+    stored = [
+        {"topic": "t", "bucket_start_ms": 0, "published": 4, "acked": 6},
+        {"topic": "t", "bucket_start_ms": 2_000, "published": 2, "acked": 0},
+    ]
+    acked = [
+        {"topic": "t", "group": "a", "bucket_start_ms": 0, "acked": 4},
+        {"topic": "t", "group": "b", "bucket_start_ms": 0, "acked": 2},
+        {"topic": "t", "group": "b", "bucket_start_ms": 2_000, "acked": 2},
+    ]
+    series = report.throughput_series(stored, acked, 1_000)
+    assert [(label, list(stamps), list(values)) for label, stamps, values, _ in series] == [
+        ("t stored", [0, 1_000, 2_000], [4.0, 0.0, 2.0]),
+        ("t ACKed by a", [0], [4.0]),
+        ("t ACKed by b", [0, 1_000, 2_000], [2.0, 0.0, 2.0]),
+    ]
+
+
+def test_each_report_column_has_one_number_format() -> None:
+    page = report.html_table(
+        [("p50", "p50"), ("retry_rate", "rate"), ("n", "n")],
+        [
+            {"p50": 0.25, "retry_rate": 0.5, "n": 1234},
+            {"p50": 12.0, "retry_rate": 0.001, "n": 7},
+            {"p50": None, "retry_rate": None, "n": None},
+        ],
+    )
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", page)  # each cell's text, row by row
+    assert cells == ["0.2", "50.0 %", "1,234", "12.0", "0.1 %", "7", "–", "–", "–"]

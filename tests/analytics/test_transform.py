@@ -255,13 +255,14 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
         spark,
         "group string, topic string, partition int, offset long, published_at long, "
         "first_delivered_at long, attempts long, acked_at long, dead_lettered boolean, "
-        "expired boolean, finished_at long, held_back boolean, due_at long",
+        "expired boolean, cancelled boolean, finished_at long, held_back boolean, "
+        "due_at long",
         [
-            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, 1030, None, None),
-            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, 1140, None, None),
-            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, 1311, None, None),
-            ("g", "t", 0, 3, 2000, None, None, None, False, True, 5000, None, None),
-            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, 1600, None, None),
+            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, False, 1030, None, None),
+            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, False, 1140, None, None),
+            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, False, 1311, None, None),
+            ("g", "t", 0, 3, 2000, None, None, None, False, True, False, 5000, None, None),
+            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, False, 1600, None, None),
         ],
     )
     # The events carry published_at (the per-message shape); with no record, nothing is
@@ -354,11 +355,11 @@ def test_latency_attempts_and_rates(spark: SparkSession, delivery_events: DataFr
         frame(
             spark,
             "topic string, group string, messages long, delivered long, acked long, "
-            "retried long, dead_lettered long, expired long, retry_rate double, "
-            "dlq_rate double, expiry_rate double",
+            "retried long, dead_lettered long, expired long, cancelled long, "
+            "retry_rate double, dlq_rate double, expiry_rate double",
             [
-                ("t", "g", 4, 3, 2, 2, 1, 1, 0.5, 0.25, 0.25),
-                ("t", "h", 1, 1, 1, 0, 0, 0, 0.0, 0.0, 0.0),
+                ("t", "g", 4, 3, 2, 2, 1, 1, 0, 0.5, 0.25, 0.25),
+                ("t", "h", 1, 1, 1, 0, 0, 0, 0, 0.0, 0.0, 0.0),
             ],
         ),
     )
@@ -477,3 +478,87 @@ def test_top_keys_and_payload_sizes(spark: SparkSession) -> None:
             ],
         ),
     )
+
+
+def test_a_cancelled_message_is_an_outcome_of_its_own(spark: SparkSession) -> None:
+    events = frame(
+        spark,
+        EVENTS,
+        [
+            event(1010, "delivered", 0),
+            event(1020, "acked", 0, processing_ms=10.0),
+            # Cancelled before any delivery (the broker records it with no consumer).
+            event(1500, "cancelled", 1, consumer=None, attempt=0),
+        ],
+    )
+    outcomes = transform.delivery_outcomes(events, frame(spark, DUE_RECORDS, []))
+    cancelled = outcomes.where("offset = 1").first()
+    assert cancelled is not None
+    assert cancelled["cancelled"] and cancelled["finished_at"] == 1500
+    assert cancelled["attempts"] is None and cancelled["acked_at"] is None
+    rates = transform.outcome_rates(outcomes).first()
+    assert rates is not None
+    assert (rates["messages"], rates["acked"], rates["cancelled"]) == (2, 1, 1)
+
+
+def test_consumer_activity_is_the_union_of_its_deliveries(
+    spark: SparkSession, delivery_events: DataFrame
+) -> None:
+    expected = "group string, consumer string, busy_ms long, idle_ms long, idle_share double"
+    assertDataFrameEqual(
+        transform.consumer_activity(delivery_events),
+        frame(
+            spark,
+            expected,
+            [
+                # c1 held 1010-1030, 1100-1140 (2nd attempt), 1300-1310: 70 ms busy, gaps
+                # of 70 and 160 ms idle, over 300 ms.
+                ("g", "c1", 70, 230, 230 / 300),
+                # c2: 1001-1002, 1005-1006, 1200-1201 (ended by a lease expiry).
+                ("g", "c2", 3, 197, 197 / 200),
+                ("h", "c9", 100, 0, 0.0),
+            ],
+        ),
+    )
+    # Overlapping deliveries (prefetch) count once; one not ended yet is a moment.
+    overlapping = frame(
+        spark,
+        EVENTS,
+        [
+            event(0, "delivered", 0),
+            event(0, "delivered", 1),
+            event(50, "acked", 0, processing_ms=50.0),
+            event(60, "delivered", 2),
+            event(80, "acked", 1, processing_ms=80.0),
+            event(100, "released", 2),
+            event(200, "delivered", 3),
+        ],
+    )
+    assertDataFrameEqual(
+        transform.consumer_activity(overlapping),
+        frame(spark, expected, [("g", "c1", 100, 100, 0.5)]),
+    )
+
+
+def test_worked_by_group_and_by_consumer(spark: SparkSession, delivery_events: DataFrame) -> None:
+    by_group = transform.worked_by(delivery_events, 100, "topic", "group").drop("bucket_start")
+    assertDataFrameEqual(
+        by_group,
+        frame(
+            spark,
+            "topic string, group string, bucket_start_ms long, delivered long, acked long",
+            [
+                ("t", "g", 1000, 3, 1),
+                ("t", "g", 1100, 1, 1),
+                ("t", "g", 1200, 1, 0),
+                ("t", "g", 1300, 1, 0),
+                ("t", "h", 1500, 1, 0),
+                ("t", "h", 1600, 0, 1),
+            ],
+        ),
+    )
+    by_consumer = transform.worked_by(delivery_events, 1000, "group", "consumer")
+    rows = {
+        (r["group"], r["consumer"]): (r["delivered"], r["acked"]) for r in by_consumer.collect()
+    }
+    assert rows == {("g", "c1"): (3, 2), ("g", "c2"): (3, 0), ("h", "c9"): (1, 1)}

@@ -58,39 +58,88 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def read_state(data_dir: Path) -> StateTables:
-    """Topics, partition figures and committed offsets, read-only, while a broker may write."""
-    path = data_dir / "state.db"
+def _snapshot(path: Path, newest: int, queries: Sequence[str]) -> list[list[Any]] | None:
+    """Each query's rows from the SQLite database at ``path``, read-only, in one read
+    transaction (a consistent snapshot while a broker or worker writes); None when the
+    database does not exist or was never migrated (nothing in it yet). A schema newer than
+    ``newest`` is refused."""
     if not path.exists():
-        return StateTables()
+        return None
     try:
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open {path}: {exc}") from None
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > _STATE_SCHEMA_VERSION:
+        if version > newest:
             raise SchemaVersionError(
-                f"{path} has schema version {version}; this spoolmq reads up to "
-                f"{_STATE_SCHEMA_VERSION}"
+                f"{path} has schema version {version}; this spoolmq reads up to {newest}"
             )
-        if version == 0:  # created but never migrated: nothing in it yet
-            return StateTables()
-        # One read transaction, so the three tables are a consistent snapshot.
+        if version == 0:
+            return None
         db.execute("BEGIN")
-        topics = db.execute("SELECT name, partitions FROM topics").fetchall()
-        partitions = db.execute(
-            "SELECT topic, partition, log_start_offset, log_end_offset FROM partitions"
-        ).fetchall()
-        offsets = db.execute(
-            "SELECT group_name, topic, partition, committed_offset FROM group_offsets"
-        ).fetchall()
+        rows = [db.execute(query).fetchall() for query in queries]
         db.execute("COMMIT")
     except sqlite3.Error as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
     finally:
         db.close()
+    return rows
+
+
+def read_state(data_dir: Path) -> StateTables:
+    """Topics, partition figures and committed offsets, read-only, while a broker may write."""
+    found = _snapshot(
+        data_dir / "state.db",
+        _STATE_SCHEMA_VERSION,
+        [
+            "SELECT name, partitions FROM topics",
+            "SELECT topic, partition, log_start_offset, log_end_offset FROM partitions",
+            "SELECT group_name, topic, partition, committed_offset FROM group_offsets",
+        ],
+    )
+    if found is None:
+        return StateTables()
+    topics, partitions, offsets = found
     return StateTables(topics=topics, partitions=partitions, group_offsets=offsets)
+
+
+# The newest tasks.db schema this job understands (spoolmq.tasks.results.SCHEMA_VERSION);
+# the columns read here are those of version 1.
+_TASKS_SCHEMA_VERSION = 2
+# A retrying or running task's started_ms is its new attempt's: no run time yet.
+_RAN = "CASE WHEN state IN ('succeeded', 'failed') THEN finished_ms - started_ms END"
+
+
+@dataclass(frozen=True)
+class TaskTables:
+    """What the job reports of ``tasks.db`` (the task layer's own state), aggregated by
+    SQLite in the driver: a row per task name and state, a row per periodic job."""
+
+    tasks: list[tuple[str, str, int, int, float | None, int | None]] = field(default_factory=list)
+    periodic: list[tuple[str, str, str, int | None, int | None, int | None]] = field(
+        default_factory=list
+    )
+
+
+def read_tasks(data_dir: Path) -> TaskTables:
+    """Per task name and state: how many tasks, and of the finished ones (succeeded or
+    failed) how many ran and their mean and longest run (the last attempt's start to its
+    finish) in ms; the periodic jobs with their last tick and next run. Empty when no task
+    was ever sent."""
+    found = _snapshot(
+        data_dir / "tasks.db",
+        _TASKS_SCHEMA_VERSION,
+        [
+            f"SELECT name, state, COUNT(*), COUNT({_RAN}), AVG({_RAN}), MAX({_RAN}) "
+            "FROM tasks GROUP BY name, state",
+            "SELECT name, task, schedule, last_tick, last_fired_ms, next_ms FROM periodic",
+        ],
+    )
+    if found is None:
+        return TaskTables()
+    tasks, periodic = found
+    return TaskTables(tasks=tasks, periodic=periodic)
 
 
 def local_frame(

@@ -28,7 +28,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spoolmq.analytics import extract, report, transform
+from spoolmq.analytics import extract, report, schemas, transform
 from spoolmq.analytics.cache import KINDS, ParseCache, Staged
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
@@ -165,6 +165,11 @@ def run(
     tables["partitions"] = _save(partitions, out_dir, "partitions")
     tell("throughput per minute")
     _save_large(transform.throughput(records, events, 60_000), out_dir, "throughput_per_minute")
+    for keys, name in (
+        (("topic", "group"), "throughput_by_group_per_minute"),
+        (("group", "consumer"), "throughput_by_consumer_per_minute"),
+    ):
+        _save_large(transform.worked_by(events, 60_000, *keys), out_dir, name)
     tell("latency percentiles")
     tables["latency"] = _save(transform.latency(outcomes), out_dir, "latency")
     tell("processing time per consumer")
@@ -175,12 +180,23 @@ def run(
     reasons = transform.failure_reasons(events)
     tables["failure_reasons"] = _save(reasons, out_dir, "failure_reasons")
     tell("consumers")
-    tables["consumers"] = _save(transform.consumer_stats(events), out_dir, "consumers")
+    activity = transform.consumer_stats(events).join(
+        transform.consumer_activity(events), ["group", "consumer"], "left"
+    )
+    tables["consumers"] = _save(activity, out_dir, "consumers")
     tell("consumer-group lag")
     ends = spark.read.parquet(str(out_dir / "tables" / "partitions"))
     tables["lag_now"] = _save(transform.lag_now(group_offsets, ends), out_dir, "lag_now")
     snapshots = transform.lag_over_time(events)
     _save_large(snapshots, out_dir, "lag_over_time")
+    tell("tasks and periodic jobs")
+    task_tables = extract.read_tasks(data_dir)
+    tables["tasks"] = _save(
+        extract.local_frame(spark, task_tables.tasks, schemas.TASKS), out_dir, "tasks"
+    )
+    tables["periodic"] = _save(
+        extract.local_frame(spark, task_tables.periodic, schemas.PERIODIC), out_dir, "periodic"
+    )
     tell("key skew and payload sizes")
     tables["top_keys"] = _save(transform.top_keys(records, TOP_KEYS), out_dir, "top_keys")
     tables["payload_sizes"] = _save(transform.payload_sizes(records), out_dir, "payload_sizes")
@@ -201,8 +217,14 @@ def run(
     charts = {
         "throughput": report.throughput_chart(
             _rows(transform.throughput(records, events, bucket)),
+            _rows(transform.worked_by(events, bucket, "topic", "group")),
             bucket,
             out_dir / "charts" / "throughput.png",
+        ),
+        "consumers": report.consumers_chart(
+            _rows(transform.worked_by(events, bucket, "group", "consumer")),
+            bucket,
+            out_dir / "charts" / "consumers.png",
         ),
         "latency": report.latency_chart(tables["latency"], out_dir / "charts" / "latency.png"),
         "lag": report.lag_chart(
@@ -230,6 +252,8 @@ def run(
         lines=tables["lines"],
         files={"segments": len(inputs.segment_files), "events": len(inputs.event_files)},
         reasons=tables["failure_reasons"],
+        tasks=tables["tasks"],
+        periodic=tables["periodic"],
     )
     summary["attention"] = needs_attention(summary, lag_buckets, tables["processing"])
     summary["run"] = {
@@ -268,6 +292,8 @@ def run(
             "partitions": sorted(tables["partitions"], key=lambda r: (r["topic"], r["partition"])),
             "top_keys": sorted(tables["top_keys"], key=lambda r: (r["topic"], r["rank"])),
             "payload_sizes": sorted(tables["payload_sizes"], key=lambda r: r["topic"]),
+            "tasks": sorted(tables["tasks"], key=lambda r: (r["task"], r["state"])),
+            "periodic": sorted(tables["periodic"], key=lambda r: r["job"]),
         },
         dt.datetime.now(dt.UTC),
     )

@@ -69,7 +69,8 @@ def _time_chart(
         axes.set_ylim(-0.03 * top, 1.08 * top)
         axes.set_ylabel(ylabel)
         axes.set_xlabel(f"time (UTC), {bucket_ms / 1000:g} s buckets")
-        axes.legend(fontsize="small", loc="upper right")
+        # Beside the plot, not on it: a legend never hides a line.
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         _empty(axes, empty)
     axes.set_title(title)
@@ -95,18 +96,62 @@ def _every_bucket(
     return stamps, [given.get(stamp, missing) for stamp in stamps]
 
 
-def throughput_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
-    """Messages stored and ACKed per second over time, one line pair per topic."""
+def throughput_chart(
+    rows: Sequence[Row], group_rows: Sequence[Row], bucket_ms: int, path: Path
+) -> Path:
+    """Messages stored per second over time, one line per topic, and ACKed, one line per
+    topic and group (``group_rows``: transform.worked_by topic, group), never summed over
+    groups."""
+    series = throughput_series(rows, group_rows, bucket_ms)
+    return _time_chart(series, bucket_ms, "messages/s", "Throughput", "no messages", path)
+
+
+def throughput_series(
+    rows: Sequence[Row], group_rows: Sequence[Row], bucket_ms: int
+) -> list[Series]:
+    """The throughput chart's lines (see throughput_chart)."""
     seconds = bucket_ms / 1000
     series: list[Series] = []
     for topic in sorted({r["topic"] for r in rows}):
-        points = _points(rows, "topic", topic)
-        stamps, stored = _every_bucket(points, bucket_ms, "published", 0.0)
-        series.append((f"{topic} stored", stamps, [n / seconds for n in stored], ".-"))
+        stamps, stored = _every_bucket(_points(rows, "topic", topic), bucket_ms, "published", 0.0)
+        if any(stored):
+            series.append((f"{topic} stored", stamps, [n / seconds for n in stored], ".-"))
+    for topic, group in sorted({(r["topic"], r["group"]) for r in group_rows}):
+        points = [r for r in _points(group_rows, "topic", topic) if r["group"] == group]
         if any(r["acked"] for r in points):
             stamps, acked = _every_bucket(points, bucket_ms, "acked", 0.0)
-            series.append((f"{topic} ACKed", stamps, [n / seconds for n in acked], ".--"))
-    return _time_chart(series, bucket_ms, "messages/s", "Throughput", "no messages", path)
+            label = f"{topic} ACKed by {group}"
+            series.append((label, stamps, [n / seconds for n in acked], ".--"))
+    return series
+
+
+# More lines than this would make the legend unreadable: the busiest are drawn, and the
+# title says how many were left out (the consumers table has every one).
+MAX_CONSUMER_LINES = 10
+
+
+def consumers_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
+    """ACKs per second over time, one line per consumer (group/consumer), the busiest
+    MAX_CONSUMER_LINES of them."""
+    seconds = bucket_ms / 1000
+    totals: dict[tuple[str, str], int] = {}
+    for row in rows:
+        who = (row["group"], row["consumer"])
+        totals[who] = totals.get(who, 0) + row["acked"]
+    busiest = sorted((who for who, n in totals.items() if n), key=lambda w: (-totals[w], w))
+    shown = sorted(busiest[:MAX_CONSUMER_LINES])
+    series: list[Series] = []
+    for group, consumer in shown:
+        points = sorted(
+            (r for r in rows if (r["group"], r["consumer"]) == (group, consumer)),
+            key=lambda r: r["bucket_start_ms"],
+        )
+        stamps, acked = _every_bucket(points, bucket_ms, "acked", 0.0)
+        series.append((f"{group}/{consumer}", stamps, [n / seconds for n in acked], ".-"))
+    title = "ACKs per consumer"
+    if len(busiest) > len(shown):
+        title += f" (the {len(shown)} busiest of {len(busiest)})"
+    return _time_chart(series, bucket_ms, "ACKs/s", title, "no ACKs", path)
 
 
 def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
@@ -177,29 +222,56 @@ def attempts_chart(rows: Sequence[Row], path: Path) -> Path:
 # -- HTML ----------------------------------------------------------------------------------
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 1 else f"{value:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return html.escape(str(value))
+# Columns whose values are fractions of a whole: shown as percentages.
+_SHARES = ("share", "rate")
+
+
+def column_format(key: str, values: Sequence[Any]) -> Any:
+    """One format for every cell of a column, so that its figures line up and compare:
+    whole numbers with thousands separators; a share or rate (a key ending in ``share`` or
+    ``rate``) as a percentage with one decimal; other fractional numbers with as many
+    decimals as the column's largest value needs (0 from 100 up, 1 from 1 up, else 3).
+
+    >>> f = column_format("p50", [0.25, 12.0]); f(0.25), f(12.0)
+    ('0.2', '12.0')
+    >>> column_format("retry_rate", [0.02])(0.02)
+    '2.0 %'
+    """
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if key.endswith(_SHARES):
+        return lambda v: f"{100 * v:,.1f} %"
+    if all(isinstance(v, int) for v in numbers):
+        return lambda v: f"{v:,}"
+    largest = max((abs(v) for v in numbers), default=0.0)
+    decimals = 0 if largest >= 100 else 1 if largest >= 1 else 3
+    return lambda v: f"{v:,.{decimals}f}"
+
+
+def _when(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return f"{dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def html_table(columns: Sequence[tuple[str, str]], rows: Sequence[Row]) -> str:
-    """``columns`` are (key, heading); numbers are right-aligned."""
+    """``columns`` are (key, heading); numbers are right-aligned, in one format per column
+    (column_format)."""
     if not rows:
         return '<p class="none">nothing to show</p>'
     head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
+    formats = {key: column_format(key, [row.get(key) for row in rows]) for key, _ in columns}
     body = []
     for row in rows:
-        cells = "".join(
-            f'<td class="{"num" if isinstance(row.get(k), int | float) else "txt"}">'
-            f"{_cell(row.get(k))}</td>"
-            for k, _ in columns
-        )
-        body.append(f"<tr>{cells}</tr>")
+        cells = []
+        for key, _ in columns:
+            value = row.get(key)
+            if value is None:
+                cells.append('<td class="num">–</td>')
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                cells.append(f'<td class="num">{formats[key](value)}</td>')
+            else:
+                cells.append(f'<td class="txt">{html.escape(str(value))}</td>')
+        body.append(f"<tr>{''.join(cells)}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -343,6 +415,7 @@ def render_html(
                 ("retried", "retried"),
                 ("dead_lettered", "dead-lettered"),
                 ("expired", "expired"),
+                ("cancelled", "cancelled"),
                 ("retry_rate", "retry rate"),
                 ("dlq_rate", "DLQ rate"),
             ],
@@ -360,9 +433,45 @@ def render_html(
                 ("acked_per_s", "ACKs/s"),
                 ("p50", "processing p50 ms"),
                 ("p99", "processing p99 ms"),
+                ("busy_ms", "busy ms"),
+                ("idle_ms", "idle ms"),
+                ("idle_share", "idle"),
             ],
             tables["consumers"],
         ),
+        '<p class="meta"><em>busy</em>: the time a consumer held at least one message (from '
+        "each delivery to the ACK, NACK, lease expiry or release that ended it); "
+        "<em>idle</em>: the rest of the time from its first delivery to its last, waiting "
+        "for work.</p>",
+        _image(charts["consumers"], "ACKs per consumer over time"),
+        "<h2>Tasks</h2>",
+        html_table(
+            [
+                ("task", "task"),
+                ("state", "state"),
+                ("tasks", "tasks"),
+                ("mean_run_ms", "mean run ms"),
+                ("max_run_ms", "longest run ms"),
+            ],
+            tables["tasks"],
+        ),
+        html_table(
+            [
+                ("job", "periodic job"),
+                ("task", "task"),
+                ("schedule", "schedule"),
+                ("last_tick", "last tick"),
+                ("last_run", "last run (UTC)"),
+                ("next_run", "next run (UTC)"),
+            ],
+            [
+                {**r, "last_run": _when(r["last_run_ms"]), "next_run": _when(r["next_run_ms"])}
+                for r in tables["periodic"]
+            ],
+        ),
+        '<p class="meta">From <code>tasks.db</code>: the tasks whose rows it still keeps (a '
+        "finished task's row goes when its result expires); run time is from start to finish "
+        "of the last attempt. A cancelled task never ran.</p>",
         "<h2>Partitions</h2>",
         html_table(
             [

@@ -81,6 +81,28 @@ STATE_PARTITIONS = StructType(
         StructField("log_end_offset", LongType(), False),
     ]
 )
+# tasks.db, aggregated with sqlite3 in the driver (a row per task name and state, a row per
+# periodic job).
+TASKS = StructType(
+    [
+        StructField("task", StringType(), False),
+        StructField("state", StringType(), False),
+        StructField("tasks", LongType(), False),
+        StructField("ran", LongType(), False),
+        StructField("mean_run_ms", DoubleType()),
+        StructField("max_run_ms", LongType()),
+    ]
+)
+PERIODIC = StructType(
+    [
+        StructField("job", StringType(), False),
+        StructField("task", StringType(), False),
+        StructField("schedule", StringType(), False),
+        StructField("last_tick", LongType()),
+        StructField("last_run_ms", LongType()),
+        StructField("next_run_ms", LongType()),
+    ]
+)
 STATE_GROUP_OFFSETS = StructType(
     [
         StructField("group", StringType(), False),

@@ -12,7 +12,7 @@ from typing import Any
 Row = Mapping[str, Any]
 _PERCENTILE_KEYS = ("p50", "p90", "p99", "max")
 # Per (topic, group) outcome counts (transform.outcome_rates); summed over groups per topic.
-_COUNTS = ("delivered", "acked", "retried", "dead_lettered", "expired")
+_COUNTS = ("delivered", "acked", "retried", "dead_lettered", "expired", "cancelled")
 
 
 def _figures(row: Row | None, keys: Iterable[str] = _PERCENTILE_KEYS) -> dict[str, Any] | None:
@@ -73,6 +73,8 @@ def build_summary(
     lines: Sequence[Row],
     files: Mapping[str, int],
     reasons: Sequence[Row] = (),
+    tasks: Sequence[Row] = (),
+    periodic: Sequence[Row] = (),
 ) -> dict[str, Any]:
     """The summary document from the tables' rows (column names as in transform.py)."""
     names = sorted(
@@ -133,6 +135,9 @@ def build_summary(
             "acked": row["acked"],
             "failures": row["failures"],
             "failure_rate": row["failure_rate"],
+            "busy_ms": row["busy_ms"],
+            "idle_ms": row["idle_ms"],
+            "idle_share": row["idle_share"],
             "processing_ms": _figures(
                 times.get((row["group"], row["consumer"])), ("mean", *_PERCENTILE_KEYS)
             ),
@@ -156,7 +161,38 @@ def build_summary(
         "groups": groups_out,
         "by_group": by_group,
         "consumers": consumers_out,
+        "tasks": _tasks(tasks),
+        "periodic": {
+            r["job"]: {
+                "task": r["task"],
+                "schedule": r["schedule"],
+                "last_tick": r["last_tick"],
+                "last_run_ms": r["last_run_ms"],
+                "next_run_ms": r["next_run_ms"],
+            }
+            for r in sorted(periodic, key=lambda r: r["job"])
+        },
     }
+
+
+def _tasks(rows: Sequence[Row]) -> dict[str, Any]:
+    """``{task: {"states": {state: n}, "run_ms": {"mean", "max"}}}``: the run time of the
+    tasks that finished (succeeded or failed), over the rows tasks.db still keeps."""
+    out: dict[str, Any] = {}
+    for name in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == name]
+        ran = [r for r in mine if r["ran"]]
+        runs = sum(r["ran"] for r in ran)
+        out[name] = {
+            "states": {r["state"]: r["tasks"] for r in sorted(mine, key=lambda r: r["state"])},
+            "run_ms": {
+                "mean": sum(r["mean_run_ms"] * r["ran"] for r in ran) / runs,
+                "max": float(max(r["max_run_ms"] for r in ran)),
+            }
+            if runs
+            else None,
+        }
+    return out
 
 
 def top_reasons(rows: Sequence[Row], kind: str, limit: int = 5) -> dict[tuple[str, str], Any]:

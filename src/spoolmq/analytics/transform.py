@@ -10,7 +10,7 @@ Definitions (docs: README "Analytics"):
 - a *record* is a line of a message segment that parses, has its checksum right, and whose
   batch is whole in the file; ``bytes`` is the stored line with its newline;
 - a *delivery outcome* is one message as seen by one consumer group, from its events:
-  first delivery, attempts (the highest delivery attempt), ACK, dead letter, expiry;
+  first delivery, attempts (the highest delivery attempt), ACK, dead letter, expiry, cancel;
 - e2e latency is publish (the record's timestamp) to first delivery; ack latency is publish
   to ACK; processing time is delivery to ACK (``processing_ms`` of ``acked`` events).
 
@@ -364,24 +364,13 @@ def partition_stats(records: DataFrame, topics: DataFrame, partitions: DataFrame
 
 
 def throughput(records: DataFrame, events: DataFrame, bucket_ms: int) -> DataFrame:
-    """Per topic and time bucket: messages and bytes stored, deliveries and ACKs made."""
-    if bucket_ms < 1:
-        raise ValueError(f"a time bucket must be at least 1 ms, not {bucket_ms}")
+    """Per topic and time bucket: messages and bytes stored, deliveries and ACKs made (the
+    deliveries and ACKs of every group summed: ``worked_by`` has them per group)."""
 
-    def bucket(ms: Column) -> Column:
-        return (F.floor(ms / bucket_ms) * bucket_ms).cast("long").alias("bucket_start_ms")
-
-    stored = records.groupBy("topic", bucket(F.col("timestamp"))).agg(
+    stored = records.groupBy("topic", _bucket(F.col("timestamp"), bucket_ms)).agg(
         F.count(F.lit(1)).alias("published"), F.sum("bytes").cast("long").alias("bytes")
     )
-    worked = (
-        events.where(F.col("type").isin(EventType.DELIVERED, EventType.ACKED))
-        .groupBy("topic", bucket(F.col("ts")))
-        .agg(
-            _count_if(F.col("type") == EventType.DELIVERED).alias("delivered"),
-            _count_if(F.col("type") == EventType.ACKED).alias("acked"),
-        )
-    )
+    worked = worked_by(events, bucket_ms, "topic").drop("bucket_start")
     joined = stored.join(worked, ["topic", "bucket_start_ms"], "full")
     return joined.select(
         "topic",
@@ -391,6 +380,32 @@ def throughput(records: DataFrame, events: DataFrame, bucket_ms: int) -> DataFra
             F.coalesce(F.col(name), F.lit(0)).cast("long").alias(name)
             for name in ("published", "bytes", "delivered", "acked")
         ),
+    )
+
+
+def _bucket(ms: Column, bucket_ms: int) -> Column:
+    if bucket_ms < 1:
+        raise ValueError(f"a time bucket must be at least 1 ms, not {bucket_ms}")
+    return (F.floor(ms / bucket_ms) * bucket_ms).cast("long").alias("bucket_start_ms")
+
+
+def worked_by(events: DataFrame, bucket_ms: int, *keys: str) -> DataFrame:
+    """Deliveries and ACKs per time bucket and ``keys`` (``topic, group``: each group's own
+    throughput; ``group, consumer``: each consumer's). A bucket without a row had none."""
+    return (
+        events.where(F.col("type").isin(EventType.DELIVERED, EventType.ACKED))
+        .groupBy(*keys, _bucket(F.col("ts"), bucket_ms))
+        .agg(
+            _count_if(F.col("type") == EventType.DELIVERED).alias("delivered"),
+            _count_if(F.col("type") == EventType.ACKED).alias("acked"),
+        )
+        .select(
+            *keys,
+            "bucket_start_ms",
+            F.timestamp_millis("bucket_start_ms").alias("bucket_start"),
+            "delivered",
+            "acked",
+        )
     )
 
 
@@ -466,6 +481,7 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         F.min(F.when(kind == EventType.ACKED, F.col("ts"))).alias("acked_at"),
         F.max(kind == EventType.DEAD_LETTERED).alias("dead_lettered"),
         F.max(kind == EventType.EXPIRED).alias("expired"),
+        F.max(kind == EventType.CANCELLED).alias("cancelled"),
         F.min(F.when(final, F.col("ts"))).alias("finished_at"),
     )
     # (topic, partition, offset) is unique among records: the join adds no rows.
@@ -502,6 +518,7 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         "acked_at",
         "dead_lettered",
         "expired",
+        "cancelled",
         "finished_at",
         F.when(F.col("_stored"), delayed | waits_for_key).alias("held_back"),
         F.when(delayed, F.col("_deliver_at")).alias("due_at"),
@@ -588,7 +605,7 @@ def attempts_histogram(outcomes: DataFrame) -> DataFrame:
 
 def outcome_rates(outcomes: DataFrame) -> DataFrame:
     """Per topic and group: messages with events, and how many were ACKed, retried (more
-    than one delivery attempt), dead-lettered and expired, as counts and rates."""
+    than one delivery attempt), dead-lettered, expired and cancelled, as counts and rates."""
     counted = outcomes.groupBy("topic", "group").agg(
         F.count(F.lit(1)).alias("messages"),
         _count_if(F.col("attempts").isNotNull()).alias("delivered"),
@@ -596,6 +613,7 @@ def outcome_rates(outcomes: DataFrame) -> DataFrame:
         _count_if(F.col("attempts") > 1).alias("retried"),
         _count_if(F.col("dead_lettered")).alias("dead_lettered"),
         _count_if(F.col("expired")).alias("expired"),
+        _count_if(F.col("cancelled")).alias("cancelled"),
     )
     return counted.select(
         "*",
@@ -638,6 +656,58 @@ def consumer_stats(events: DataFrame) -> DataFrame:
     )
 
 
+def consumer_activity(events: DataFrame) -> DataFrame:
+    """Per group and consumer, from its first delivery to the last end of one: ``busy_ms``,
+    the time it held at least one message (the union of its deliveries' spans, each from
+    the delivery to the ACK, NACK, lease expiry or release that ended that attempt; a
+    delivery with no end yet counts as a moment), ``idle_ms``, the rest (waiting for work),
+    and ``idle_share``, idle over the whole span."""
+    kind = F.col("type")
+    ends = (EventType.ACKED, *FAILURE_TYPES)
+    spans = (
+        events.where(
+            F.col("consumer").isNotNull()
+            & F.col("offset").isNotNull()
+            & kind.isin(EventType.DELIVERED, *ends)
+        )
+        .groupBy("group", "consumer", "topic", "partition", "offset", "attempt")
+        .agg(
+            F.min(F.when(kind == EventType.DELIVERED, F.col("ts"))).alias("start"),
+            F.max(F.when(kind.isin(*ends), F.col("ts"))).alias("end"),
+        )
+        .where(F.col("start").isNotNull())
+        .select("group", "consumer", "start", F.greatest("start", "end").alias("end"))
+    )
+    before = (
+        Window.partitionBy("group", "consumer")
+        .orderBy("start", "end")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    # A gap: this delivery started after every earlier one had ended (greatest skips the
+    # null of the first row).
+    gaps = spans.select(
+        "group",
+        "consumer",
+        "start",
+        "end",
+        F.greatest(F.col("start") - F.max("end").over(before), F.lit(0)).alias("gap"),
+    )
+    return (
+        gaps.groupBy("group", "consumer")
+        .agg(
+            (F.max("end") - F.min("start")).alias("span_ms"),
+            F.sum("gap").cast("long").alias("idle_ms"),
+        )
+        .select(
+            "group",
+            "consumer",
+            (F.col("span_ms") - F.col("idle_ms")).alias("busy_ms"),
+            "idle_ms",
+            _ratio("idle_ms", "span_ms").alias("idle_share"),
+        )
+    )
+
+
 # -- lag ---------------------------------------------------------------------------------
 
 
@@ -674,12 +744,9 @@ def lag_over_time(events: DataFrame) -> DataFrame:
 
 def lag_by_bucket(snapshots: DataFrame, bucket_ms: int) -> DataFrame:
     """Per group and time bucket: the highest lag each partition showed, summed."""
-    if bucket_ms < 1:
-        raise ValueError(f"a time bucket must be at least 1 ms, not {bucket_ms}")
-    start = (F.floor(F.col("ts") / bucket_ms) * bucket_ms).cast("long").alias("bucket_start_ms")
-    per_partition = snapshots.groupBy("group", "topic", "partition", start).agg(
-        F.max("lag").alias("lag")
-    )
+    per_partition = snapshots.groupBy(
+        "group", "topic", "partition", _bucket(F.col("ts"), bucket_ms)
+    ).agg(F.max("lag").alias("lag"))
     return (
         per_partition.groupBy("group", "bucket_start_ms")
         .agg(F.sum("lag").cast("long").alias("lag"))
