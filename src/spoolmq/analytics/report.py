@@ -286,7 +286,7 @@ max-width:1000px;color:#222;padding:0 1em}
 h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .meta{color:#666}table{border-collapse:collapse;margin:.6em 0;font-size:14px}
 th,td{padding:.25em .7em;border-bottom:1px solid #eee}th{background:#f4f4f4;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums}.none{color:#888}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}.none{color:#888}
 .warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}
 .ok{background:#eef7ee;border-left:4px solid #5a5;padding:.5em 1em}
 figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}
@@ -445,6 +445,7 @@ def render_html(
         "for work.</p>",
         _image(charts["consumers"], "ACKs per consumer over time"),
         "<h2>Tasks</h2>",
+        "<h3>By task and state</h3>",
         html_table(
             [
                 ("task", "task"),
@@ -455,6 +456,7 @@ def render_html(
             ],
             tables["tasks"],
         ),
+        "<h3>Periodic jobs</h3>",
         html_table(
             [
                 ("job", "periodic job"),
