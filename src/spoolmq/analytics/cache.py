@@ -37,9 +37,8 @@ import hashlib
 import os
 import shutil
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -68,16 +67,6 @@ class Entry:
     extent: int
     check: int
     parts: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "dev": self.dev,
-            "ino": self.ino,
-            "extent": self.extent,
-            "check": self.check,
-            "parts": self.parts,
-        }
 
 
 @dataclass(frozen=True)
@@ -294,7 +283,7 @@ class ParseCache:
             "data_dir": str(self.data_dir),
             "fingerprint": self.fingerprint,
             "files": {
-                kind: {name: entry.as_json() for name, entry in sorted(entries.items())}
+                kind: {name: asdict(entry) for name, entry in sorted(entries.items())}
                 for kind, entries in self.files.items()
             },
         }
