@@ -252,7 +252,7 @@ class ParseCache:
             out.parsed_bytes += end - start
             out.files_parsed += 1
             self._planned[kind].append(Piece(name, end, _check(fd, end)))
-        else:
+        elif usable:  # a new file with no whole line yet is neither parsed nor reused
             out.files_reused += 1
         out.reused_bytes += start
         if size > end:
