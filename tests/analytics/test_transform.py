@@ -186,7 +186,7 @@ def test_partition_stats_cover_empty_partitions_and_take_the_larger_log_end(
     assertDataFrameEqual(transform.partition_stats(records, topics, state), expected)
 
 
-def test_throughput_buckets_records_and_work(spark: SparkSession) -> None:
+def _throughput_inputs(spark: SparkSession) -> tuple[DataFrame, DataFrame]:
     records = frame(
         spark,
         RECORDS,
@@ -206,6 +206,11 @@ def test_throughput_buckets_records_and_work(spark: SparkSession) -> None:
             event(190_500, "nacked", 1),  # neither a delivery nor an ACK
         ],
     )
+    return records, events
+
+
+def test_throughput_buckets_records_and_work(spark: SparkSession) -> None:
+    records, events = _throughput_inputs(spark)
     expected = frame(
         spark,
         "topic string, bucket_start_ms long, published long, bytes long, delivered long, "
@@ -216,6 +221,29 @@ def test_throughput_buckets_records_and_work(spark: SparkSession) -> None:
     assertDataFrameEqual(actual, expected)
     with pytest.raises(ValueError, match="at least 1 ms"):
         transform.throughput(records, events, 0)
+
+
+def test_rebucket_sums_per_minute_rows_into_what_a_coarser_bucket_computes(
+    spark: SparkSession,
+) -> None:
+    records, events = _throughput_inputs(spark)
+    per_minute = transform.throughput(records, events, 60_000)
+    coarse = transform.rebucket(per_minute, 120_000, ["topic"]).drop("bucket_start")
+    expected = frame(
+        spark,
+        "topic string, bucket_start_ms long, published long, bytes long, delivered long, "
+        "acked long",
+        [("t", 0, 2, 30, 1, 1), ("t", 120_000, 1, 5, 1, 0)],
+    )
+    assertDataFrameEqual(coarse, expected)
+    assertDataFrameEqual(
+        coarse, transform.throughput(records, events, 120_000).drop("bucket_start")
+    )
+    by_group = transform.worked_by(events, 60_000, "topic", "group")
+    assertDataFrameEqual(
+        transform.rebucket(by_group, 120_000, ["topic", "group"]),
+        transform.worked_by(events, 120_000, "topic", "group"),
+    )
 
 
 @pytest.fixture

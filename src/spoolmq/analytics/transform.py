@@ -21,6 +21,8 @@ one row per message, so every function after it sees the same rows for the same 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -751,4 +753,21 @@ def lag_by_bucket(snapshots: DataFrame, bucket_ms: int) -> DataFrame:
         per_partition.groupBy("group", "bucket_start_ms")
         .agg(F.sum("lag").cast("long").alias("lag"))
         .where(F.col("lag").isNotNull())
+    )
+
+
+def rebucket(table: DataFrame, bucket_ms: int, keys: Sequence[str]) -> DataFrame:
+    """A time-bucketed table (``throughput`` or ``worked_by`` rows) summed into buckets of
+    ``bucket_ms``, a whole multiple of its own: the same rows as computing it again from
+    the records and events at ``bucket_ms``."""
+    counts = [c for c in table.columns if c not in (*keys, "bucket_start_ms", "bucket_start")]
+    return (
+        table.groupBy(*keys, _bucket(F.col("bucket_start_ms"), bucket_ms))
+        .agg(*(F.sum(c).cast("long").alias(c) for c in counts))
+        .select(
+            *keys,
+            "bucket_start_ms",
+            F.timestamp_millis("bucket_start_ms").alias("bucket_start"),
+            *counts,
+        )
     )
