@@ -10,6 +10,29 @@ from pyspark.sql import SparkSession
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Below this many bytes of segment and event files, a run is a short job (build_session).
 SMALL_INPUT_BYTES = 16 * 2**20
+# A JVM for a short job: the JIT's quick first tier only, the single-threaded GC.
+_SHORT_JOB_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def session_settings(*, shuffle_partitions: int = 8, small: bool = False) -> dict[str, str]:
+    """The Spark settings build_session gives a new session (see its docstring)."""
+    driver_java = f"-Dlog4j.configurationFile={LOG4J_CONFIG}"
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        # A segment deleted by retention between listing and reading is not an error.
+        "spark.sql.files.ignoreMissingFiles": "true",
+    }
+    if small:
+        settings["spark.sql.codegen.wholeStage"] = "false"
+        settings["spark.sql.shuffle.partitions"] = str(min(shuffle_partitions, 2))
+        # On a cluster the executors are JVMs of their own, as short-lived as the driver.
+        settings["spark.executor.extraJavaOptions"] = _SHORT_JOB_JVM
+        driver_java += f" {_SHORT_JOB_JVM}"
+    settings["spark.driver.extraJavaOptions"] = driver_java
+    return settings
 
 
 def build_session(
@@ -26,12 +49,13 @@ def build_session(
     uses only Spark's built-in functions), so no ``PYSPARK_PYTHON`` is set for them.
     No ``spark.jars.packages``: the job needs nothing that is not in pyspark.
 
-    ``small`` tunes a new JVM for a short job over a small store (SMALL_INPUT_BYTES), where
-    fixed costs, not the data, take the time: ~25 queries each compiled to Java bytecode
-    (whole-stage code generation) and then JIT-compiled, for a few thousand rows. Then the
-    queries are interpreted, the JIT stops at its quick first tier, the GC is the
-    single-threaded one, and shuffles have 2 partitions. A large store keeps Spark's
-    defaults: there, generated and fully optimised code pays for itself.
+    ``small`` tunes new JVMs (the driver's and, on a cluster, the executors') for a short
+    job over a small store (SMALL_INPUT_BYTES), where fixed costs, not the data, take the
+    time: ~25 queries each compiled to Java bytecode (whole-stage code generation) and then
+    JIT-compiled, for a few thousand rows. Then the queries are interpreted, the JIT stops
+    at its quick first tier, the GC is the single-threaded one, and shuffles have 2
+    partitions. A large store keeps Spark's defaults: there, generated and fully optimised
+    code pays for itself.
     """
     local = master is None or master.startswith("local")
     if local:
@@ -42,21 +66,9 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    java_options = f"-Dlog4j.configurationFile={LOG4J_CONFIG}"
-    if small:
-        java_options += " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-        builder = builder.config("spark.sql.codegen.wholeStage", "false")
-        shuffle_partitions = min(shuffle_partitions, 2)
-    session = (
-        builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        # A segment deleted by retention between listing and reading is not an error.
-        .config("spark.sql.files.ignoreMissingFiles", "true")
-        .config("spark.driver.extraJavaOptions", java_options)
-        .getOrCreate()
-    )
+    for key, value in session_settings(shuffle_partitions=shuffle_partitions, small=small).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     # Under spark-submit the JVM started before the options above: quiet it from here on.
     session.sparkContext.setLogLevel("ERROR")
     return session
