@@ -63,9 +63,8 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
 def _save(frame: DataFrame, out_dir: Path, name: str) -> list[dict[str, Any]]:
     """Compute a small aggregate table once, write it as Parquet, return its rows (read
     back from the few-kilobyte file, rather than recomputed or sent back from Python)."""
-    path = str(out_dir / "tables" / name)
-    frame.coalesce(1).write.mode("overwrite").parquet(path)
-    return _rows(frame.sparkSession.read.parquet(path))
+    _write_table(frame, out_dir, name)
+    return _rows(_table(frame.sparkSession, out_dir, name))
 
 
 def _table(spark: SparkSession, out_dir: Path, name: str) -> DataFrame:
@@ -73,8 +72,9 @@ def _table(spark: SparkSession, out_dir: Path, name: str) -> DataFrame:
     return spark.read.parquet(str(out_dir / "tables" / name))
 
 
-def _save_large(frame: DataFrame, out_dir: Path, name: str) -> None:
-    """Write a table that grows with the store's age (time series) without collecting it."""
+def _write_table(frame: DataFrame, out_dir: Path, name: str) -> None:
+    """Write a table as Parquet without collecting it (the time series, which grow with
+    the store's age, are only written)."""
     frame.coalesce(1).write.mode("overwrite").parquet(str(out_dir / "tables" / name))
 
 
@@ -215,7 +215,7 @@ def run(
             for key, (name, build) in small.items()
         }
         written = [
-            pool.submit(lambda name, build: _save_large(build(), out_dir, name), name, build)
+            pool.submit(lambda name, build: _write_table(build(), out_dir, name), name, build)
             for name, build in large.items()
         ]
         span = pool.submit(
@@ -248,7 +248,9 @@ def run(
         transform.lag_by_bucket(_table(spark, out_dir, "lag_over_time"), lag_bucket)
     )
 
-    def per_bucket(name: str, keys: tuple[str, ...], raw: Callable[[], DataFrame]) -> Any:
+    def per_bucket(
+        name: str, keys: tuple[str, ...], raw: Callable[[], DataFrame]
+    ) -> list[dict[str, Any]]:
         if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table, not the events
             return _rows(transform.rebucket(_table(spark, out_dir, name), bucket, keys))
         return _rows(raw())

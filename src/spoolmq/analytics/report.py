@@ -77,8 +77,13 @@ def _time_chart(
     return _save(figure, path)
 
 
-def _points(rows: Sequence[Row], column: str, name: str) -> list[Row]:
-    return sorted((r for r in rows if r[column] == name), key=lambda r: r["bucket_start_ms"])
+def _points(rows: Sequence[Row], **where: Any) -> list[Row]:
+    """The rows of one series (those whose columns have the values of ``where``), in time
+    order."""
+    return sorted(
+        (r for r in rows if all(r[column] == value for column, value in where.items())),
+        key=lambda r: r["bucket_start_ms"],
+    )
 
 
 def _every_bucket(
@@ -113,11 +118,11 @@ def throughput_series(
     seconds = bucket_ms / 1000
     series: list[Series] = []
     for topic in sorted({r["topic"] for r in rows}):
-        stamps, stored = _every_bucket(_points(rows, "topic", topic), bucket_ms, "published", 0.0)
+        stamps, stored = _every_bucket(_points(rows, topic=topic), bucket_ms, "published", 0.0)
         if any(stored):
             series.append((f"{topic} stored", stamps, [n / seconds for n in stored], ".-"))
     for topic, group in sorted({(r["topic"], r["group"]) for r in group_rows}):
-        points = [r for r in _points(group_rows, "topic", topic) if r["group"] == group]
+        points = _points(group_rows, topic=topic, group=group)
         if any(r["acked"] for r in points):
             stamps, acked = _every_bucket(points, bucket_ms, "acked", 0.0)
             label = f"{topic} ACKed by {group}"
@@ -142,10 +147,7 @@ def consumers_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
     shown = sorted(busiest[:MAX_CONSUMER_LINES])
     series: list[Series] = []
     for group, consumer in shown:
-        points = sorted(
-            (r for r in rows if (r["group"], r["consumer"]) == (group, consumer)),
-            key=lambda r: r["bucket_start_ms"],
-        )
+        points = _points(rows, group=group, consumer=consumer)
         stamps, acked = _every_bucket(points, bucket_ms, "acked", 0.0)
         series.append((f"{group}/{consumer}", stamps, [n / seconds for n in acked], ".-"))
     title = "ACKs per consumer"
@@ -159,7 +161,7 @@ def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
     series: list[Series] = []
     for group in sorted({r["group"] for r in rows}):
         # No snapshot in a bucket (no broker running): unknown, not zero.
-        stamps, lags = _every_bucket(_points(rows, "group", group), bucket_ms, "lag", math.nan)
+        stamps, lags = _every_bucket(_points(rows, group=group), bucket_ms, "lag", math.nan)
         series.append((group, stamps, lags, "o-"))
     return _time_chart(
         series, bucket_ms, "messages behind", "Consumer-group lag", "no lag snapshots", path

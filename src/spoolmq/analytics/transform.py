@@ -368,7 +368,6 @@ def partition_stats(records: DataFrame, topics: DataFrame, partitions: DataFrame
 def throughput(records: DataFrame, events: DataFrame, bucket_ms: int) -> DataFrame:
     """Per topic and time bucket: messages and bytes stored, deliveries and ACKs made (the
     deliveries and ACKs of every group summed: ``worked_by`` has them per group)."""
-
     stored = records.groupBy("topic", _bucket(F.col("timestamp"), bucket_ms)).agg(
         F.count(F.lit(1)).alias("published"), F.sum("bytes").cast("long").alias("bytes")
     )
