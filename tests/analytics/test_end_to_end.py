@@ -42,6 +42,7 @@ class Run:
     data: Path
     out: Path
     stdout: str
+    stderr: str
 
 
 def _workload(data: Path) -> None:
@@ -137,7 +138,9 @@ def e2e() -> Iterator[Run]:
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )
     assert completed.returncode == 0, completed.stderr.decode()[-3000:]
-    yield Run(data=data, out=out, stdout=completed.stdout.decode())
+    yield Run(
+        data=data, out=out, stdout=completed.stdout.decode(), stderr=completed.stderr.decode()
+    )
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -612,6 +615,17 @@ def test_the_job_says_where_the_report_is_and_writes_every_table(e2e: Run) -> No
     }  # fmt: skip
     for table in tables:
         assert list((e2e.out / "tables" / table).glob("part-*.parquet")), table
+
+
+def test_stderr_has_the_progress_and_no_spark_logging(e2e: Run) -> None:
+    # Not a terminal: each step is a line of its own.
+    for step in ("parsing message segments", "parsing delivery events", "charts"):
+        assert f"  {step}\n" in e2e.stderr
+    # The job's log4j configuration holds from the JVM's start: no level notice, no
+    # WARN lines from Spark or Hadoop (the only JVM line left is the JDK's own notice of
+    # the incubator module Spark loads).
+    assert "Setting default log level" not in e2e.stderr
+    assert " WARN " not in e2e.stderr, e2e.stderr
 
 
 def test_the_report_renders_in_chromium(e2e: Run, tmp_path: Path) -> None:

@@ -9,22 +9,32 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import html
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display, also on a cluster's driver
-
-import matplotlib.dates as mdates
-import matplotlib.pyplot as plt
 
 Row = Mapping[str, Any]
 _DPI = 100
 _SIZE = (8.0, 3.6)
+
+
+@functools.cache
+def preload() -> tuple[ModuleType, ModuleType]:
+    """matplotlib's ``pyplot`` and ``dates``, imported on first use (with the file-only
+    backend, also right on a cluster's driver). The imports take seconds of CPU (numpy,
+    matplotlib): the job calls this from a thread while the JVM starts, so that they run
+    on the other core (job.analyse)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    return plt, mdates
 
 
 def _times(stamps_ms: Sequence[int]) -> Any:
@@ -35,7 +45,7 @@ def _times(stamps_ms: Sequence[int]) -> Any:
 def _save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=_DPI)
-    plt.close(figure)
+    preload()[0].close(figure)
     return path
 
 
@@ -51,6 +61,7 @@ Series = tuple[str, Sequence[int], Sequence[float], str]  # label, times (ms), v
 def _time_chart(
     series: Sequence[Series], bucket_ms: int, ylabel: str, title: str, empty: str, path: Path
 ) -> Path:
+    plt, mdates = preload()
     figure, axes = plt.subplots(figsize=_SIZE)
     for label, stamps, values, style in series:
         axes.plot(_times(stamps), values, style, markersize=3, label=label)
@@ -59,9 +70,9 @@ def _time_chart(
         last = max(max(stamps) for _, stamps, _, _ in series)
         # One bucket of room on each side; a single point would otherwise get a span of years.
         axes.set_xlim(*_times([first - bucket_ms, last + bucket_ms]))
-        locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
+        locator = mdates.AutoDateLocator()
         axes.xaxis.set_major_locator(locator)
-        formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+        formatter = mdates.ConciseDateFormatter(locator)
         axes.xaxis.set_major_formatter(formatter)
         # From zero, with a little room below it so a flat line at 0 (no lag) stays visible.
         known = [v for _, _, values, _ in series for v in values if not math.isnan(v)]
@@ -171,6 +182,7 @@ def lag_chart(rows: Sequence[Row], bucket_ms: int, path: Path) -> Path:
 def latency_chart(rows: Sequence[Row], path: Path) -> Path:
     """p50/p90/p99 of each wait after publish, per topic and group (never pooled: a group
     that started late would otherwise lend its waits to the others)."""
+    plt = preload()[0]
     figure, axes = plt.subplots(figsize=_SIZE)
     order = {"first_delivery": 0, "queue": 1, "ack": 2, "lateness": 3}
     own = [r for r in rows if r.get("group") is not None]
@@ -204,6 +216,7 @@ def latency_chart(rows: Sequence[Row], path: Path) -> Path:
 
 def attempts_chart(rows: Sequence[Row], path: Path) -> Path:
     """How many messages needed 1, 2, … delivery attempts (all topics and groups)."""
+    plt = preload()[0]
     figure, axes = plt.subplots(figsize=_SIZE)
     totals: dict[int, int] = {}
     for row in rows:
