@@ -619,7 +619,7 @@ def test_the_job_says_where_the_report_is_and_writes_every_table(e2e: Run) -> No
 
 def test_stderr_has_the_progress_and_no_spark_logging(e2e: Run) -> None:
     # Not a terminal: each step is a line of its own.
-    for step in ("parsing message segments", "parsing delivery events", "charts"):
+    for step in ("parsing message segments and delivery events", "charts"):
         assert f"  {step}\n" in e2e.stderr
     # The job's log4j configuration holds from the JVM's start: no level notice, no
     # WARN lines from Spark or Hadoop (the only JVM line left is the JDK's own notice of
