@@ -8,7 +8,10 @@ returns at once (``add``), so the figures are the task layer's own cost: sending
 ``send``), the worker's claim, call, result row and ACK, and reading the results back.
 Printed as a Markdown table for BENCHMARKS.md: sends per second and the sender's CPU per
 send, tasks per second from the first send to the last result, and the worker processes'
-CPU per task.
+CPU per task. Then ``--round-trips`` tasks one at a time, each sent and its result waited
+for (``send(...).result()``, as a caller that needs the answer does): the time from send to
+result, p50 and p90, for ``add`` and for a task that sleeps 100 ms (``nap``), so what
+``result`` adds to the task's own time shows.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from spoolmq.testing import BrokerProcess, wait_until
 
 APP = """
+import time
+
 from spoolmq import Tasks
 
 tasks = Tasks()
@@ -35,6 +42,12 @@ tasks = Tasks()
 @tasks.task(topic="bench.tasks")
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@tasks.task(topic="bench.tasks")
+def nap(n: int) -> int:
+    time.sleep(0.1)
+    return n
 """
 
 
@@ -43,6 +56,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--round-trips", type=int, default=100)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="spoolmq-tasks-") as tmp:
@@ -73,6 +87,10 @@ def main() -> None:
                     assert handle.result(timeout=300) == n + 1
                 done_s = time.perf_counter() - began
                 worker_cpu = sum(sum(p.cpu_times()[:2]) for p in workers) - worker_cpu
+                trips = {
+                    "add": _round_trips(lambda n: app.add.send(n, 0), args.round_trips),
+                    "nap (100 ms)": _round_trips(app.nap.send, max(args.round_trips // 5, 1)),
+                }
             finally:
                 worker.terminate()
                 worker.wait(60)
@@ -90,6 +108,25 @@ def main() -> None:
     print(f"| sender CPU per send | {send_cpu / n * 1e6:,.0f} µs |")
     print(f"| first send to last result | {n / done_s:,.0f} tasks/s |")
     print(f"| worker processes' CPU per task | {worker_cpu / n * 1e6:,.0f} µs |")
+    for name, times in trips.items():
+        print(
+            f"| send to result, one at a time, {name} ({len(times)}) | "
+            f"p50 {_at(times, 0.5):.1f} ms, p90 {_at(times, 0.9):.1f} ms |"
+        )
+
+
+def _round_trips(send: Callable[[int], Any], count: int) -> list[float]:
+    """Milliseconds from each send to its result, one task at a time."""
+    times = []
+    for n in range(count):
+        began = time.perf_counter()
+        assert send(n).result(timeout=120) == n
+        times.append((time.perf_counter() - began) * 1000)
+    return sorted(times)
+
+
+def _at(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import struct
 
@@ -30,7 +31,10 @@ _IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, length of the name that follows
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once per process (``find_library`` runs ``ldconfig``:
+    milliseconds, too slow for each wait of ``Tasks.result``)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None

@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import re
+import select
 import sqlite3
 import threading
 import time
@@ -37,6 +38,8 @@ from spoolmq.errors import (
     SpoolError,
     TaskFailed,
 )
+from spoolmq.files import make_private_dirs
+from spoolmq.inotify import open_inotify
 from spoolmq.protocol.limits import check_concurrency, parse_rate
 from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
@@ -52,6 +55,12 @@ logger = logging.getLogger("spoolmq.tasks")
 DEFAULT_TOPIC = "tasks"
 DEFAULT_GROUP = "spoolmq-tasks"
 _NOT_IN_TOPIC_NAMES = re.compile(r"[^A-Za-z0-9._-]")
+# Tasks.result: without inotify, tasks.db is polled, backing off up to POLL_CAP_S seconds;
+# with it, each wait for a write ends after WATCHED_CAP_S at most (a safety net), and a
+# write is followed by reads after AFTER_WRITE_S, twice that, ... (see Tasks.result).
+POLL_CAP_S = 0.25
+WATCHED_CAP_S = 1.0
+AFTER_WRITE_S = 0.001
 
 
 def _seconds(value: float | timedelta | None, what: str) -> float | None:
@@ -61,6 +70,45 @@ def _seconds(value: float | timedelta | None, what: str) -> float | None:
     if seconds < 0:
         raise InvalidArgumentError(f"{what} must not be negative: {value!r}")
     return seconds
+
+
+class _Changes:
+    """Wakes a thread waiting for a result when a file in the directory of ``tasks.db`` is
+    written (a commit writes its WAL), through inotify; where inotify is not available,
+    ``wait`` sleeps. One per thread and process (``_watcher``), kept open until
+    ``Tasks.close``: closing an inotify descriptor waits for the kernel (10-20 ms here)."""
+
+    def __init__(self, path: Path) -> None:
+        self.pid = os.getpid()
+        self._inotify = open_inotify()
+        if self._inotify is not None and self._inotify.watch(path.parent) < 0:
+            self._inotify.close()  # out of watches: poll
+            self._inotify = None
+
+    @property
+    def watching(self) -> bool:
+        return self._inotify is not None
+
+    def forget(self) -> None:
+        """Drop the writes seen so far (before the caller's first read)."""
+        if self._inotify is not None:
+            self._inotify.drain()
+
+    def wait(self, seconds: float) -> bool:
+        """Until a file of the directory is written (tasks.db, or another: the caller
+        reads again and waits again) or ``seconds`` pass; True if a write ended it. A
+        write since the last wait ends it at once."""
+        if self._inotify is None:
+            time.sleep(max(seconds, 0.0))
+            return False
+        readable, _, _ = select.select([self._inotify.fd], [], [], max(seconds, 0.0))
+        self._inotify.drain()
+        return bool(readable)
+
+    def close(self) -> None:
+        if self._inotify is not None and self.pid == os.getpid():
+            self._inotify.close()
+        self._inotify = None
 
 
 class TaskHandle:
@@ -197,6 +245,8 @@ class Tasks:
         self._publisher: Publisher | None = None
         self._publisher_pid = -1
         self._lock = threading.Lock()
+        self._local = threading.local()  # this thread's _Changes
+        self._watchers: list[_Changes] = []
 
     # -- declaring ----------------------------------------------------------------------
 
@@ -431,9 +481,16 @@ class Tasks:
         return TaskHandle(self, task_id)
 
     def result(self, task_id: str, timeout: float | None = None) -> Any:
-        """The result of task ``task_id``, from any process (see TaskHandle.result)."""
+        """The result of task ``task_id``, from any process (see TaskHandle.result).
+
+        Waits for ``tasks.db`` to change (a worker records the result there), through
+        inotify on its directory, and reads the task's row again each time: the result
+        is seen as soon as it is committed. Where inotify is not available, polls, backing
+        off to every POLL_CAP_S."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.01
+        changes = self._watcher()
+        changes.forget()
+        pause = POLL_CAP_S if changes.watching else 0.01
         while True:
             row = self.store.get(task_id)
             if row is not None and row.state == SUCCEEDED:
@@ -448,9 +505,14 @@ class Tasks:
             if deadline is not None and time.monotonic() >= deadline:
                 state = "unknown (or its result expired)" if row is None else row.state
                 raise ResultTimeoutError(f"task {task_id} is {state} after {timeout:g} s")
-            # tasks.db is another process's file: nothing to wait on but the file itself.
-            time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
-            pause = min(pause * 2, 0.25)
+            wait = pause if pause < POLL_CAP_S or not changes.watching else WATCHED_CAP_S
+            woken = changes.wait(
+                wait if deadline is None else min(wait, deadline - time.monotonic())
+            )
+            # A write wakes this before its commit is visible (SQLite makes it visible
+            # in shared memory after writing the WAL, and that is no file event): after
+            # one, look again after 1, 2, 4, ... ms until the next write or the cap.
+            pause = AFTER_WRITE_S if woken else min(pause * 2, POLL_CAP_S)
 
     def cancel(self, task_id: str) -> bool:
         """Cancel a task that has not started; True if it will never run. Its message is
@@ -461,8 +523,20 @@ class Tasks:
             self.store, task_id, self.data, address=self.address, authkey=self.authkey
         )
 
+    def _watcher(self) -> _Changes:
+        changes: _Changes | None = getattr(self._local, "changes", None)
+        if changes is None or changes.pid != os.getpid():  # new thread, or a forked child
+            make_private_dirs(self.store.path.parent)  # as the store does: it is watched
+            changes = self._local.changes = _Changes(self.store.path)
+            with self._lock:
+                self._watchers.append(changes)
+        return changes
+
     def close(self) -> None:
         with self._lock:
+            for changes in self._watchers:
+                changes.close()
+            self._watchers.clear()
             if self._publisher is not None and self._publisher_pid == os.getpid():
                 self._publisher.close()
             self._publisher = None
