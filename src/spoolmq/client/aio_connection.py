@@ -180,8 +180,16 @@ def _wake(future: asyncio.Future[None] | None) -> None:
         future.set_result(None)
 
 
+# The bare (MD5) form's lengths: a challenge of 20 random bytes, an answer of a 16-byte
+# digest. Either may begin with "{" by chance, so the length decides first, as
+# multiprocessing itself does (Python 3.12+); a prefixed message is always longer.
+_BARE_LENGTHS = (16, 20)
+
+
 def _digest_name(message: bytes) -> str | None:
     """``sha256`` for a ``{sha256}…`` challenge or answer, None for the bare (MD5) form."""
+    if len(message) in _BARE_LENGTHS:
+        return None
     if message.startswith(b"{"):
         end = message.find(b"}", 1, 20)
         if end > 0:
