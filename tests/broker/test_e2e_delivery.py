@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -162,6 +163,28 @@ def test_an_extended_lease_keeps_the_message(broker: BrokerProcess, data_dir: Pa
         message.ack()  # not refused
     assert [e["offset"] for e in wait_until(lambda: events_of(data_dir, "acked"), 30, "ack")] == [0]
     assert events_of(data_dir, "lease_expired") == []
+
+
+def test_wakeup_ends_a_wait_in_receive_and_messages_still_come(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Consumer("waking", group="g", data=data_dir) as consumer:
+        results: list[Any] = []
+        waiting = threading.Thread(target=lambda: results.append(consumer.receive(timeout=600)))
+        waiting.start()
+        # The wakeup can come before the wait begins: the next receive returns then.
+        consumer.wakeup()
+        waiting.join(60)
+        assert not waiting.is_alive() and results == [None]  # woken, not the 600 s timeout
+        consumer.wakeup()
+        consumer.wakeup()  # twice before a wait: one early return, not two
+        assert consumer.receive(timeout=600) is None
+        with Publisher(data=data_dir) as publisher:
+            publisher.publish("waking", "after")
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == "after"
+        message.ack()
+    consumer.wakeup()  # after close: nothing happens
 
 
 def test_a_consumer_that_leaves_has_its_messages_redelivered_at_once(

@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from spoolmq import protocol
@@ -149,6 +150,12 @@ class Consumer:
         self._acks: list[int] = []  # ACKs made with wait=False, sent as runs 100 to a frame
         self._unsettled: set[int] = set()  # tags handed to the application, not settled
         self._conn: Connection | None = None
+        # wakeup(): a byte on this pipe ends a wait in receive() (from any thread).
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._woken = False
+        self._wake_lock = threading.Lock()  # wakeup() never writes to a closed descriptor
         # Connect once in the caller, as Publisher does, so a missing broker or a wrong key
         # fails loudly here instead of after reconnect_timeout; reconnects are for a broker
         # that went away later.
@@ -270,11 +277,16 @@ class Consumer:
                     continue
                 self._flush_acks()  # about to wait: the broker may be waiting for these
                 self._flush_credit()
-                self._read_frame(remaining if remaining is not None else 1.0)
+                if self._wait(remaining if remaining is not None else 1.0):
+                    self._read_frame(None)
             except (EOFError, OSError) as exc:
                 logger.warning("lost the broker (%s); reconnecting", exc)
                 self._reconnect()
                 continue
+            if self._woken:
+                self._woken = False
+                if not self._buffer:
+                    return None
         message = self._buffer.popleft()
         if not self.auto_ack:
             self._unsettled.add(message.tag)
@@ -286,6 +298,26 @@ class Consumer:
             if self._buffer and self._taken >= max(1, self.prefetch // 2):
                 self._flush_credit()
         return message
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a frame from the broker: True if one is
+        there to read; False when the time is up or ``wakeup`` was called."""
+        assert self._conn is not None
+        ready = wait([self._conn, self._wake_read], timeout)
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_read, 4096):
+                    pass
+            self._woken = True
+        return self._conn in ready
+
+    def wakeup(self) -> None:
+        """Make a ``receive`` waiting in another thread return None now (or the next one,
+        if none waits), as a worker loop needs when a task it runs finishes. Safe from
+        any thread, also after ``close`` (then it does nothing)."""
+        with self._wake_lock, contextlib.suppress(OSError):  # full: a byte is waiting
+            if self._wake_write >= 0:
+                os.write(self._wake_write, b"w")
 
     def _flush_credit(self) -> None:
         if self._taken:
@@ -426,6 +458,11 @@ class Consumer:
                 protocol.send(self._conn, {"op": "bye", "seen": sorted(self._unsettled)})
             self._conn.close()
             self._conn = None
+        with self._wake_lock:
+            for fd in (self._wake_read, self._wake_write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake_read = self._wake_write = -1
 
     def __enter__(self) -> Consumer:
         return self

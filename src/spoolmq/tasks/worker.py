@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,7 @@ class WorkerProcess:
             concurrency, thread_name_prefix="spoolmq-task"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: Callable[[], None] = lambda: None  # the consumer's, while it runs
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -149,6 +150,7 @@ class WorkerProcess:
             limits=self.tasks.limits() or None,
             name=f"worker {self.name}",
         )
+        self._wakeup = consumer.wakeup
         beat_every = self.tasks.lease / 3
         next_beat = time.monotonic() + beat_every
         stop_deadline: float | None = None
@@ -177,7 +179,8 @@ class WorkerProcess:
                         return_when=concurrent.futures.FIRST_COMPLETED,
                     )
                     continue
-                # Short while tasks run (their completions are noticed between waits).
+                # A task that finishes ends the wait (wakeup, below); short while tasks
+                # run, so that their time limits are enforced on time.
                 message = consumer.receive(0.05 if live else 0.5)
                 if message is not None:
                     try:
@@ -244,6 +247,9 @@ class WorkerProcess:
                 return fn(*args, **kwargs)
 
             future = self._threads.submit(call)
+        # Its result is recorded and ACKed as soon as it is done, not after the loop's
+        # wait for the next message ends.
+        future.add_done_callback(lambda _: self._wakeup())
         now = time.monotonic()
         deadline = None if task.time_limit is None else now + task.time_limit
         self._running[message.tag] = _Running(message, task, task_id, future, now, deadline)
