@@ -9,12 +9,10 @@ Runs as ``spoolmq analytics [--data DIR] [--out DIR] [--master URL]`` and, uncha
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import hashlib
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -390,12 +388,6 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _preload_charts() -> None:
-    # A failure is not lost: the charts step imports again, and raises it there.
-    with contextlib.suppress(Exception):
-        report.preload()
-
-
 def analyse(
     data_dir: Path,
     out_dir: Path | None = None,
@@ -428,9 +420,6 @@ def analyse(
             if not console.is_terminal:
                 console.print(f"  {text}")
 
-        # matplotlib's imports (seconds of CPU, needed only for the charts) run on the other
-        # core while this thread waits for the JVM to start.
-        threading.Thread(target=_preload_charts, name="spoolmq-preload", daemon=True).start()
         inputs = extract.list_inputs(data_dir)
         size = sum(extract.size_of(path) for path in (*inputs.segment_files, *inputs.event_files))
         spark = build_session(
