@@ -63,6 +63,7 @@ def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir:
         assert publisher._sync is not None
         publisher._sync.close()
         publisher._sync = SyncThread(sync=failing)
+        publisher.sync_inline = False  # the first sync blocks: it must be the thread's
         client = manager.hand_over("p1-1")
         publisher.loop(0.5)  # the client is registered
         protocol.send(client, frame(1, ["a", "b", "c"]))
@@ -88,3 +89,40 @@ def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir:
         publisher.close()
     with Store(data_dir) as store:
         assert [(r.offset, r.value) for r in store.reader("t", 0)] == [(0, "a"), (1, "b"), (2, "c")]
+
+
+def test_a_lone_frame_is_synced_in_the_loop_and_a_failure_there_fails_it_too(
+    data_dir: Path,
+) -> None:
+    with Store(data_dir) as store:
+        store.create_topic("t")
+    synced_in: list[str] = []
+
+    def failing_once(fd: int) -> None:
+        synced_in.append(threading.current_thread().name)
+        if len(synced_in) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+
+    with pipes_for_test() as (manager, channels):
+        publisher = PublisherBroker(data_dir, channels)
+        publisher.start()
+        assert publisher._sync is not None
+        publisher._sync.close()
+        publisher._sync = SyncThread(sync=failing_once)
+        client = manager.hand_over("p1-1")
+        publisher.loop(0.5)  # the client is registered
+        protocol.send(client, frame(1, ["a", "b"]))
+        [failed] = answers(publisher, client, 1)
+        assert failed["r"] == [] and sorted(failed["errors"]) == ["0", "1"]
+        assert {e["code"] for e in failed["errors"].values()} == {"storage"}
+        protocol.send(client, frame(2, ["c"]))
+        [stored] = answers(publisher, client, 1)
+        assert stored["r"][0][:2] == [0, 0] and "errors" not in stored  # from offset 0 again
+        # Nothing else was syncing and nothing else was there to read: both syncs ran in
+        # the loop's own thread, not the sync thread.
+        assert synced_in == [threading.current_thread().name] * 2
+        protocol.send(client, {"op": "bye"})
+        step_until(publisher, lambda: not publisher.clients, "the bye")
+        publisher.close()
+    with Store(data_dir) as store:
+        assert [(r.offset, r.value) for r in store.reader("t", 0)] == [(0, "c")]

@@ -169,6 +169,10 @@ class Waiter:
                 self._selector.modify(obj, selectors.EVENT_READ)
         self._writing = set(blocked)
 
+    def readable_now(self) -> bool:
+        """Whether anything watched has something to read right now (no wait)."""
+        return any(events & selectors.EVENT_READ for _, events in self._selector.select(0))
+
     def wait(self, timeout: float | None) -> tuple[list[Any], list[Any]]:
         """What can be read, and what of the write-blocked objects can be written."""
         readable: list[Any] = []

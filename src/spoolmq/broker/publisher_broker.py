@@ -192,6 +192,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         self._unsynced: deque[_Commit] = deque()
         self._sync: SyncThread | None = None
         self._jobs = itertools.count(1)
+        self.sync_inline = True  # see _write; tests of the sync thread turn it off
         self._results: dict[int, OSError | None] = {}
         self._abandoned: set[int] = set()  # jobs of failed commits, results ignored
 
@@ -449,6 +450,19 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             return
         commit.job = next(self._jobs)
         assert self._sync is not None
+        if (
+            self.sync_inline
+            and len(files) == 1
+            and len(self._unsynced) == 1
+            and not self._waiter.readable_now()
+        ):
+            # Nothing else syncing and nothing to read meanwhile (a low or bursty rate):
+            # sync here. Handing the thread the job would only add a thread switch, its
+            # wait for the GIL and a pipe round trip to the answer (2,000 msg/s: p99
+            # 7.3-11.6 -> 5.6-7.3 ms). The result goes the same way as the thread's.
+            [fd] = files.values()
+            self._results[commit.job] = self._sync.sync_here(fd)
+            return
         self._sync.submit(commit.job, files)
 
     def _settle(self) -> None:

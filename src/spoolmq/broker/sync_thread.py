@@ -1,5 +1,6 @@
 """The PublisherBroker's disk syncs, off its loop: while one group commit waits for
-``fdatasync``, the loop reads, checks and writes the next.
+``fdatasync``, the loop reads, checks and writes the next. (When there is no next to read
+and nothing else syncs, the loop syncs the one file itself, :meth:`SyncThread.sync_here`.)
 
 The loop writes a commit's batches (``write`` only) and hands the sync thread one job: a
 duplicate file descriptor per segment file it wrote to. The thread takes every job queued
@@ -63,6 +64,17 @@ class SyncThread:
         with self._cond:
             self._jobs.append((job, dict(files)))
             self._cond.notify()
+
+    def sync_here(self, fd: int) -> OSError | None:
+        """Sync one file in the caller's thread (the loop's, while this thread has no job:
+        nothing else writes the metrics then); the error, or None. Closes ``fd``."""
+        started = time.monotonic()
+        try:
+            return self._sync_one(fd)
+        finally:
+            self.fsync_seconds.observe(time.monotonic() - started)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def results(self) -> list[tuple[int, OSError | None]]:
         """The jobs finished since the last call, with their error (None: synced)."""
