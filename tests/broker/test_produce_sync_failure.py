@@ -4,8 +4,10 @@ none stays readable, and the partition goes on from where the failed data began.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -53,19 +55,28 @@ def answers(publisher: PublisherBroker, client: Connection, count: int) -> list[
     return found
 
 
-def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir: Path) -> None:
+@contextlib.contextmanager
+def publisher_syncing_with(
+    data_dir: Path, sync: Callable[[int], None]
+) -> Iterator[tuple[PublisherBroker, Connection]]:
+    """A PublisherBroker on topic ``t`` whose syncs call ``sync``, and a client of it."""
     with Store(data_dir) as store:
         store.create_topic("t")
-    failing = FailingSync()
     with pipes_for_test() as (manager, channels):
         publisher = PublisherBroker(data_dir, channels)
         publisher.start()
         assert publisher._sync is not None
         publisher._sync.close()
-        publisher._sync = SyncThread(sync=failing)
-        publisher.sync_inline = False  # the first sync blocks: it must be the thread's
+        publisher._sync = SyncThread(sync=sync)
         client = manager.hand_over("p1-1")
         publisher.loop(0.5)  # the client is registered
+        yield publisher, client
+
+
+def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir: Path) -> None:
+    failing = FailingSync()
+    with publisher_syncing_with(data_dir, failing) as (publisher, client):
+        publisher.sync_inline = False  # the first sync blocks: it must be the thread's
         protocol.send(client, frame(1, ["a", "b", "c"]))
         step_until(publisher, failing.entered.is_set, "the first sync")
         # Written while the first batch's sync is under way: after it in the file.
@@ -94,8 +105,6 @@ def test_a_failed_sync_fails_its_frames_and_the_unsynced_ones_after_it(data_dir:
 def test_a_lone_frame_is_synced_in_the_loop_and_a_failure_there_fails_it_too(
     data_dir: Path,
 ) -> None:
-    with Store(data_dir) as store:
-        store.create_topic("t")
     synced_in: list[str] = []
 
     def failing_once(fd: int) -> None:
@@ -103,14 +112,7 @@ def test_a_lone_frame_is_synced_in_the_loop_and_a_failure_there_fails_it_too(
         if len(synced_in) == 1:
             raise OSError(errno.EIO, "Input/output error")
 
-    with pipes_for_test() as (manager, channels):
-        publisher = PublisherBroker(data_dir, channels)
-        publisher.start()
-        assert publisher._sync is not None
-        publisher._sync.close()
-        publisher._sync = SyncThread(sync=failing_once)
-        client = manager.hand_over("p1-1")
-        publisher.loop(0.5)  # the client is registered
+    with publisher_syncing_with(data_dir, failing_once) as (publisher, client):
         protocol.send(client, frame(1, ["a", "b"]))
         [failed] = answers(publisher, client, 1)
         assert failed["r"] == [] and sorted(failed["errors"]) == ["0", "1"]
