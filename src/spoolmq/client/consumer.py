@@ -213,16 +213,15 @@ class Consumer:
         frame["id"] = frame_id
         protocol.send(self._conn, frame)
         while True:
-            reply = self._read_frame(None)
+            reply = self._read_frame()
             if reply is not None and reply.get("id") == frame_id:
                 protocol.raise_if_error(reply)
                 return reply
 
-    def _read_frame(self, timeout: float | None) -> dict[str, Any] | None:
-        """Read one frame; deliveries go to the buffer (and None is returned)."""
+    def _read_frame(self) -> dict[str, Any] | None:
+        """Read one frame (waiting for it); deliveries go to the buffer (and None is
+        returned)."""
         assert self._conn is not None
-        if timeout is not None and not self._conn.poll(timeout):
-            return None
         frame, lines = protocol.split_frame(self._conn.recv_bytes(protocol.MAX_FRAME_BYTES))
         op = frame["op"]
         if op == "deliver":
@@ -278,7 +277,7 @@ class Consumer:
                 self._flush_acks()  # about to wait: the broker may be waiting for these
                 self._flush_credit()
                 if self._wait(remaining if remaining is not None else 1.0):
-                    self._read_frame(None)
+                    self._read_frame()
             except (EOFError, OSError) as exc:
                 logger.warning("lost the broker (%s); reconnecting", exc)
                 self._reconnect()

@@ -505,7 +505,8 @@ class Tasks:
             if deadline is not None and time.monotonic() >= deadline:
                 state = "unknown (or its result expired)" if row is None else row.state
                 raise ResultTimeoutError(f"task {task_id} is {state} after {timeout:g} s")
-            wait = pause if pause < POLL_CAP_S or not changes.watching else WATCHED_CAP_S
+            # Watching and no write lately: wait for the next one (up to the safety net).
+            wait = WATCHED_CAP_S if changes.watching and pause >= POLL_CAP_S else pause
             woken = changes.wait(
                 wait if deadline is None else min(wait, deadline - time.monotonic())
             )
