@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -154,3 +155,50 @@ def test_the_clients_of_a_killed_child_leave_the_registry(broker: BrokerProcess)
         broker.wait_child_replaced("publisher", broker.kill_child("publisher"))
         pub.publish("reg", {"n": 1})  # answered by the new child: the client reconnected
         assert broker.stats()["clients"]["publisher"] == 1
+
+
+def test_a_receive_ends_on_time_while_the_broker_is_away(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A receive's timeout holds while the consumer reconnects (a worker loop must stay able
+    to stop); the consumer still reconnects when the broker is back, and gives up with
+    BrokerUnavailableError once ``reconnect_timeout`` has passed since the loss."""
+    with Consumer("away", group="g", data=data_dir, reconnect_timeout=600) as consumer:
+        assert consumer.receive(timeout=0.2) is None  # connected, nothing there
+        assert broker.stop() == 0
+        for _ in range(3):
+            started = time.monotonic()
+            assert consumer.receive(timeout=0.3) is None
+            waited = time.monotonic() - started
+            # Before, the first one waited out the reconnect timeout (600 s).
+            assert waited < 30, f"receive(0.3) took {waited:.1f} s with the broker away"
+        broker.start()
+        with Publisher(data=data_dir) as publisher:
+            publisher.publish("away", "back")
+        message = wait_until(lambda: consumer.receive(timeout=0.5), 60, "a message after it")
+        assert message.value == "back"
+        message.ack()
+    with Consumer("away", group="g", data=data_dir, reconnect_timeout=1.5) as consumer:
+        assert broker.stop() == 0
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError, match=r"could not reconnect in 1\.5 s"):
+            while time.monotonic() - started < 60:
+                consumer.receive(timeout=0.2)
+        assert time.monotonic() - started >= 1.4
+
+
+def test_wakeup_ends_a_receive_that_waits_for_the_broker(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Consumer("away", group="g", data=data_dir, reconnect_timeout=600) as consumer:
+        assert consumer.receive(timeout=0.2) is None
+        assert broker.stop() == 0
+        results: list[object] = []
+        waiting = threading.Thread(target=lambda: results.append(consumer.receive()))
+        waiting.start()
+        # Once the thread is in the reconnect loop (the broker's socket is gone, so the
+        # first attempt fails at once), wake it; a wakeup that comes earlier works too.
+        consumer.wakeup()
+        waiting.join(30)
+        assert not waiting.is_alive(), "wakeup() did not end a receive() waiting to reconnect"
+        assert results == [None]

@@ -5,6 +5,7 @@ errors, and a broker restart while consuming."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,39 @@ def test_consuming_through_a_broker_restart(broker: BrokerProcess, data_dir: Pat
     # At-least-once: what was received before the broker was killed may come again (its
     # ACKs were not all checkpointed), nothing received after the restart.
     assert set(repeated(ids)) <= set(ids[:50])
+
+
+def test_a_receive_ends_on_time_while_the_broker_is_away(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """As for Consumer: the timeout holds while reconnecting, the consumer comes back with
+    the broker, and gives up once ``reconnect_timeout`` has passed since the loss."""
+
+    async def main() -> list[float]:
+        waits = []
+        async with AsyncConsumer("away", group="g", data=data_dir, reconnect_timeout=600) as c:
+            assert await c.receive(timeout=0.2) is None
+            assert await asyncio.to_thread(broker.stop) == 0
+            await eventually(lambda: c._stream is None, 30, "the loss")
+            for _ in range(3):
+                started = time.monotonic()
+                assert await c.receive(timeout=0.3) is None
+                waits.append(time.monotonic() - started)
+            await asyncio.to_thread(broker.start)
+            async with AsyncPublisher(data=data_dir) as publisher:
+                await publisher.publish("away", "back")
+            message = await c.receive(timeout=60)
+            assert message is not None and message.value == "back"
+            await message.ack()
+        async with AsyncConsumer("away", group="g", data=data_dir, reconnect_timeout=1.5) as c:
+            assert await asyncio.to_thread(broker.stop) == 0
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailableError, match=r"could not reconnect in 1\.5 s"):
+                while time.monotonic() - started < 60:
+                    await c.receive(timeout=0.2)
+            assert time.monotonic() - started >= 1.4
+        return waits
+
+    waits = asyncio.run(main())
+    # Before, the first one waited out the reconnect timeout (600 s).
+    assert max(waits) < 30, f"receive(0.3) waits with the broker away: {waits}"

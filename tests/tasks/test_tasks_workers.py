@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -109,3 +110,20 @@ def test_a_stop_hands_back_a_task_that_does_not_finish_in_time(
     start_worker()
     assert handle.result(timeout=90) != stopped_pid
     assert len(count_marks(marks, "handed")) == 2
+
+
+def test_sigterm_stops_a_worker_whose_broker_has_gone(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    """A worker waiting to reconnect to a stopped broker still stops on SIGTERM at once,
+    not after its reconnect timeout (60 s) or the parent's kill (shutdown timeout + 15 s)."""
+    worker = start_worker()
+    app.worker_pid.send().result(timeout=60)  # the worker is connected and serving
+    assert broker.stop() == 0
+    # The broker has gone for the worker too: its connection saw the end.
+    wait_until(lambda: "lost the broker" in worker.log_text(), 60, "the worker to see the loss")
+    started = time.monotonic()
+    assert worker.stop() == 0
+    took = time.monotonic() - started
+    assert "did not stop" not in worker.log_text()
+    assert took < 15, f"the worker took {took:.1f} s to stop"

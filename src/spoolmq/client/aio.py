@@ -47,6 +47,7 @@ from typing import Any, Unpack
 from spoolmq import protocol
 from spoolmq.client.aio_connection import FrameStream, connect
 from spoolmq.client.common import (
+    ReconnectClock,
     after_topic_deleted,
     answer_errors,
     answer_ranges,
@@ -641,6 +642,7 @@ class AsyncConsumer:
         self._acks: list[int] = []
         self._unsettled: set[int] = set()
         self._stream: FrameStream | None = None
+        self._reconnects = ReconnectClock()
 
     # -- connection -------------------------------------------------------------------------
 
@@ -675,22 +677,22 @@ class AsyncConsumer:
             raise
         self.consumer_id = str(reply.get("consumer_id"))
 
-    async def _reconnect(self) -> None:
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
+    async def _reconnect(self, until: float | None) -> None:
+        """Try to reach the broker again until connected or until ``until`` (monotonic; a
+        ``receive``'s timeout), as Consumer does. Raises BrokerUnavailableError once
+        ``reconnect_timeout`` has passed since the loss."""
         while True:
             try:
                 await self._open()
+            except (BrokerUnavailableError, *_LOST) as exc:
+                pause = self._reconnects.pause(exc, until, self.reconnect_timeout)
+            else:
+                self._reconnects.back()
                 logger.info("reconnected to the broker as %s", self.consumer_id)
                 return
-            except (BrokerUnavailableError, *_LOST) as exc:
-                if time.monotonic() >= deadline:
-                    raise BrokerUnavailableError(
-                        f"lost the broker and could not reconnect in {self.reconnect_timeout:g} s: "
-                        f"{exc}"
-                    ) from None
-            await asyncio.sleep(delay)  # backoff: nothing to wait on until it is back
-            delay = min(delay * 2, 1.0)
+            if pause is None:
+                return
+            await asyncio.sleep(pause)  # backoff: nothing to wait on until it is back
 
     def _drop(self, stream: FrameStream, error: BaseException | None = None) -> None:
         """Forget a connection: its requests fail, its deliveries are void (the broker
@@ -698,6 +700,7 @@ class AsyncConsumer:
         if stream is not self._stream:
             return
         self._stream = None
+        self._reconnects.lost()
         stream.close()
         requests, self._requests = self._requests, {}
         for future in requests.values():
@@ -768,7 +771,8 @@ class AsyncConsumer:
     # -- receiving ----------------------------------------------------------------------
 
     async def receive(self, timeout: float | None = None) -> AsyncReceivedMessage | None:
-        """The next message, waiting up to ``timeout`` seconds (None: forever)."""
+        """The next message, waiting up to ``timeout`` seconds (None: forever); while the
+        broker is away the wait is spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this AsyncConsumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -778,7 +782,7 @@ class AsyncConsumer:
             if remaining is not None and remaining <= 0:
                 return None
             if self._stream is None:
-                await self._reconnect()
+                await self._reconnect(deadline)
                 continue
             try:
                 self._flush_acks()  # about to wait: the broker may be waiting for these

@@ -1,6 +1,7 @@
 """What the threaded clients (``publisher.py``, ``consumer.py``) and the asyncio clients
 (``aio.py``) share: the checks of their settings, the subscription's settings frame, the
-unpacking of a ``deliver`` frame and the reading of a publish answer. Pure functions only:
+unpacking of a ``deliver`` frame, the reading of a publish answer and a consumer's reconnect
+clock. Pure functions and state only, no I/O:
 each client keeps its own I/O (a thread and blocking sockets, or an event loop), and these
 make sure the two kinds accept the same settings, send the same frames and raise the same
 errors."""
@@ -8,11 +9,13 @@ errors."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from spoolmq.errors import (
+    BrokerUnavailableError,
     InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
@@ -166,3 +169,41 @@ def check_topics_left(topics: Sequence[str], deleted: Iterable[str]) -> None:
         raise TopicDeletedError(
             f"every topic this consumer read was deleted ({', '.join(sorted(deleted))})"
         )
+
+
+class ReconnectClock:
+    """When a consumer's reconnect attempts pause and when they give up: from the loss
+    of the connection (``lost``) until it is back (``back``), across ``receive`` calls."""
+
+    def __init__(self) -> None:
+        self.lost_at: float | None = None
+        self._backoff = 0.05
+
+    def lost(self) -> None:
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
+            self._backoff = 0.05
+
+    def back(self) -> None:
+        self.lost_at = None
+
+    def pause(self, failure: BaseException, until: float | None, timeout: float) -> float | None:
+        """After a failed attempt: seconds to wait before the next one (a backoff that
+        doubles up to 1 s), or None when ``until`` (monotonic) has come. Raises
+        BrokerUnavailableError once ``timeout`` seconds have passed since the loss."""
+        self.lost()
+        assert self.lost_at is not None
+        now = time.monotonic()
+        give_up = self.lost_at + timeout
+        if now >= give_up:
+            self.lost_at = None  # a later receive starts a new period
+            raise BrokerUnavailableError(
+                f"lost the broker and could not reconnect in {timeout:g} s: {failure}"
+            ) from None
+        pause = min(self._backoff, give_up - now)
+        if until is not None:
+            if now >= until:
+                return None
+            pause = min(pause, until - now)
+        self._backoff = min(self._backoff * 2, 1.0)
+        return pause

@@ -21,6 +21,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.common import (
+    ReconnectClock,
     after_topic_deleted,
     check_topics_left,
     consumer_topics,
@@ -96,7 +97,9 @@ class Consumer:
         lease: seconds a delivery is reserved for this consumer before it is redelivered.
         max_deliveries: attempts before a message goes to ``<topic>.dlq``.
         retry_backoff, retry_backoff_max: seconds of exponential backoff after a NACK.
-        reconnect_timeout: how long to keep trying to reach a broker that went away.
+        reconnect_timeout: how long to keep trying to reach a broker that went away,
+            counted from the loss across ``receive`` calls; then ``receive`` raises
+            BrokerUnavailableError.
     """
 
     @known_settings
@@ -150,6 +153,7 @@ class Consumer:
         self._acks: list[int] = []  # ACKs made with wait=False, sent as runs 100 to a frame
         self._unsettled: set[int] = set()  # tags handed to the application, not settled
         self._conn: Connection | None = None
+        self._reconnects = ReconnectClock()
         # wakeup(): a byte on this pipe ends a wait in receive() (from any thread).
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
@@ -183,26 +187,34 @@ class Consumer:
         )
         self.consumer_id = str(reply.get("consumer_id"))
 
-    def _reconnect(self) -> None:
+    def _drop(self) -> None:
+        """Forget a lost connection; the next ``receive`` reconnects."""
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.close()
         self._conn = None
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
+        self._reconnects.lost()
+
+    def _reconnect(self, until: float | None) -> None:
+        """Try to reach the broker again until connected, until ``until`` (monotonic; a
+        ``receive``'s timeout), or until ``wakeup`` is called, whichever is first: a
+        caller waiting for a broker that is gone can still stop. Raises
+        BrokerUnavailableError once ``reconnect_timeout`` has passed since the loss."""
+        self._drop()
         while True:
             try:
                 self._open()
+            except (BrokerUnavailableError, OSError, EOFError) as exc:
+                pause = self._reconnects.pause(exc, until, self.reconnect_timeout)
+            else:
+                self._reconnects.back()
                 logger.info("reconnected to the broker as %s", self.consumer_id)
                 return
-            except (BrokerUnavailableError, OSError, EOFError) as exc:
-                if time.monotonic() >= deadline:
-                    raise BrokerUnavailableError(
-                        f"lost the broker and could not reconnect in {self.reconnect_timeout:g} s: "
-                        f"{exc}"
-                    ) from None
-            time.sleep(delay)  # reconnect backoff: there is nothing to wait on until it is back
-            delay = min(delay * 2, 1.0)
+            # Backoff, ended early by wakeup(): there is nothing else to wait on.
+            if pause is None or wait([self._wake_read], pause):
+                if pause is not None:
+                    self._drain_wakeups()
+                return
 
     def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Send a frame with an id and read until its answer (buffering deliveries)."""
@@ -261,7 +273,9 @@ class Consumer:
     # -- receiving -----------------------------------------------------------------------------
 
     def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
-        """The next message, waiting up to ``timeout`` seconds (None: forever)."""
+        """The next message, waiting up to ``timeout`` seconds (None: forever); None when
+        the time is up or ``wakeup`` was called. While the broker is away, the wait is
+        spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this Consumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -270,18 +284,17 @@ class Consumer:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            try:
-                if self._conn is None:
-                    self._reconnect()
-                    continue
-                self._flush_acks()  # about to wait: the broker may be waiting for these
-                self._flush_credit()
-                if self._wait(remaining if remaining is not None else 1.0):
-                    self._read_frame()
-            except (EOFError, OSError) as exc:
-                logger.warning("lost the broker (%s); reconnecting", exc)
-                self._reconnect()
-                continue
+            if self._conn is None:
+                self._reconnect(deadline)  # BrokerUnavailableError (an OSError) goes up
+            else:
+                try:
+                    self._flush_acks()  # about to wait: the broker may be waiting for these
+                    self._flush_credit()
+                    if self._wait(remaining if remaining is not None else 1.0):
+                        self._read_frame()
+                except (EOFError, OSError) as exc:
+                    logger.warning("lost the broker (%s); reconnecting", exc)
+                    self._drop()
             if self._woken:
                 self._woken = False
                 if not self._buffer:
@@ -304,11 +317,14 @@ class Consumer:
         assert self._conn is not None
         ready = wait([self._conn, self._wake_read], timeout)
         if self._wake_read in ready:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._wake_read, 4096):
-                    pass
-            self._woken = True
+            self._drain_wakeups()
         return self._conn in ready
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_read, 4096):
+                pass
+        self._woken = True
 
     def wakeup(self) -> None:
         """Make a ``receive`` waiting in another thread return None now (or the next one,
