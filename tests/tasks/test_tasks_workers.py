@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
+import spoolmq.tasks.worker as worker_module
 from conftest import count_marks
+from spoolmq import Consumer
 from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess, wait_until
 
@@ -127,3 +130,36 @@ def test_sigterm_stops_a_worker_whose_broker_has_gone(
     took = time.monotonic() - started
     assert "did not stop" not in worker.log_text()
     assert took < 15, f"the worker took {took:.1f} s to stop"
+
+
+def test_the_worker_loop_sleeps_while_a_task_runs(
+    broker: BrokerProcess, app: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a task without a time limit runs, the loop waits for it to finish (its
+    done-callback wakes the loop) or for the next look at the stop flag (0.5 s), not in
+    short steps; a task with a limit is stopped at it (the test above)."""
+    waits: list[float] = []
+
+    class CountingConsumer(Consumer):
+        def receive(self, timeout: float | None = None) -> Any:
+            waits.append(-1.0 if timeout is None else timeout)
+            return super().receive(timeout)
+
+    monkeypatch.setattr(worker_module, "Consumer", CountingConsumer)
+    # Room for two: the loop waits in receive() while the one task runs.
+    worker = worker_module.WorkerProcess(app.tasks, ["t.slow"], concurrency=2)
+    loop = threading.Thread(target=worker.run)
+    loop.start()
+    try:
+        handle = app.slow.send("sleepy", 3)
+        wait_until(lambda: waits, 60, "the loop to wait for a message")
+        started = time.monotonic()
+        assert handle.result(timeout=60) == os.getpid()
+        ran = time.monotonic() - started
+    finally:
+        worker.stopping.set()
+        loop.join(60)
+    assert not loop.is_alive()
+    short = [w for w in waits if 0 <= w < 0.4]
+    # 3 s of running: one look at the stop flag each 0.5 s is ~6; steps of 50 ms were 60.
+    assert ran >= 2.5 and len(short) <= 4, f"{len(waits)} waits, {len(short)} short: {waits}"

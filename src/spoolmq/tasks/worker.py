@@ -175,13 +175,12 @@ class WorkerProcess:
                 if len(live) >= self.concurrency:
                     concurrent.futures.wait(
                         [r.future for r in live],
-                        timeout=min(0.5, max(0.0, next_beat - time.monotonic())),
+                        timeout=self._pause(live, next_beat),
                         return_when=concurrent.futures.FIRST_COMPLETED,
                     )
                     continue
-                # A task that finishes ends the wait (wakeup, below); short while tasks
-                # run, so that their time limits are enforced on time.
-                message = consumer.receive(0.05 if live else 0.5)
+                # A task that finishes ends the wait (its done-callback calls wakeup).
+                message = consumer.receive(self._pause(live, next_beat))
                 if message is not None:
                     try:
                         self._start(message)
@@ -193,6 +192,20 @@ class WorkerProcess:
             consumer.close()
             self._threads.shutdown(wait=False, cancel_futures=True)
         return EXIT_REPLACE if self.replace else 0
+
+    @staticmethod
+    def _pause(live: list[_Running], next_beat: float) -> float:
+        """How long the loop may wait for a message or a task to finish: until the next
+        heartbeat or the nearest time limit of a running task, and at most 0.5 s (a stop
+        is a flag the loop looks at)."""
+        now = time.monotonic()
+        pause = 0.5
+        if live:
+            pause = min(pause, next_beat - now)
+            for running in live:
+                if running.deadline is not None:
+                    pause = min(pause, running.deadline - now)
+        return max(0.0, pause)
 
     # -- one task -------------------------------------------------------------------------
 
