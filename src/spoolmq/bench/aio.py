@@ -53,15 +53,17 @@ async def _consume(data: str, barrier: Any, done: DoneCounter, cpu: Any) -> list
     barrier.wait()  # subscribing starts the pushes, so it is part of the measured time
     started = time.process_time()
     async with AsyncConsumer(TOPIC, GROUP, data=data, prefetch=500) as consumer:
-        while not done.is_set():
+        while True:
             message = await consumer.receive(timeout=0)
             if message is None or uncounted >= 100:
                 done.add(uncounted)  # as the threaded consumer: 100 at a time, or when idle
                 uncounted = 0
-            if message is None:
-                message = await consumer.receive(timeout=0.2)
                 if message is None:
-                    continue
+                    if done.is_set():
+                        break
+                    message = await consumer.receive(timeout=0.2)
+                    if message is None:
+                        continue
             ids.append(message.value["id"])
             await message.ack(wait=False)
             uncounted += 1

@@ -264,18 +264,21 @@ def spool_consumer(data: str, out: str, barrier: Any, done: DoneCounter, cpu: An
     barrier.wait()  # subscribing starts the pushes, so it is part of the measured time
     started = time.process_time()
     with Consumer(TOPIC, GROUP, data=data, prefetch=500) as consumer:
-        while not done.is_set():
+        while True:
             message = consumer.receive(timeout=0)
             if message is None or uncounted >= 100:
-                # The shared count is taken 100 at a time or when this consumer has run
-                # out of work, like the Redis consumer's (a lock per message would cost
-                # more than the receiving measured here).
+                # The shared count is taken, and the shared end looked at, 100 messages at
+                # a time or when this consumer has run out of work, as the peers' consumers
+                # do once per batch they fetch (each is a lock shared between processes,
+                # costlier than the receiving measured here).
                 done.add(uncounted)
                 uncounted = 0
-            if message is None:
-                message = consumer.receive(timeout=0.2)
                 if message is None:
-                    continue
+                    if done.is_set():
+                        break
+                    message = consumer.receive(timeout=0.2)
+                    if message is None:
+                        continue
             ids.append(message.value["id"])
             message.ack(wait=False)
             uncounted += 1
