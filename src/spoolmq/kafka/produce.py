@@ -177,7 +177,7 @@ def _frame_records(
     records = []
     limit = max_bytes - RECORD_OVERHEAD
     for index, rec in enumerate(batch.records):
-        if any(not name for name, _ in rec.headers):
+        if rec.headers and any(not name for name, _ in rec.headers):
             return int(ErrorCode.CORRUPT_MESSAGE)
         fields: dict[str, Any] = record_fields(rec.key, rec.value, rec.headers)
         if idempotent:

@@ -21,6 +21,8 @@ import zlib
 from dataclasses import dataclass, field
 
 from spoolmq.errors import KafkaDecodeError
+from spoolmq.kafka.wire import MAX_VARINT32_BYTES as _VARINT32
+from spoolmq.kafka.wire import MAX_VARINT_BYTES as _VARINT64
 from spoolmq.kafka.wire import Reader, Writer
 
 MAGIC = 2
@@ -172,11 +174,10 @@ def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
     codec = attributes & 0x07
     if codec != COMPRESSION_NONE:
         payload = decompress(codec, payload, max_bytes)
-    r = Reader(payload)
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
-    if count < 0 or count * 7 > r.remaining:
-        raise KafkaDecodeError(f"{count} records cannot fit in {r.remaining} bytes")
-    records = [_decode_record(r, first_timestamp) for _ in range(count)]
+    if count < 0 or count * 7 > len(payload):
+        raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
+    records = _decode_records(payload, count, first_timestamp)
     return RecordBatch(
         base_offset,
         attributes,
@@ -190,30 +191,78 @@ def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
     )
 
 
-def _decode_record(r: Reader, first_timestamp: int) -> KafkaRecord:
-    length = r.varint()
-    if length < 0:
-        raise KafkaDecodeError(f"record length {length}")
-    rec = r.sub(length)
-    rec.int8()  # attributes: unused in v2
-    timestamp = first_timestamp + rec.varlong()
-    offset_delta = rec.varint()
-    key = rec.var_bytes()
-    value = rec.var_bytes()
-    n = rec.varint()
-    if n < 0 or n * 2 > rec.remaining:
-        raise KafkaDecodeError(f"{n} headers cannot fit in {rec.remaining} bytes")
-    headers = []
-    for _ in range(n):
-        name = rec.var_bytes()
-        if name is None:
-            raise KafkaDecodeError("a header without a name")
-        try:
-            text = name.decode("utf-8")
-        except UnicodeDecodeError:
-            raise KafkaDecodeError("a header name that is not UTF-8") from None
-        headers.append((text, rec.var_bytes()))
-    return KafkaRecord(offset_delta, timestamp, key, value, headers)
+def _zigzag(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos`` (at most ``max_bytes`` long) and the position after
+    it. IndexError past the end of ``data``."""
+    byte = data[pos]
+    if byte < 0x80:  # one byte: the deltas and short lengths of a record
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    result = (byte & 0x7F) | (data[pos + 1] << 7)
+    if result < 0x4000:  # two bytes: lengths up to 8 KiB
+        return (result >> 1) ^ -(result & 1), pos + 2
+    result &= 0x3FFF
+    shift = 14
+    for i in range(pos + 2, pos + max_bytes):
+        byte = data[i]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), i + 1
+        shift += 7
+    raise KafkaDecodeError(f"varint longer than {max_bytes} bytes at offset {pos}")
+
+
+def _var_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
+    """A record's key or value at ``pos`` (a length, -1 for null, then the bytes, which
+    must end by ``end``) and the position after it."""
+    size, pos = _zigzag(data, pos, _VARINT32)
+    if size == -1:
+        return None, pos
+    if not 0 <= size <= end - pos:
+        raise KafkaDecodeError(f"{what} length {size} at offset {pos}")
+    return data[pos : pos + size], pos + size
+
+
+def _decode_records(data: bytes, count: int, first_timestamp: int) -> list[KafkaRecord]:
+    """The ``count`` records of a batch's (inflated) payload, in one pass over its bytes:
+    Produce's per-record work, so positions are plain integers and every length is
+    checked against the record's own length before anything is sliced."""
+    records = []
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(count):
+            length, pos = _zigzag(data, pos, _VARINT32)
+            if length < 0 or length > end - pos:
+                raise KafkaDecodeError(f"record length {length} at offset {pos}")
+            record_end = pos + length
+            # pos + 1: the attributes byte, unused in v2.
+            delta, pos = _zigzag(data, pos + 1, _VARINT64)
+            offset_delta, pos = _zigzag(data, pos, _VARINT32)
+            key, pos = _var_bytes(data, pos, record_end, "key")
+            value, pos = _var_bytes(data, pos, record_end, "value")
+            n, pos = _zigzag(data, pos, _VARINT32)
+            headers: list[tuple[str, bytes | None]] = []
+            if n:
+                if n < 0 or n * 2 > record_end - pos:
+                    raise KafkaDecodeError(f"{n} headers cannot fit in {record_end - pos} bytes")
+                r = Reader(data[pos:record_end])
+                for _ in range(n):
+                    name = r.var_bytes()
+                    if name is None:
+                        raise KafkaDecodeError("a header without a name")
+                    try:
+                        text = name.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise KafkaDecodeError("a header name that is not UTF-8") from None
+                    headers.append((text, r.var_bytes()))
+                pos = record_end
+            if pos > record_end:
+                raise KafkaDecodeError(f"a record runs past its length at offset {pos}")
+            pos = record_end  # bytes a record has beyond its fields are not read
+            records.append(KafkaRecord(offset_delta, first_timestamp + delta, key, value, headers))
+    except IndexError:
+        raise KafkaDecodeError("a record runs past the end of its batch") from None
+    return records
 
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
