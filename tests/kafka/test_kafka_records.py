@@ -1,6 +1,7 @@
-"""Decoding Produce's record batches, checked against batches built by another encoder
-(kafka-python's ``DefaultRecordBatchBuilder``): varints of one, two and more bytes, null
-and empty keys and values, negative timestamp deltas, headers, and damaged records."""
+"""Record batches checked against another implementation, kafka-python's: Produce's
+decoding against its ``DefaultRecordBatchBuilder`` (varints of one, two and more bytes,
+null and empty keys and values, negative timestamp deltas, headers, damaged records), and
+Fetch's encoding against its ``DefaultRecordBatch`` reader."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from spoolmq.errors import KafkaDecodeError
-from spoolmq.kafka.records import crc32c, decode_batches
+from spoolmq.kafka.records import OutRecord, crc32c, decode_batches, encode_batch
 
 MAX = 1 << 26
 Header = tuple[str, bytes | None]
 Entry = tuple[int, bytes | None, bytes | None, list[Header]]
+KEYS = st.none() | st.binary(max_size=300)
+VALUES = st.none() | st.binary(max_size=20_000)
+HEADERS = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.none() | st.binary()), max_size=3)
 
 
 def built(entries: list[Entry], *, base_timestamp: int = 1_763_830_000_000) -> bytes:
@@ -49,11 +53,9 @@ def test_records_of_every_varint_width_come_back_as_sent() -> None:
     st.lists(
         st.tuples(
             st.integers(-(2**31), 2**31),
-            st.none() | st.binary(max_size=300),
-            st.none() | st.binary(max_size=20_000),
-            st.lists(
-                st.tuples(st.text(min_size=1, max_size=20), st.none() | st.binary()), max_size=3
-            ),
+            KEYS,
+            VALUES,
+            HEADERS,
         ),
         min_size=1,
         max_size=20,
@@ -96,3 +98,35 @@ def test_a_damaged_record_is_a_decode_error(payload: bytes, count: int, says: st
     batch = _with_payload(built([(0, None, b"v", [])]), payload, count)
     with pytest.raises(KafkaDecodeError, match=says):
         decode_batches(batch, MAX)
+
+
+Out = tuple[int, int, bytes | None, bytes | None, list[Header]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**20),  # offset gaps (compaction)
+            st.integers(0, 2**33),  # timestamp steps
+            KEYS,
+            VALUES,
+            HEADERS,
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_fetch_batches_read_back_in_another_decoder(entries: list[Out]) -> None:
+    """What Fetch sends, read by kafka-python's own batch reader (CRC checked)."""
+    offset, timestamp = 1_000, 1_763_830_000_000
+    records = []
+    for gap, step, key, value, headers in entries:
+        offset += gap + 1
+        timestamp += step
+        records.append(OutRecord(offset, timestamp, key, value, headers))
+    batch = DefaultRecordBatch(encode_batch(records))
+    assert batch.validate_crc()
+    assert (batch.base_offset, batch.records_count) == (records[0].offset, len(records))
+    got = [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+    assert got == [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in records]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka.wire import MAX_VARINT32_BYTES as _VARINT32
 from spoolmq.kafka.wire import MAX_VARINT_BYTES as _VARINT64
-from spoolmq.kafka.wire import Reader, Writer
+from spoolmq.kafka.wire import Reader
 
 MAGIC = 2
 # Offsets of the v2 header fields, from the batch's first byte.
@@ -334,20 +334,52 @@ def compress(codec: int, data: bytes) -> bytes:
 # -- encoding ---------------------------------------------------------------------------
 
 
+_ONE_BYTE = [bytes([n]) for n in range(0x80)]
+_NULL = _ONE_BYTE[1]  # the zigzag varint of -1: a null key, value or header value
+
+
+def _zigzag_bytes(v: int) -> bytes:
+    """The zigzag varint of ``v`` (32- or 64-bit: the encoding is the same); one and two
+    bytes (every delta and length below 8 KiB) without a loop."""
+    n = (v << 1) ^ (v >> 63)
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def encode_record(
-    w: Writer,
+    parts: list[bytes],
     offset_delta: int,
     timestamp_delta: int,
     key: bytes | None,
     value: bytes | None,
     headers: list[tuple[str, bytes | None]],
 ) -> None:
-    body = Writer().int8(0).varlong(timestamp_delta).varint(offset_delta)
-    body.var_bytes(key).var_bytes(value).varint(len(headers))
+    """Append one record of a v2 batch, its length first, to ``parts`` (joined once per
+    batch: Fetch's per-record work copies each key and value once)."""
+    fields = [b"\x00", _zigzag_bytes(timestamp_delta), _zigzag_bytes(offset_delta)]
+    for data in (key, value):
+        if data is None:
+            fields.append(_NULL)
+        else:
+            fields += (_zigzag_bytes(len(data)), data)
+    fields.append(_zigzag_bytes(len(headers)))
     for name, hvalue in headers:
-        body.var_bytes(name.encode("utf-8")).var_bytes(hvalue)
-    data = body.getvalue()
-    w.varint(len(data)).raw(data)
+        encoded = name.encode("utf-8")
+        fields += (_zigzag_bytes(len(encoded)), encoded)
+        if hvalue is None:
+            fields.append(_NULL)
+        else:
+            fields += (_zigzag_bytes(len(hvalue)), hvalue)
+    parts.append(_zigzag_bytes(sum(map(len, fields))))
+    parts += fields
 
 
 @dataclass(slots=True)
@@ -373,12 +405,12 @@ def encode_batch(
     base = records[0].offset
     first_ts = records[0].timestamp
     max_ts = max(r.timestamp for r in records)
-    w = Writer()
+    parts: list[bytes] = []
     for rec in records:
         encode_record(
-            w, rec.offset - base, rec.timestamp - first_ts, rec.key, rec.value, rec.headers
+            parts, rec.offset - base, rec.timestamp - first_ts, rec.key, rec.value, rec.headers
         )
-    payload = compress(compression, w.getvalue())
+    payload = compress(compression, b"".join(parts))
     attributes = compression & 0x07
     tail = (
         struct.pack(
