@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """spoolmq's cache (the Spark JVM's class archive) in a directory of this test session,
+    shared by its analytics runs, never the user's ~/.cache."""
+    os.environ["SPOOLMQ_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ Runs as ``spoolmq analytics [--data DIR] [--out DIR] [--master URL]`` and, uncha
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import hashlib
 import os
@@ -31,6 +32,7 @@ from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, schemas, transform
 from spoolmq.analytics.cache import KINDS, ParseCache, Staged
+from spoolmq.analytics.jvm_cache import ClassArchive
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
@@ -422,16 +424,31 @@ def analyse(
 
         inputs = extract.list_inputs(data_dir)
         size = sum(extract.size_of(path) for path in (*inputs.segment_files, *inputs.event_files))
+        archive = ClassArchive.for_this_machine()
         spark = build_session(
             master or (None if _under_spark_submit() else "local[*]"),
             small=size < SMALL_INPUT_BYTES,
+            class_archive=archive,
         )
         try:
             result = run(spark, data_dir, out, step, full=full)
         finally:
+            gateway = spark.sparkContext._gateway
             spark.stop()
+            if archive is not None and archive.writing is not None:
+                # Once the caller has printed its results: the JVM writes the archive
+                # as it exits, which takes seconds.
+                atexit.register(_save_classes, archive, gateway)
         progress.update(task, description="done")
     return result
+
+
+def _save_classes(archive: ClassArchive, gateway: object) -> None:
+    sys.stderr.write(
+        "spoolmq: saving the Spark JVM's classes so that the next analytics run starts "
+        "faster (once)\n"
+    )
+    archive.finish(gateway)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from spoolmq.analytics.jvm_cache import ClassArchive
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 # Below this many bytes of segment and event files, a run is a short job (build_session).
@@ -41,6 +44,7 @@ def build_session(
     app_name: str = "spoolmq-analytics",
     shuffle_partitions: int = 8,
     small: bool = False,
+    class_archive: ClassArchive | None = None,
 ) -> SparkSession:
     """A SparkSession for the job (or the tests).
 
@@ -56,6 +60,9 @@ def build_session(
     at its quick first tier, the GC is the single-threaded one, and shuffles have 2
     partitions. A large store keeps Spark's defaults: there, generated and fully optimised
     code pays for itself.
+
+    ``class_archive``: the driver JVM starts from it, or writes it (``jvm_cache``; the
+    caller calls its ``finish`` after stopping the session).
     """
     local = master is None or master.startswith("local")
     if local:
@@ -66,9 +73,14 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in session_settings(shuffle_partitions=shuffle_partitions, small=small).items():
+    settings = session_settings(shuffle_partitions=shuffle_partitions, small=small)
+    if class_archive is not None:
+        settings["spark.driver.extraJavaOptions"] += " " + class_archive.java_option()
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    if class_archive is not None:
+        class_archive.check_used(SparkContext._gateway)
     # Under spark-submit the JVM started before the options above: quiet it from here on.
     session.sparkContext.setLogLevel("ERROR")
     return session
