@@ -78,6 +78,15 @@ class _Gateway:
         pass
 
 
+@pytest.fixture
+def no_jvm_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process that has not started Spark (the suite's session has)."""
+    from pyspark import SparkContext
+
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+
+
+@pytest.mark.usefixtures("no_jvm_here")
 @pytest.mark.parametrize(("code", "kept"), [(0, True), (3, False)])
 def test_the_archive_is_put_in_place_only_after_a_normal_exit(
     tmp_path: Path, code: int, kept: bool, monkeypatch: pytest.MonkeyPatch
@@ -101,6 +110,7 @@ def test_the_archive_is_put_in_place_only_after_a_normal_exit(
         assert archive.java_option() == f"-XX:SharedArchiveFile={archive.path}"
 
 
+@pytest.mark.usefixtures("no_jvm_here")
 def test_only_when_asked_and_never_under_spark_submit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPOOLMQ_JVM_CACHE", raising=False)
     assert ClassArchive.for_this_machine() is None
@@ -108,4 +118,10 @@ def test_only_when_asked_and_never_under_spark_submit(monkeypatch: pytest.Monkey
     assert ClassArchive.for_this_machine() is not None
     # spark-submit started the JVM before the job: too late for its options.
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+    assert ClassArchive.for_this_machine() is None
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    # This process has a JVM already (a SparkSession it made): the job reuses it.
+    from pyspark import SparkContext
+
+    monkeypatch.setattr(SparkContext, "_gateway", object())
     assert ClassArchive.for_this_machine() is None

@@ -8,8 +8,8 @@ first run writes the archive as its JVM exits, later runs start from it.
 Java 17 has no safe way to create the archive on demand (``-XX:+AutoCreateSharedArchive``
 is Java 19+), so this module does what that option does:
 
-- the archive's file name carries a key of what it depends on (the ``java`` binary, the
-  Spark jars, spoolmq's version), so another Java or another Spark gets its own;
+- the archive's file name carries a key of what it depends on (the ``java`` binary and
+  the Spark jars), so another Java or another Spark gets its own;
 - a run without an archive asks its JVM to write one to a temporary name at exit, ends
   that JVM itself as the process exits (after its results are out), and renames the file
   into place only if the JVM exited normally: a run killed or failing midway leaves no
@@ -68,13 +68,11 @@ def _key() -> str | None:
     """A digest of what the archive depends on, or None if Java or Spark is not found."""
     import pyspark
 
-    from spoolmq import __version__
-
     java = _java()
     jars = Path(pyspark.__file__).parent / "jars"
     if java is None or not jars.is_dir():
         return None
-    parts = [__version__, pyspark.__version__, str(jars.resolve())]
+    parts = [pyspark.__version__, str(jars.resolve())]
     for path in (java, jars, *sorted(jars.iterdir())[:1]):
         stat = path.stat()
         parts += [str(path), str(stat.st_size), str(stat.st_mtime_ns)]
