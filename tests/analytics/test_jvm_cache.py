@@ -80,10 +80,12 @@ class _Gateway:
 
 @pytest.fixture
 def no_jvm_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in a process that has not started Spark (the suite's session has)."""
+    """As in a process that has not started Spark (the suite's session has, and gets its
+    JVM back after the test)."""
     from pyspark import SparkContext
 
     monkeypatch.setattr(SparkContext, "_gateway", None)
+    monkeypatch.setattr(SparkContext, "_jvm", None)
 
 
 @pytest.mark.usefixtures("no_jvm_here")

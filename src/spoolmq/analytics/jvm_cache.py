@@ -151,8 +151,9 @@ class ClassArchive:
 
         with contextlib.suppress(Exception):
             gateway.shutdown()
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+        if SparkContext._gateway is gateway:  # a later session starts a new JVM
+            SparkContext._gateway = None
+            SparkContext._jvm = None
         with contextlib.suppress(OSError):
             proc.stdin.close()  # the gateway JVM exits when its stdin closes
         try:
