@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka.wire import MAX_VARINT32_BYTES as _VARINT32
 from spoolmq.kafka.wire import MAX_VARINT_BYTES as _VARINT64
-from spoolmq.kafka.wire import Reader
+from spoolmq.kafka.wire import Reader, Writer
 
 MAGIC = 2
 # Offsets of the v2 header fields, from the batch's first byte.
@@ -346,12 +346,7 @@ def _zigzag_bytes(v: int) -> bytes:
         return _ONE_BYTE[n]
     if n < 0x4000:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return Writer().uvarint(n).getvalue()  # three bytes and more: rare
 
 
 def encode_record(
