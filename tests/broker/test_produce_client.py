@@ -5,7 +5,9 @@ built per message until one is asked for."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
@@ -52,16 +54,26 @@ def fake_broker(
     serve_one_publisher(listener, answer)
 
 
-@pytest.fixture
-def publisher(tmp_path: Path) -> Any:
+@contextlib.contextmanager
+def serving(
+    tmp_path: Path, gate: threading.Event | None = None, **settings: Any
+) -> Iterator[tuple[Publisher, list[dict[str, Any]]]]:
+    """A Publisher with ``settings`` connected to the stand-in broker, and the frames the
+    broker received."""
     address, key = str(tmp_path / "fake.sock"), b"k" * 32
     frames: list[dict[str, Any]] = []
     with Listener(address, family="AF_UNIX", authkey=key) as listener:
-        server = threading.Thread(target=fake_broker, args=(listener, frames), daemon=True)
+        server = threading.Thread(target=fake_broker, args=(listener, frames, gate), daemon=True)
         server.start()
-        with Publisher(address=address, authkey=key, linger_ms=20, producer_id="p") as pub:
+        with Publisher(address=address, authkey=key, **settings) as pub:
             yield pub, frames
         server.join(10)
+
+
+@pytest.fixture
+def publisher(tmp_path: Path) -> Iterator[tuple[Publisher, list[dict[str, Any]]]]:
+    with serving(tmp_path, linger_ms=20, producer_id="p") as served:
+        yield served
 
 
 def test_answers_as_ranges_resolve_each_future(publisher: Any) -> None:
@@ -109,26 +121,20 @@ def test_keyed_messages_go_in_frames_of_their_keys_partition(publisher: Any) -> 
 
 
 def test_publish_async_waits_for_room_when_the_buffer_is_full(tmp_path: Path) -> None:
-    address, key = str(tmp_path / "fake.sock"), b"k" * 32
-    frames: list[dict[str, Any]] = []
     gate = threading.Event()
-    with Listener(address, family="AF_UNIX", authkey=key) as listener:
-        server = threading.Thread(target=fake_broker, args=(listener, frames, gate), daemon=True)
-        server.start()
-        with Publisher(address=address, authkey=key, max_buffered=5, linger_ms=1) as pub:
-            futures = [pub.publish_async("t", n) for n in range(5)]
-            sixth: list[Any] = []
-            caller = threading.Thread(target=lambda: sixth.append(pub.publish_async("t", 5)))
-            caller.start()
-            caller.join(1.0)
-            # No answer yet, so no room: the sixth call is still waiting.
-            assert caller.is_alive() and not sixth
-            gate.set()
-            caller.join(30)
-            assert not caller.is_alive()
-            pub.flush(30)
-            assert [f.result(timeout=0).offset for f in [*futures, *sixth]] == list(range(6))
-        server.join(10)
+    with serving(tmp_path, gate, max_buffered=5, linger_ms=1) as (pub, _):
+        futures = [pub.publish_async("t", n) for n in range(5)]
+        sixth: list[Any] = []
+        caller = threading.Thread(target=lambda: sixth.append(pub.publish_async("t", 5)))
+        caller.start()
+        caller.join(1.0)
+        # No answer yet, so no room: the sixth call is still waiting.
+        assert caller.is_alive() and not sixth
+        gate.set()
+        caller.join(30)
+        assert not caller.is_alive()
+        pub.flush(30)
+        assert [f.result(timeout=0).offset for f in [*futures, *sixth]] == list(range(6))
 
 
 def test_a_full_buffer_fails_the_caller_after_the_delivery_timeout(tmp_path: Path) -> None:
@@ -172,3 +178,51 @@ def test_set_next_sequence_numbers_the_next_message(publisher: Any) -> None:
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(InvalidArgumentError):
             pub.set_next_sequence(bad)
+
+
+def _senders(pub: Any) -> list[str]:
+    """The names of the threads that send ``pub``'s publish frames, in order, from now on."""
+    names: list[str] = []
+    conn = pub._conn
+    send = conn.send_bytes
+
+    def recorded(data: bytes, *args: Any) -> None:
+        if data.startswith(b'{"op":"publish"'):
+            names.append(threading.current_thread().name)
+        send(data, *args)
+
+    conn.send_bytes = recorded
+    return names
+
+
+@pytest.mark.parametrize("linger_ms", [0, 20])
+def test_with_no_linger_an_idle_publisher_sends_from_the_caller(
+    tmp_path: Path, linger_ms: int
+) -> None:
+    """With nothing queued or in flight, a ``publish_async`` that may not linger goes out
+    from the caller's thread: no wake-up of the I/O thread on a message's way (latency).
+    With a linger, the I/O thread sends it once the linger is over."""
+    with serving(tmp_path, linger_ms=linger_ms) as (pub, frames):
+        senders = _senders(pub)
+        for n in range(3):
+            assert pub.publish_async("t", n).result(timeout=30).offset == n
+    expected = threading.current_thread().name if linger_ms == 0 else "spoolmq-publisher"
+    assert senders == [expected] * 3
+    assert [len(frame["records"]) for frame in frames] == [1, 1, 1]
+
+
+def test_with_no_linger_a_fast_caller_still_fills_frames(tmp_path: Path) -> None:
+    """The caller sends only into an idle pipeline: while a frame is in flight, what it
+    queues is left to the I/O thread, which sends it in frames of many messages."""
+    gate = threading.Event()
+    with serving(tmp_path, gate, linger_ms=0, batch_size=100, max_in_flight=8) as (pub, frames):
+        senders = _senders(pub)
+        futures = [pub.publish_async("t", n) for n in range(1000)]
+        gate.set()  # the broker answers only now: every later message found one in flight
+        pub.flush(30)
+    assert [f.result(timeout=0).offset for f in futures] == list(range(1000))
+    # The first message went out from the caller, alone; then at most 7 frames of what
+    # was queued so far before the window of 8 was full, then full frames of 100.
+    assert senders.count(threading.current_thread().name) == 1, senders
+    assert len(frames[0]["records"]) == 1
+    assert len(frames) <= 1 + 7 + 10, [len(frame["records"]) for frame in frames]

@@ -310,7 +310,14 @@ class Publisher:
             queue.append(future)
             self._queued += 1
             self._outstanding += 1
-            idle = urgent and self._queued == 1 and not self._in_flight and self._conn is not None
+            # Nothing queued or in flight, and nothing to wait for (a blocking publish, or
+            # no linger): the caller sends it, without waking the I/O thread.
+            idle = (
+                (urgent or not self.linger)
+                and self._queued == 1
+                and not self._in_flight
+                and self._conn is not None
+            )
             if not self._urgent and (urgent or len(queue) >= self.batch_size):
                 self._urgent = wake = True
             if idle:
@@ -353,10 +360,11 @@ class Publisher:
             self._cond.wait(remaining)
 
     def _send_from_caller(self) -> bool:
-        """Send the queue's frame from the caller's thread: a blocking ``publish`` while
-        the I/O thread has nothing in flight goes out without waking it (a thread switch
-        and a wake-up byte less on the way to the broker; the I/O thread still reads the
-        answer). False if it did not go (the I/O thread sends it then)."""
+        """Send the queue's frame from the caller's thread: a blocking ``publish``, or a
+        ``publish_async`` with no linger, while the I/O thread has nothing in flight goes
+        out without waking it (a thread switch and a wake-up byte less on the way to the
+        broker; the I/O thread still reads the answer). False if it did not go (the I/O
+        thread sends it then)."""
         conn = self._conn
         if conn is None or not self._send_lock.acquire(blocking=False):
             return False
