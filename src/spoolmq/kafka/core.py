@@ -63,57 +63,59 @@ def core_of(ctx: RequestContext) -> KafkaCore:
 # -- bytes <-> stored fields --------------------------------------------------------------
 
 
-def canonical_json(data: bytes) -> tuple[bool, Any]:
-    """(True, value) when ``data`` is exactly ``orjson.dumps`` of some JSON value."""
+def is_canonical_json(data: bytes) -> bool:
+    """Is ``data`` exactly ``orjson.dumps`` of some JSON value other than null?"""
     if not data or data[0] not in _JSON_START:
-        return False, None
+        return False
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False, None
+        return False
     try:
         again = orjson.dumps(value)
     except TypeError:
-        return False, None
-    if again != data or value is None:
-        # b"null" must not be confused with Kafka's null value (a tombstone).
-        return False, None
-    return True, value
+        return False
+    # b"null" must not be confused with Kafka's null value (a tombstone).
+    return again == data and value is not None
 
 
-def record_fields(
+def record_body(
     key: bytes | None,
     value: bytes | None,
     headers: list[tuple[str, bytes | None]],
-) -> dict[str, Any]:
-    """The fields of a publish-frame record for one Kafka record (store order)."""
-    record: dict[str, Any] = {}
+    tail: bytes = b"",
+) -> bytes:
+    """One Kafka record as a publish-frame record in the store's form: exactly
+    ``orjson.dumps`` of its fields (``key`` or ``key_b64``, ``value`` or ``value_b64``,
+    ``headers``, in store order) with ``tail`` (``,"sequence":N,"producer_id":"…"``, or
+    nothing) before the closing brace. Built from byte strings: a canonical JSON value goes
+    in as its own bytes, not dumped again from its parse."""
     if key is None:
-        record["key"] = None
+        head = b'{"key":null'
     else:
         try:
-            record["key"] = key.decode("utf-8")
+            head = b'{"key":' + orjson.dumps(key.decode("utf-8"))
         except UnicodeDecodeError:
-            record["key_b64"] = base64.b64encode(key).decode("ascii")
+            head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
     if value is None:
-        record["value"] = None
+        middle = b',"value":null'
+    elif is_canonical_json(value):
+        middle = b',"value":' + value
     else:
-        is_json, parsed = canonical_json(value)
-        if is_json:
-            record["value"] = parsed
-        else:
-            record["value_b64"] = base64.b64encode(value).decode("ascii")
-    stored: list[list[str]] = []
-    for name, hvalue in headers:
-        if hvalue is None:
-            stored.append([name, ""])
-            continue
-        try:
-            stored.append([name, hvalue.decode("utf-8")])
-        except UnicodeDecodeError:
-            stored.append([name, base64.b64encode(hvalue).decode("ascii"), "b64"])
-    record["headers"] = stored
-    return record
+        middle = b',"value_b64":"' + base64.b64encode(value) + b'"'
+    stored = b"[]"
+    if headers:
+        entries: list[list[str]] = []
+        for name, hvalue in headers:
+            if hvalue is None:
+                entries.append([name, ""])
+                continue
+            try:
+                entries.append([name, hvalue.decode("utf-8")])
+            except UnicodeDecodeError:
+                entries.append([name, base64.b64encode(hvalue).decode("ascii"), "b64"])
+        stored = orjson.dumps(entries)
+    return b"".join((head, middle, b',"headers":', stored, tail, b"}"))
 
 
 def fields_to_kafka(

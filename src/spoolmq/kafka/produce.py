@@ -29,7 +29,7 @@ import orjson
 
 from spoolmq.errors import BrokerUnavailableError, KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
-from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_fields
+from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_body
 from spoolmq.kafka.records import RecordBatch, UnsupportedCompression, decode_batches
 from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.protocol.publish import encode_publish_frame
@@ -176,15 +176,17 @@ def _frame_records(
     )
     records = []
     limit = max_bytes - RECORD_OVERHEAD
+    producer_json = orjson.dumps(producer)
     for index, rec in enumerate(batch.records):
         if rec.headers and any(not name for name, _ in rec.headers):
             return int(ErrorCode.CORRUPT_MESSAGE)
-        fields: dict[str, Any] = record_fields(rec.key, rec.value, rec.headers)
-        if idempotent:
-            # Kafka sequences wrap at 2^31; spoolmq's do not need to.
-            fields["sequence"] = batch.base_sequence + index
-            fields["producer_id"] = producer
-        body = orjson.dumps(fields)
+        # Kafka sequences wrap at 2^31; spoolmq's do not need to.
+        tail = (
+            b',"sequence":%d,"producer_id":%s' % (batch.base_sequence + index, producer_json)
+            if idempotent
+            else b""
+        )
+        body = record_body(rec.key, rec.value, rec.headers, tail)
         if len(body) > limit:
             return int(ErrorCode.MESSAGE_TOO_LARGE)
         records.append(body)
