@@ -5,8 +5,9 @@ starts with ``--kafka 127.0.0.1:0`` when this client is chosen. Module level: sp
 processes import them.
 
 What "the same work" means for a Kafka client: the producer uses ``acks=all`` with
-idempotence (so each answer waits for the fsync, as spoolmq's ``acks=all``) and a linger of
-5 ms (librdkafka batches by time); the consumer is in a consumer group and commits its
+idempotence (so each answer waits for the fsync, as spoolmq's ``acks=all``), a linger of
+5 ms and librdkafka's own batch limits (``batch.num.messages`` 10,000, ``batch.size`` 1 MB),
+which is what a user gets; the consumer is in a consumer group and commits its
 offsets asynchronously after each batch it takes (up to 500 records), which is how Kafka
 consumers settle work. That is coarser than spoolmq's consumers, which ACK each message;
 the difference is part of what the comparison shows.
@@ -35,6 +36,12 @@ def kafka_address(data: str | Path) -> str:
 
 
 def _producer(data: str | Path, linger_ms: int) -> Any:
+    """A confluent-kafka producer as the bench uses it. Its batch limits are librdkafka's
+    defaults: an idempotent librdkafka producer has one Produce request at a time in flight
+    per partition (its limit of five in flight is compared with the messages in flight, not
+    the requests: ``rktp_msgs_inflight`` in rdkafka_broker.c), so the request size sets its
+    throughput; 1,000 messages a request, as the bench had before, gave 18 % less
+    (BENCHMARKS.md, "Kafka clients")."""
     from confluent_kafka import Producer
 
     return Producer(
@@ -43,7 +50,6 @@ def _producer(data: str | Path, linger_ms: int) -> Any:
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": linger_ms,
-            "batch.num.messages": 1000,
             "queue.buffering.max.messages": 100_000,
         }
     )
