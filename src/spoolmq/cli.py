@@ -361,6 +361,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                 "partitions": len(rows),
                 "lag": sum(r["lag"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows),
+                "parked": sum(r["parked"] for r in rows),
             }
             for name, rows in sorted(groups.items())
         ]
@@ -369,7 +370,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
         else:
             _table(
                 "groups",
-                ["group", "partitions", "lag", "in flight"],
+                ["group", "partitions", "lag", "in flight", "parked"],
                 [list(s.values()) for s in summary],
             )
         return 0
@@ -388,6 +389,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                 "log end offset",
                 "lag",
                 "in-flight",
+                "parked",
                 "consumer",
             ],
             [
@@ -398,6 +400,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                     r["log_end_offset"],
                     r["lag"],
                     r["in_flight"],
+                    r["parked"],
                     ", ".join(r["consumers"]),
                 ]
                 for r in rows

@@ -41,8 +41,10 @@ from spoolmq.types import TopicPartition
 
 def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per group, one row per partition (topic, partition, committed, log end, lag,
-    in-flight, consumers): live from the broker when one runs, and from ``state.db`` for
-    the groups it does not hold (or all of them when no broker runs). ``group`` picks one;
+    in-flight, consumers, parked): live from the broker when one runs, and from
+    ``state.db`` for the groups it does not hold (or all of them when no broker runs); the
+    parked counts (delayed messages held in ``state.db`` until they are due, which the lag
+    includes) always from ``state.db``, as the broker last saved them. ``group`` picks one;
     an unknown one is an :class:`InvalidArgumentError`."""
     result: dict[str, list[dict[str, Any]]] = {}
     if broker_running(data):
@@ -58,6 +60,11 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
             result[name] = partition_rows(
                 committed, ends, consumers=kafka_partition_owners(data, name)
             )
+        parked = store.state.parked_by_partition()
+    for name, rows in result.items():
+        counts = parked.get(name, {})
+        for row in rows:
+            row["parked"] = counts.get(TopicPartition(row["topic"], row["partition"]), 0)
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")

@@ -16,7 +16,7 @@ import pytest
 
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.cli import main
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, wait_until
 
 POSITION_KEYS = {"topic", "partition", "offset"}
 MESSAGE_KEYS = {
@@ -215,6 +215,7 @@ def test_groups_list_and_describe(
                 "lag",
                 "in_flight",
                 "consumers",
+                "parked",
             }
             for row in rows
         )
@@ -227,7 +228,9 @@ def test_groups_list_and_describe(
             (2, 2),
         ]
         summary = orjson.loads(cli(capsys, "groups", "list", "--json", *d))
-        assert summary == [{"group": "billing", "partitions": 2, "lag": 5, "in_flight": 1}]
+        assert summary == [
+            {"group": "billing", "partitions": 2, "lag": 5, "in_flight": 1, "parked": 0}
+        ]
         # The table has the columns Kafka users know.
         monkeypatch.setenv("COLUMNS", "200")
         table = cli(capsys, "groups", "describe", "billing", *d)
@@ -238,11 +241,48 @@ def test_groups_list_and_describe(
             "log end offset",
             "lag",
             "in-flight",
+            "parked",
             "consumer",
         ):
             assert column in table
         assert consumer.consumer_id in table
         held.ack()
+
+
+def test_groups_show_the_delayed_messages_parked_in_state_db(
+    broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Messages due long after the broker reads them are parked in state.db (README,
+    "Delays and expiry"): the committed offset moves past them, so the lag alone would not
+    say where they are. `groups list/describe` count them per partition, live and with the
+    broker stopped."""
+    d = ["--data", str(data_dir)]
+    with Store(data_dir) as store:
+        store.create_topic("later", partitions=2)
+    with Publisher(data=data_dir) as publisher:
+        for n in range(5):
+            publisher.publish("later", n, partition=n % 2, delay=3600)  # 3 in 0, 2 in 1
+        publisher.publish("later", "now", partition=0)
+
+    def described() -> dict[int, dict[str, Any]]:
+        rows = orjson.loads(cli(capsys, "groups", "describe", "reports", "--json", *d))
+        return {row["partition"]: row for row in rows}
+
+    with Consumer("later", group="reports", data=data_dir) as consumer:
+        message = consumer.receive(timeout=60)
+        assert message is not None and message.value == "now"
+        message.ack()
+        wait_until(
+            lambda: [r["parked"] for _, r in sorted(described().items())] == [3, 2],
+            60,
+            "the delayed messages to be parked and saved",
+        )
+    rows = described()
+    assert [(rows[p]["committed"], rows[p]["log_end_offset"]) for p in (0, 1)] == [(4, 4), (2, 2)]
+    summary = orjson.loads(cli(capsys, "groups", "list", "--json", *d))
+    assert [(s["group"], s["parked"], s["lag"]) for s in summary] == [("reports", 5, 0)]
+    assert broker.stop() == 0
+    assert [r["parked"] for _, r in sorted(described().items())] == [3, 2]  # from state.db
 
 
 def test_dlq_list_and_replay(

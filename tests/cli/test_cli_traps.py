@@ -308,7 +308,13 @@ def test_numbers_are_numbers_in_every_json_shape(broker: BrokerProcess, data_dir
     ]
     wait_until(lambda: orjson.loads(ok("groups", "list", *d)) or None, 60, "the group committed")
     assert _types(orjson.loads(ok("groups", "list", *d))) == [
-        {"group": text, "partitions": integer, "lag": integer, "in_flight": integer}
+        {
+            "group": text,
+            "partitions": integer,
+            "lag": integer,
+            "in_flight": integer,
+            "parked": integer,
+        }
     ]
     rows = orjson.loads(ok("groups", "describe", "billing", *d))
     assert {k: v for k, v in _types(rows[0]).items() if k != "consumers"} == {
@@ -318,6 +324,7 @@ def test_numbers_are_numbers_in_every_json_shape(broker: BrokerProcess, data_dir
         "log_end_offset": integer,
         "lag": integer,
         "in_flight": integer,
+        "parked": integer,
     }
     reset = orjson.loads(ok("groups", "reset", "billing", "--topic", "pay", "--to-offset", "1", *d))
     assert _types(reset) == {

@@ -844,3 +844,14 @@ class StateDB:
         """How many messages each group has parked."""
         rows = self.query("SELECT group_name, COUNT(*) FROM parked GROUP BY group_name")
         return {name: count for name, count in rows}
+
+    def parked_by_partition(self) -> dict[str, dict[TopicPartition, int]]:
+        """How many messages each group has parked, per partition."""
+        rows = self.query(
+            "SELECT group_name, topic, partition, COUNT(*) FROM parked "
+            "GROUP BY group_name, topic, partition"
+        )
+        counts: dict[str, dict[TopicPartition, int]] = {}
+        for name, topic, partition, count in rows:
+            counts.setdefault(name, {})[TopicPartition(topic, partition)] = count
+        return counts
