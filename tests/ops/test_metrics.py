@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.broker.metrics import Buckets, Snapshot, check_loopback, render
 from spoolmq.errors import InvalidArgumentError
+from spoolmq.store.state import ParkedRow
 from spoolmq.testing import BrokerProcess, wait_until
 
 
@@ -186,6 +187,14 @@ def test_render_without_a_broker(data_dir: Path) -> None:
         store.append("t", 1)
         store.append("t", 2)
         store.state.reset_group("g", {("t", 0): 1})  # type: ignore[dict-item]
+        # Two delayed messages of g that the broker parked (rows as its checkpoint writes).
+        store.state.checkpoint(
+            committed={},
+            deliveries=[],
+            scheduled=[],
+            finished=[],
+            parked=[ParkedRow("g", "t", 0, n, 4_000_000_000_000, 0, None) for n in (5, 6)],
+        )
     text = render(data_dir, Snapshot()).decode()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -195,6 +204,8 @@ def test_render_without_a_broker(data_dir: Path) -> None:
     assert value(samples, "spoolmq_broker_up") == 0
     assert value(samples, "spoolmq_log_end_offset", topic="t", partition="0") == 2
     assert value(samples, "spoolmq_group_lag_messages", group="g", topic="t", partition="0") == 1
+    parked = value(samples, "spoolmq_group_parked_messages", group="g", topic="t", partition="0")
+    assert parked == 2
     assert value(samples, "spoolmq_messages_published_total", topic="t") is None
 
 

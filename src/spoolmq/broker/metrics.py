@@ -31,6 +31,7 @@ from spoolmq.broker.group_view import partition_rows
 from spoolmq.errors import InvalidArgumentError, SpoolError
 from spoolmq.store import Store
 from spoolmq.store.names import DLQ_SUFFIX, dlq_topic
+from spoolmq.types import TopicPartition
 
 logger = logging.getLogger("spoolmq.metrics")
 
@@ -169,6 +170,7 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
             if name not in groups:
                 committed = store.state.committed_offsets(name)
                 groups[name] = partition_rows(committed, {tp: ends.get(tp, 0) for tp in committed})
+        parked = store.state.parked_by_partition()
     yield log_end
     yield log_start
     yield dlq
@@ -189,15 +191,25 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         "messages delivered to a group's consumers and not yet ACKed or NACKed",
         labels=group_labels,
     )
+    parked_f = GaugeMetricFamily(
+        "spoolmq_group_parked_messages",
+        "delayed messages of a group waiting in state.db until they are due (past its "
+        "committed offset, so not in its lag), as the broker last saved them",
+        labels=group_labels,
+    )
     for name in sorted(groups):
+        counts = parked.get(name, {})
         for row in groups[name]:
             labels = [name, row["topic"], str(row["partition"])]
             committed_f.add_metric(labels, row["committed"])
             lag_f.add_metric(labels, row["lag"])
             in_flight_f.add_metric(labels, row["in_flight"])
+            where = TopicPartition(row["topic"], row["partition"])
+            parked_f.add_metric(labels, counts.get(where, 0))
     yield committed_f
     yield lag_f
     yield in_flight_f
+    yield parked_f
 
     if stats is None:
         return
