@@ -272,6 +272,29 @@ def test_the_groups_page_shows_each_member(ui: UIProcess, browser: Any, data: Pa
     no_script_errors(browser)
 
 
+def test_the_groups_page_counts_parked_messages(ui: UIProcess, browser: Any, data: Path) -> None:
+    """Messages due an hour later are parked in state.db, past the committed offset: the
+    page counts them, where the lag says 0."""
+    with Publisher(data=data) as publisher:
+        for n in range(2):
+            publisher.publish("later", n, delay=3600)
+    with Consumer("later", "reports", data=data) as consumer:
+        assert consumer.receive(timeout=0.5) is None  # joined: the broker reads them now
+        wait_until(lambda: _parked(data, "reports") == 2, WAIT, "the messages to be parked")
+    open_page(browser, ui.url, "/groups")
+    reports = '[data-group="reports"]'
+    until(browser, lambda d: text_of(d, f"{reports} td.parked") == "2", "the parked count")
+    assert "parked 2" in text_of(browser, f"{reports} h2")
+    assert text_of(browser, f"{reports} td.lag") == "0"
+    no_script_errors(browser)
+
+
+def _parked(data: Path, group: str) -> int:
+    from spoolmq.operations import group_rows
+
+    return sum(row["parked"] for row in group_rows(data).get(group, []))
+
+
 def _dead_letters(data: Path, topic: str) -> int:
     from spoolmq.operations import dead_letters
     from spoolmq.store import Store

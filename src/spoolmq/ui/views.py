@@ -222,7 +222,7 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
 
 
 def groups(data: Path) -> dict[str, Any]:
-    """Per group its partitions' committed offset, log end, lag, in-flight and consumers,
+    """Per group its partitions' committed offset, log end, lag, in-flight, parked and consumers,
     and, while a broker runs, its members as the broker sees them (consumer id, pid, name,
     connected since, last seen, in flight: what ``groups describe --members`` shows)."""
     rows = operations.group_rows(data)
@@ -238,6 +238,7 @@ def groups(data: Path) -> dict[str, Any]:
         result[name] = {
             "lag": sum(r["lag"] for r in partitions),
             "in_flight": sum(r["in_flight"] for r in partitions),
+            "parked": sum(r["parked"] for r in partitions),
             "consumers": [
                 {
                     "id": m["consumer"],

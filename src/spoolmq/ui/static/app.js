@@ -275,12 +275,12 @@ pages.groups = async () => {
     for (const [name, g] of Object.entries(groups)) {
       const section = document.createElement("section");
       section.className = "group"; section.dataset.group = name;
-      section.innerHTML = `<h2>${esc(name)} <span class="muted">lag ${n(g.lag)}, in flight ${n(g.in_flight)}</span></h2>
+      section.innerHTML = `<h2>${esc(name)} <span class="muted">lag ${n(g.lag)}, in flight ${n(g.in_flight)}, parked ${n(g.parked)}</span></h2>
         <p>Consumers: ${g.consumers.length ? g.consumers.map(c => `<span class="member">${esc(c.id)}` + (c.name ? ` “${esc(c.name)}”` : "") +
           ` (pid ${esc(c.pid ?? "?")}, in flight ${n(c.in_flight)}, last seen ${esc(when(c.last_seen || lastSeen[c.id]).slice(11) || "not yet")})</span>`).join(", ") : '<span class="muted">none connected</span>'}</p>` +
-        table(["topic", "#partition", "#committed", "#log end", "#lag", "#in flight", "consumers"], g.partitions.map(r =>
+        table(["topic", "#partition", "#committed", "#log end", "#lag", "#in flight", "#parked", "consumers"], g.partitions.map(r =>
           `<tr><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num committed">${n(r.committed)}</td><td class="num">${n(r.log_end_offset)}</td>
-          <td class="num lag">${n(r.lag)}</td><td class="num">${n(r.in_flight)}</td><td>${(r.consumers || []).map(esc).join(", ")}</td></tr>`)) +
+          <td class="num lag">${n(r.lag)}</td><td class="num">${n(r.in_flight)}</td><td class="num parked">${n(r.parked)}</td><td>${(r.consumers || []).map(esc).join(", ")}</td></tr>`)) +
         (READ_ONLY ? "" : `<form class="bar reset"><label>Reset topic <select name="topic">${[...new Set(g.partitions.map(r => r.topic).concat(topics))].map(t => `<option>${esc(t)}</option>`).join("")}</select></label>
           <label>to <select name="to"><option>earliest</option><option>latest</option><option>offset</option><option>time</option></select></label>
           <label>offset or time <input name="value" size="20"></label><button type="submit" class="secondary">Preview reset</button></form>
