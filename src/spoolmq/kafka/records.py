@@ -231,16 +231,32 @@ def _decode_records(data: bytes, count: int, first_timestamp: int) -> list[Kafka
     end = len(data)
     try:
         for _ in range(count):
+            # The usual one-byte cases inline (a call each is a good part of a record's
+            # cost): a short timestamp delta, a small offset delta, a null key, no headers.
             length, pos = _zigzag(data, pos, _VARINT32)
             if length < 0 or length > end - pos:
                 raise KafkaDecodeError(f"record length {length} at offset {pos}")
             record_end = pos + length
             # pos + 1: the attributes byte, unused in v2.
-            delta, pos = _zigzag(data, pos + 1, _VARINT64)
-            offset_delta, pos = _zigzag(data, pos, _VARINT32)
-            key, pos = _var_bytes(data, pos, record_end, "key")
+            byte = data[pos + 1]
+            if byte < 0x80:
+                delta, pos = (byte >> 1) ^ -(byte & 1), pos + 2
+            else:
+                delta, pos = _zigzag(data, pos + 1, _VARINT64)
+            byte = data[pos]
+            if byte < 0x80:
+                offset_delta, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+            else:
+                offset_delta, pos = _zigzag(data, pos, _VARINT32)
+            if data[pos] == 1:  # zigzag -1: a null key
+                key, pos = None, pos + 1
+            else:
+                key, pos = _var_bytes(data, pos, record_end, "key")
             value, pos = _var_bytes(data, pos, record_end, "value")
-            n, pos = _zigzag(data, pos, _VARINT32)
+            if data[pos] == 0:
+                n, pos = 0, pos + 1
+            else:
+                n, pos = _zigzag(data, pos, _VARINT32)
             headers: list[tuple[str, bytes | None]] = []
             if n:
                 if n < 0 or n * 2 > record_end - pos:
