@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
 from spoolmq.broker.delivery import ONLY_GROUP_HEADER
-from spoolmq.broker.group_view import partition_rows
+from spoolmq.broker.group_view import add_parked, partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
 from spoolmq.errors import (
@@ -44,7 +44,7 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
     in-flight, consumers, parked): live from the broker when one runs, and from
     ``state.db`` for the groups it does not hold (or all of them when no broker runs); the
     parked counts (delayed messages held in ``state.db`` until they are due, which the lag
-    includes) always from ``state.db``, as the broker last saved them. ``group`` picks one;
+    leaves out) always from ``state.db``, as the broker last saved them. ``group`` picks one;
     an unknown one is an :class:`InvalidArgumentError`."""
     result: dict[str, list[dict[str, Any]]] = {}
     if broker_running(data):
@@ -60,11 +60,7 @@ def group_rows(data: Path, group: str | None = None) -> dict[str, list[dict[str,
             result[name] = partition_rows(
                 committed, ends, consumers=kafka_partition_owners(data, name)
             )
-        parked = store.state.parked_by_partition()
-    for name, rows in result.items():
-        counts = parked.get(name, {})
-        for row in rows:
-            row["parked"] = counts.get(TopicPartition(row["topic"], row["partition"]), 0)
+        add_parked(result, store.state.parked_by_partition())
     if group is not None:
         if group not in result:
             raise InvalidArgumentError(f"no consumer group {group!r}")

@@ -53,6 +53,19 @@ def partition_rows(
     return rows
 
 
+def add_parked(
+    groups: Mapping[str, Iterable[dict[str, Any]]],
+    parked: Mapping[str, Mapping[TopicPartition, int]],
+) -> None:
+    """Give every row of ``groups`` its ``parked`` count (``StateDB.parked_by_partition``):
+    the group's delayed messages waiting in ``state.db``, past its committed offset, so
+    not in its lag."""
+    for name, rows in groups.items():
+        counts = parked.get(name, {})
+        for row in rows:
+            row["parked"] = counts.get(TopicPartition(row["topic"], row["partition"]), 0)
+
+
 def describe_groups(
     groups: Mapping[str, Group], log_ends: Mapping[TopicPartition, int]
 ) -> dict[str, Any]:

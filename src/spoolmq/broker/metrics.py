@@ -27,11 +27,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from spoolmq.broker.group_view import partition_rows
+from spoolmq.broker.group_view import add_parked, partition_rows
 from spoolmq.errors import InvalidArgumentError, SpoolError
 from spoolmq.store import Store
 from spoolmq.store.names import DLQ_SUFFIX, dlq_topic
-from spoolmq.types import TopicPartition
 
 logger = logging.getLogger("spoolmq.metrics")
 
@@ -165,12 +164,12 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
             dlq.add_metric([name], depth)
         live = snapshot.groups or {}
         for name, info in live.items():
-            groups[name] = list(info["partitions"])
+            groups[name] = [dict(row) for row in info["partitions"]]  # rows get "parked"
         for name in store.state.groups():
             if name not in groups:
                 committed = store.state.committed_offsets(name)
                 groups[name] = partition_rows(committed, {tp: ends.get(tp, 0) for tp in committed})
-        parked = store.state.parked_by_partition()
+        add_parked(groups, store.state.parked_by_partition())
     yield log_end
     yield log_start
     yield dlq
@@ -198,14 +197,12 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
         labels=group_labels,
     )
     for name in sorted(groups):
-        counts = parked.get(name, {})
         for row in groups[name]:
             labels = [name, row["topic"], str(row["partition"])]
             committed_f.add_metric(labels, row["committed"])
             lag_f.add_metric(labels, row["lag"])
             in_flight_f.add_metric(labels, row["in_flight"])
-            where = TopicPartition(row["topic"], row["partition"])
-            parked_f.add_metric(labels, counts.get(where, 0))
+            parked_f.add_metric(labels, row["parked"])
     yield committed_f
     yield lag_f
     yield in_flight_f

@@ -842,8 +842,7 @@ class StateDB:
 
     def parked_counts(self) -> dict[str, int]:
         """How many messages each group has parked."""
-        rows = self.query("SELECT group_name, COUNT(*) FROM parked GROUP BY group_name")
-        return {name: count for name, count in rows}
+        return {name: sum(counts.values()) for name, counts in self.parked_by_partition().items()}
 
     def parked_by_partition(self) -> dict[str, dict[TopicPartition, int]]:
         """How many messages each group has parked, per partition."""
