@@ -5,6 +5,7 @@ client tells a delivery from any other frame."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import select
 import threading
@@ -60,6 +61,63 @@ def test_what_the_client_sends_is_read_back_frame_by_frame() -> None:
     with pytest.raises(EOFError):
         reader.next_frame()
     reader.close()
+
+
+def _all_frames(reader: protocol.PipeFrames, count: int) -> list[bytes]:
+    got: list[bytes] = []
+    for _ in range(10_000):  # bounded: each round waits up to 10 s for the pipe
+        if len(got) >= count:
+            break
+        select.select([reader], [], [], 10)
+        got.extend(reader.read())
+    return got
+
+
+def test_notices_on_a_pipe_are_read_whole_however_the_bytes_arrive() -> None:
+    """PipeFrames splits what ``send_bytes`` wrote, whether a read holds many frames, part
+    of one (a body larger than its chunk, or a header cut in two) or a long-size header."""
+    read_end, write_end = Pipe(duplex=False)
+    reader = protocol.PipeFrames(read_end)
+    assert reader.read() == []  # nothing yet: no waiting
+    rng = random.Random(3)
+    frames = [rng.randbytes(rng.choice([0, 1, 4, 100, 3000])) for _ in range(500)]
+    big = rng.randbytes(300_000)  # larger than a chunk: arrives over several reads
+    frames.insert(250, big)
+    # More than a pipe holds: the writer blocks until the reader has taken some.
+    sender = threading.Thread(target=lambda: [write_end.send_bytes(f) for f in frames])
+    sender.start()
+    assert _all_frames(reader, len(frames)) == frames
+    sender.join(30)
+
+    # A header cut in two, then the long form (-1 and an 8-byte size) by hand.
+    fd = write_end.fileno()
+    os.write(fd, (5).to_bytes(4, "big")[:2])
+    assert reader.read() == []
+    os.write(fd, (5).to_bytes(4, "big")[2:] + b"hello")
+    os.write(fd, b"\xff\xff\xff\xff" + (3).to_bytes(8, "big") + b"abc")
+    assert _all_frames(reader, 2) == [b"hello", b"abc"]
+    assert not reader.ended
+    write_end.close()
+    select.select([reader], [], [], 10)
+    assert reader.read() == []
+    assert reader.ended
+    assert reader.error is None  # closed, not broken
+    reader.close()
+
+
+def test_a_bad_size_on_the_notice_pipe_ends_it_and_says_why() -> None:
+    read_end, write_end = Pipe(duplex=False)
+    reader = protocol.PipeFrames(read_end, max_bytes=1000)
+    write_end.send_bytes(b"ok")
+    os.write(write_end.fileno(), (5000).to_bytes(4, "big") + b"x" * 10)
+    select.select([reader], [], [], 10)
+    assert reader.read() == [b"ok"]  # what came before it
+    assert reader.ended
+    assert "bad message length: 5000" in str(reader.error)
+    write_end.send_bytes(b"later")  # no frame boundary can be trusted any more
+    assert reader.read() == []
+    reader.close()
+    write_end.close()
 
 
 def test_a_client_that_leaves_too_much_unread_is_reported() -> None:

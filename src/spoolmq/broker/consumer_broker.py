@@ -111,7 +111,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         super().__init__(data_dir, channels, store_settings=store_settings, clock=clock)
         if channels.notices is None:
             raise ValueError("the ConsumerBroker reads the PublisherBroker's notices")
-        self.notices = channels.notices
+        self.notices = protocol.PipeFrames(channels.notices)
         self.events = EventLog(data_dir, clock=clock)
         self.by_id: dict[str, _Consumer] = {}
         self.groups: dict[str, GroupRuntime] = {}
@@ -170,7 +170,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         return max(0.0, min(until, _CHECKPOINT_S if self.groups else _RESCAN_S))
 
     def loop(self, timeout: float | None) -> None:
-        ready = self._wait_step(timeout, [self.notices])
+        ready = self._wait_step(timeout, () if self.notices.ended else [self.notices])
         if self.notices in ready:
             self._read_notices()
         for conn in ready:
@@ -535,13 +535,20 @@ class ConsumerBroker(BrokerChild[_Consumer]):
     # -- notices, control, admin -----------------------------------------------------------------
 
     def _read_notices(self) -> None:
-        for _ in range(1000):
+        waiting = self.notices.read()
+        if self.notices.ended:
+            # No more notices (the manager is gone, or the stream broke): the rescan reads
+            # what they would have said.
+            logger.error(
+                "stopped reading the PublisherBroker's notices: %s",
+                self.notices.error or "the pipe was closed",
+            )
+        for data in waiting:
             try:
-                if not self.notices.poll(0):
-                    return
-                frame = protocol.decode(self.notices.recv_bytes(protocol.MAX_FRAME_BYTES))
-            except (EOFError, OSError, SpoolError):
-                return
+                frame = protocol.decode(data)
+            except SpoolError:
+                logger.warning("ignoring a malformed notice %.200r", data)
+                continue
             fresh = frame.get("b")
             if fresh is None:
                 # The bare form, "these partitions grew to" (no metadata: a writer that

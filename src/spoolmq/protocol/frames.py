@@ -83,6 +83,21 @@ def receive(conn: Connection) -> dict[str, Any]:
 _LONG_SIZE = b"\xff\xff\xff\xff"
 
 
+def _header_bytes(header: bytes | bytearray) -> int:
+    """How many bytes the size header that starts ``header`` takes (4, or 12 for a long
+    frame); ``header`` needs at least its first 4 bytes."""
+    return 12 if header[:4] == _LONG_SIZE else 4
+
+
+def _body_size(header: bytes | bytearray, max_bytes: int) -> int:
+    """The body size a whole header gives; OSError over ``max_bytes`` (as ``recv_bytes``)."""
+    long = len(header) == 12
+    size = int.from_bytes(header[4:] if long else header, signed=not long)
+    if not 0 <= size <= max_bytes:
+        raise OSError(f"bad message length: {size} (the limit is {max_bytes} bytes)")
+    return size
+
+
 class FrameReader:
     """Reads a client's frames without ever blocking on one that is only partly there.
 
@@ -110,18 +125,14 @@ class FrameReader:
         OSError for a frame size over the limit, as ``recv_bytes`` does.
         """
         while self._size < 0:
-            need = 12 if self._header[:4] == _LONG_SIZE else 4
+            need = _header_bytes(self._header) if len(self._header) >= 4 else 4
             if len(self._header) < need:
                 chunk = self._receive(need - len(self._header))
                 if chunk is None:
                     return None
                 self._header += chunk
                 continue
-            long = need == 12
-            size = int.from_bytes(self._header[4:] if long else self._header, signed=not long)
-            if not 0 <= size <= self._max_bytes:
-                raise OSError(f"bad message length: {size} (the limit is {self._max_bytes} bytes)")
-            self._size = size
+            size = self._size = _body_size(self._header, self._max_bytes)
             self._header.clear()
             if size and not self._body:
                 chunk = self._receive(size)
@@ -152,6 +163,78 @@ class FrameReader:
 
     def close(self) -> None:
         self._sock.close()
+
+
+class PipeFrames:
+    """Every whole frame waiting on the reading end of a pipe, without blocking: the
+    notices the PublisherBroker sends the ConsumerBroker (``Connection.send_bytes`` on
+    the other end, so the same framing as :class:`FrameReader`).
+
+    ``Connection.poll(0)`` builds a selector for each look, and ``recv_bytes`` reads a
+    header and a body with two calls: per frame, several system calls and a few tens of
+    microseconds of Python on a path the ConsumerBroker takes at every notice. This reads
+    whatever has arrived in large chunks and splits it, keeping a partial frame for the
+    next call.
+    """
+
+    __slots__ = ("_buffer", "_conn", "_fd", "_max_bytes", "ended", "error")
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, conn: Connection, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._conn = conn  # keeps the descriptor open
+        self._fd = conn.fileno()
+        os.set_blocking(self._fd, False)
+        self._max_bytes = max_bytes
+        self._buffer = bytearray()
+        # No frame will come any more: the writing end is closed everywhere, or a bad size
+        # broke the framing (``error``; the caller has its own way to catch up then).
+        self.ended = False
+        self.error: OSError | None = None
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read(self) -> list[bytes]:
+        """The frames that have arrived whole since the last call (maybe none).
+
+        A frame size over the limit (which ``recv_bytes`` refuses with OSError) leaves no
+        frame boundary to trust after it: the frames before it are returned, :attr:`ended`
+        is set and :attr:`error` says why."""
+        buffer = self._buffer
+        while not self.ended:
+            try:
+                chunk = os.read(self._fd, self._CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not chunk:
+                self.ended = True
+                break
+            buffer += chunk
+            if len(chunk) < self._CHUNK:
+                break  # the pipe was empty after this: the next wait says when it is not
+        frames: list[bytes] = []
+        start = 0
+        end = len(buffer)
+        while end - start >= 4:
+            header_end = start + _header_bytes(buffer[start : start + 4])
+            if end < header_end:
+                break
+            try:
+                body_end = header_end + _body_size(buffer[start:header_end], self._max_bytes)
+            except OSError as exc:
+                self.ended, self.error = True, exc
+                buffer.clear()
+                return frames
+            if end < body_end:
+                break
+            frames.append(bytes(buffer[header_end:body_end]))
+            start = body_end
+        del buffer[:start]
+        return frames
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 _SEND_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
