@@ -47,6 +47,7 @@ class SyncThread:
         self._cond = threading.Condition()
         self._stopping = False
         self._done: SimpleQueue[tuple[int, OSError | None]] = SimpleQueue()
+        self._outstanding = 0  # jobs submitted and not yet returned by results()
         self._ready, self._signal = os.pipe()
         os.set_blocking(self._ready, False)
         self._pool: ThreadPoolExecutor | None = None
@@ -64,6 +65,7 @@ class SyncThread:
         with self._cond:
             self._jobs.append((job, dict(files)))
             self._cond.notify()
+        self._outstanding += 1
 
     def sync_here(self, fd: int) -> OSError | None:
         """Sync one file in the caller's thread (the loop's, while this thread has no job:
@@ -77,7 +79,12 @@ class SyncThread:
                 os.close(fd)
 
     def results(self) -> list[tuple[int, OSError | None]]:
-        """The jobs finished since the last call, with their error (None: synced)."""
+        """The jobs finished since the last call, with their error (None: synced).
+
+        With no job outstanding there is nothing to look for (the loop asks after every
+        commit, and most at a low rate were synced in the loop): no system call then."""
+        if not self._outstanding:
+            return []
         with contextlib.suppress(BlockingIOError):
             os.read(self._ready, 4096)
         done = []
@@ -85,6 +92,7 @@ class SyncThread:
             try:
                 done.append(self._done.get_nowait())
             except Empty:
+                self._outstanding -= len(done)
                 return done
 
     def wait(self, timeout: float) -> bool:

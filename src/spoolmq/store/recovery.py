@@ -156,9 +156,7 @@ class TailRecovery:
             # Others appended: read their new index entries, then scan from the newest.
             self._read_new_index_entries(tail, size)
             self.catch_up(tail, keep_records=self._restore_sequences_on)
-        if tail.next_offset != tail.base and os.path.exists(
-            self._files.segment_path(tail.next_offset)
-        ):
+        if tail.next_offset != tail.base and self._files.has_segment(tail.next_offset):
             # Another process rolled to a new segment.
             tail.close()
             return self.open()

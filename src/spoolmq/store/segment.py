@@ -41,10 +41,17 @@ class SegmentInfo:
 class SegmentFiles:
     """The segment and index files of one partition directory."""
 
-    __slots__ = ("directory",)
+    __slots__ = ("_prefix", "directory")
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._prefix = os.path.join(directory, "")
+
+    def has_segment(self, base: int) -> bool:
+        """Whether the segment starting at ``base`` exists: a writer asks at each append
+        whether another process rolled past its segment, so without a ``Path`` or an
+        exception for the usual answer (no)."""
+        return os.access(self._prefix + segment_name(base), os.F_OK)
 
     def segment_path(self, base: int) -> Path:
         return self.directory / segment_name(base)
