@@ -31,7 +31,7 @@ from spoolmq.client.common import (
     settle_frame,
     subscription_settings,
 )
-from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.client.connection import Address, Readiness, connect, resolve
 from spoolmq.client.delivered import DeliveredRecord
 from spoolmq.config import known_settings
 from spoolmq.errors import (
@@ -159,6 +159,7 @@ class Consumer:
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._woken = False
+        self._readiness = Readiness(self._wake_read)
         self._wake_lock = threading.Lock()  # wakeup() never writes to a closed descriptor
         # Connect once in the caller, as Publisher does, so a missing broker or a wrong key
         # fails loudly here instead of after reconnect_timeout; reconnects are for a broker
@@ -315,10 +316,10 @@ class Consumer:
         """Wait up to ``timeout`` seconds for a frame from the broker: True if one is
         there to read; False when the time is up or ``wakeup`` was called."""
         assert self._conn is not None
-        ready = wait([self._conn, self._wake_read], timeout)
-        if self._wake_read in ready:
+        conn_ready, woken = self._readiness.wait(self._conn, timeout)
+        if woken:
             self._drain_wakeups()
-        return self._conn in ready
+        return conn_ready
 
     def _drain_wakeups(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -19,12 +19,12 @@ import uuid
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Unpack
 
 from spoolmq import protocol
 from spoolmq.client.common import answer_errors, check_publisher_limits, expired_error
-from spoolmq.client.connection import Address, connect, resolve
+from spoolmq.client.connection import Address, Readiness, connect, resolve
 from spoolmq.config import known_settings
 from spoolmq.errors import (
     BrokerUnavailableError,
@@ -200,6 +200,7 @@ class Publisher:
         self._wake_read.setblocking(False)
         # Never block while holding the condition: a full wake-up socket already says "wake".
         self._wake_write.setblocking(False)
+        self._readiness = Readiness(self._wake_read.fileno())
         self._conn: Connection | None = None
         self.reconnects = 0
         # Connect once in the caller, so a missing broker or a wrong key fails loudly here.
@@ -499,13 +500,13 @@ class Publisher:
                 timeout: float | None = max(0.0, self.linger - (time.monotonic() - self._oldest()))
             else:
                 timeout = 1.0
-        ready = wait([self._conn, self._wake_read], timeout)
-        if self._wake_read in ready:
+        conn_ready, woken = self._readiness.wait(self._conn, timeout)
+        if woken:
             with contextlib.suppress(BlockingIOError, OSError):
                 self._wake_read.recv(4096)
-        if self._conn in ready:
-            while self._conn.poll(0):
-                self._handle_reply(protocol.receive(self._conn))
+        while conn_ready:
+            self._handle_reply(protocol.receive(self._conn))
+            conn_ready, _ = self._readiness.wait(self._conn, 0)
 
     def _handle_reply(self, frame: dict[str, Any]) -> None:
         frame_id = frame.get("id")
