@@ -87,11 +87,10 @@ class Readiness:
     the kernel, so a new connection (after a reconnect) only needs its descriptor noted.
     """
 
-    __slots__ = ("_conn_fd", "_poll", "_wake_fd")
+    __slots__ = ("_conn_fd", "_poll")
 
     def __init__(self, wake_fd: int) -> None:
         self._poll = select.poll()
-        self._wake_fd = wake_fd
         self._poll.register(wake_fd, select.POLLIN)
         self._conn_fd = -1
 

@@ -84,8 +84,8 @@ _LONG_SIZE = b"\xff\xff\xff\xff"
 
 
 def _header_bytes(header: bytes | bytearray) -> int:
-    """How many bytes the size header that starts ``header`` takes (4, or 12 for a long
-    frame); ``header`` needs at least its first 4 bytes."""
+    """How many bytes the size header that starts ``header`` takes: 12 for a long frame,
+    else 4 (also while fewer than 4 have arrived)."""
     return 12 if header[:4] == _LONG_SIZE else 4
 
 
@@ -125,7 +125,7 @@ class FrameReader:
         OSError for a frame size over the limit, as ``recv_bytes`` does.
         """
         while self._size < 0:
-            need = _header_bytes(self._header) if len(self._header) >= 4 else 4
+            need = _header_bytes(self._header)
             if len(self._header) < need:
                 chunk = self._receive(need - len(self._header))
                 if chunk is None:
