@@ -30,6 +30,11 @@ def session_settings(*, shuffle_partitions: int = 8, small: bool = False) -> dic
     }
     if small:
         settings["spark.sql.codegen.wholeStage"] = "false"
+        # Expressions, projections and orderings interpreted too, not compiled to Java
+        # classes by Janino one by one (~600 classes for the demo's store: 1 s of a 16 s
+        # run). An internal setting: a Spark that no longer knows it ignores it, and the
+        # interpreted forms are the ones Spark itself falls back to when a compile fails.
+        settings["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
         settings["spark.sql.shuffle.partitions"] = str(min(shuffle_partitions, 2))
         # On a cluster the executors are JVMs of their own, as short-lived as the driver.
         settings["spark.executor.extraJavaOptions"] = _SHORT_JOB_JVM
@@ -55,8 +60,9 @@ def build_session(
 
     ``small`` tunes new JVMs (the driver's and, on a cluster, the executors') for a short
     job over a small store (SMALL_INPUT_BYTES), where fixed costs, not the data, take the
-    time: ~25 queries each compiled to Java bytecode (whole-stage code generation) and then
-    JIT-compiled, for a few thousand rows. Then the queries are interpreted, the JIT stops
+    time: ~25 queries each compiled to Java bytecode (whole-stage code generation, and a class
+    per projection or ordering) and then JIT-compiled, for a few thousand rows. Then the
+    queries and their expressions are interpreted, the JIT stops
     at its quick first tier, the GC is the single-threaded one, and shuffles have 2
     partitions. A large store keeps Spark's defaults: there, generated and fully optimised
     code pays for itself.
