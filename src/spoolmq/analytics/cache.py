@@ -135,8 +135,9 @@ class ParseCache:
     def __init__(
         self, root: Path, data_dir: Path, *, fingerprint: str = "", full: bool = False
     ) -> None:
-        """``fingerprint`` names the shape of the parsed rows: a cache written with another
-        (by another spoolmq) is started again, as is any cache with ``full``."""
+        """``fingerprint`` names what made the parsed rows (the job's parsing code): a cache
+        written with another (by another spoolmq) is started again, as is any cache with
+        ``full``."""
         self.root = root
         self.data_dir = data_dir.resolve()
         self.fingerprint = fingerprint

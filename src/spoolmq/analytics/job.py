@@ -16,12 +16,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyspark
 
 if __package__ in (None, ""):  # run as a file by spark-submit: import the installed package
     sys.path.pop(0)  # this directory holds modules named like others (report, schemas, ...)
@@ -31,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spoolmq.analytics import extract, report, schemas, transform
-from spoolmq.analytics.cache import KINDS, ParseCache, Staged
+from spoolmq.analytics.cache import ParseCache, Staged
 from spoolmq.analytics.jvm_cache import ClassArchive
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
@@ -44,6 +45,7 @@ MINUTE_MS = 60_000
 # being planned on the driver meanwhile (measured on the demo's store: 30 s -> 26 s).
 TABLE_THREADS = 3
 Step = Callable[[str], None]
+Rows = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,17 @@ def _parsers(
     )
 
 
-def _fingerprint(spark: SparkSession) -> str:
-    """The shape of the parsed rows the cache holds: a cache of another shape (written by
-    another spoolmq) is not read, but started again."""
-    shapes = []
-    for kind in KINDS:
-        lines, parse = _parsers(spark, kind)
-        shapes.append(parse(lines(spark, [], staged=True)).schema.json())
-    return hashlib.sha1("\n".join(shapes).encode()).hexdigest()
+def _fingerprint() -> str:
+    """What made the parsed rows the cache holds: the code that reads and parses the lines
+    (this module, extract, schemas and transform) and Spark's version. A cache written by
+    other code (another spoolmq, or one with a parse fixed) is not read, but started again.
+    Hashing the code, not the rows' schema, also catches a change in how a field is parsed
+    that keeps its type, and asks nothing of Spark (analysing the two parse plans for their
+    schemas took a cold JVM 1 s before any other work)."""
+    digest = hashlib.sha1(pyspark.__version__.encode())
+    for source in (__file__, extract.__file__, schemas.__file__, transform.__file__):
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()
 
 
 def _parse(
@@ -152,8 +157,7 @@ def run(
     tell("listing the store's files")
     inputs = extract.list_inputs(data_dir)
     state = extract.read_state(data_dir)
-    topics, state_partitions, group_offsets = extract.state_frames(spark, state)
-    cache = ParseCache(out_dir / "cache", data_dir, fingerprint=_fingerprint(spark), full=full)
+    cache = ParseCache(out_dir / "cache", data_dir, fingerprint=_fingerprint(), full=full)
 
     tell("parsing message segments and delivery events")
 
@@ -164,13 +168,16 @@ def run(
         return transform.mark_incomplete_batches(parsed, cuts), staged
 
     # Side by side: each is a few Spark jobs, mostly on one core for a small store (the
-    # cache's bookkeeping keeps the two kinds apart). The rows are not persisted: they
-    # come from the cache's Parquet, which a query reads (a few columns, vectorised) faster
-    # than Spark builds an in-memory copy of them (measured on 1M records: a re-run took
-    # 95 s instead of 104 s).
-    with ThreadPoolExecutor(2, thread_name_prefix="spoolmq-parse") as pool:
+    # cache's bookkeeping keeps the two kinds apart); beside them, the state tables' small
+    # frames (built first and alone, their plans took a cold JVM 1 s before any parse).
+    # The rows are not persisted: they come from the cache's Parquet, which a query reads
+    # (a few columns, vectorised) faster than Spark builds an in-memory copy of them
+    # (measured on 1M records: a re-run took 95 s instead of 104 s).
+    with ThreadPoolExecutor(3, thread_name_prefix="spoolmq-parse") as pool:
         segments_parsed = pool.submit(parse_segments)
         events_parsed = pool.submit(_parse, spark, cache, "events", inputs.event_files)
+        state_frames = pool.submit(extract.state_frames, spark, state)
+        topics, state_partitions, group_offsets = state_frames.result()
         records_all, segments_run = segments_parsed.result()
         events_all, events_run = events_parsed.result()
     cache.commit()
@@ -217,20 +224,23 @@ def run(
         "lag_over_time": lambda: transform.lag_over_time(events),
     }
     # Independent queries side by side: while one is planned on the driver (fixed costs
-    # that dominate a small store), another runs on the executors.
+    # that dominate a small store), another runs on the executors. The charts' queries are
+    # queued behind the tables, and the charts drawn here (the driver's Python) as their
+    # data comes, while the executors still compute the last tables.
     with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="spoolmq-table") as pool:
         saved = {
             key: pool.submit(lambda name, build: _save(build(), out_dir, name), name, build)
             for key, (name, build) in small.items()
         }
-        written = [
-            pool.submit(lambda name, build: _write_table(build(), out_dir, name), name, build)
+        written = {
+            name: pool.submit(lambda name, build: _write_table(build(), out_dir, name), name, build)
             for name, build in large.items()
-        ]
+        }
         span = pool.submit(
             lambda: events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
         )
-        saved["partitions"].result()  # lag_now reads its log end offsets
+        report.pyplot()  # the driver's Python is idle until the first tables come
+        partitions = saved["partitions"].result()  # lag_now reads its log end offsets
         saved["lag_now"] = pool.submit(
             lambda: _save(
                 transform.lag_now(group_offsets, _table(spark, out_dir, "partitions")),
@@ -238,64 +248,71 @@ def run(
                 "lag_now",
             )
         )
+
+        # One bucket size for the whole time span (records and events), so that no chart
+        # has more than a few hundred points however long the store's history is.
+        stamps = [
+            stamp
+            for row in partitions
+            for stamp in (row["first_timestamp"], row["last_timestamp"])
+            if stamp is not None
+        ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
+        bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
+        lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
+
+        def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
+            """The rows of ``query`` over a table this run writes, once it is written (the
+            pool starts tasks in order: the write is under way or done)."""
+
+            def rows() -> Rows:
+                written[name].result()
+                return _rows(query(_table(spark, out_dir, name)))
+
+            return pool.submit(rows)
+
+        def per_bucket(
+            name: str, keys: tuple[str, ...], raw: Callable[[], DataFrame]
+        ) -> Future[Rows]:
+            if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
+                return from_table(name, lambda table: transform.rebucket(table, bucket, keys))
+            return pool.submit(lambda: _rows(raw()))
+
+        throughput = per_bucket(
+            "throughput_per_minute",
+            ("topic",),
+            lambda: transform.throughput(records, events, bucket),
+        )
+        by_group = per_bucket(
+            "throughput_by_group_per_minute",
+            ("topic", "group"),
+            lambda: transform.worked_by(events, bucket, "topic", "group"),
+        )
+        by_consumer = per_bucket(
+            "throughput_by_consumer_per_minute",
+            ("group", "consumer"),
+            lambda: transform.worked_by(events, bucket, "group", "consumer"),
+        )
+        lag = from_table("lag_over_time", lambda table: transform.lag_by_bucket(table, lag_bucket))
+
+        tell("charts")
+        chart_dir = out_dir / "charts"
+        charts = {
+            "attempts": report.attempts_chart(
+                saved["attempts"].result(), chart_dir / "attempts.png"
+            ),
+            "latency": report.latency_chart(saved["latency"].result(), chart_dir / "latency.png"),
+            "throughput": report.throughput_chart(
+                throughput.result(), by_group.result(), bucket, chart_dir / "throughput.png"
+            ),
+            "consumers": report.consumers_chart(
+                by_consumer.result(), bucket, chart_dir / "consumers.png"
+            ),
+            "lag": report.lag_chart(lag.result(), lag_bucket, chart_dir / "lag.png"),
+        }
+        lag_buckets = lag.result()
         tables.update({key: future.result() for key, future in saved.items()})
-        for future in written:
+        for future in written.values():
             future.result()
-
-    tell("charts")
-    # One bucket size for the whole time span (records and events), so that no chart has
-    # more than a few hundred points however long the store's history is.
-    stamps = [
-        stamp
-        for row in tables["partitions"]
-        for stamp in (row["first_timestamp"], row["last_timestamp"])
-        if stamp is not None
-    ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
-    bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
-    lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
-    lag_buckets = _rows(
-        transform.lag_by_bucket(_table(spark, out_dir, "lag_over_time"), lag_bucket)
-    )
-
-    def per_bucket(
-        name: str, keys: tuple[str, ...], raw: Callable[[], DataFrame]
-    ) -> list[dict[str, Any]]:
-        if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table, not the events
-            return _rows(transform.rebucket(_table(spark, out_dir, name), bucket, keys))
-        return _rows(raw())
-
-    charts = {
-        "throughput": report.throughput_chart(
-            per_bucket(
-                "throughput_per_minute",
-                ("topic",),
-                lambda: transform.throughput(records, events, bucket),
-            ),
-            per_bucket(
-                "throughput_by_group_per_minute",
-                ("topic", "group"),
-                lambda: transform.worked_by(events, bucket, "topic", "group"),
-            ),
-            bucket,
-            out_dir / "charts" / "throughput.png",
-        ),
-        "consumers": report.consumers_chart(
-            per_bucket(
-                "throughput_by_consumer_per_minute",
-                ("group", "consumer"),
-                lambda: transform.worked_by(events, bucket, "group", "consumer"),
-            ),
-            bucket,
-            out_dir / "charts" / "consumers.png",
-        ),
-        "latency": report.latency_chart(tables["latency"], out_dir / "charts" / "latency.png"),
-        "lag": report.lag_chart(
-            lag_buckets,
-            lag_bucket,
-            out_dir / "charts" / "lag.png",
-        ),
-        "attempts": report.attempts_chart(tables["attempts"], out_dir / "charts" / "attempts.png"),
-    }
     outcomes.unpersist()
     cache.close()
 
