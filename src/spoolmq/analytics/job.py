@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyspark
 
 if __package__ in (None, ""):  # run as a file by spark-submit: import the installed package
     sys.path.pop(0)  # this directory holds modules named like others (report, schemas, ...)
 
 from pyspark import StorageLevel
+from pyspark import __version__ as PYSPARK_VERSION
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spoolmq import types as spool_types
 from spoolmq.analytics import extract, report, schemas, transform
 from spoolmq.analytics.cache import ParseCache, Staged
 from spoolmq.analytics.jvm_cache import ClassArchive
@@ -104,14 +105,15 @@ def _parsers(
 
 def _fingerprint() -> str:
     """What made the parsed rows the cache holds: the code that reads and parses the lines
-    (this module, extract, schemas and transform) and Spark's version. A cache written by
-    other code (another spoolmq, or one with a parse fixed) is not read, but started again.
+    (this module, extract, schemas, transform and the event types) and pyspark's version.
+    A cache written by other code (another spoolmq, or one with a parse fixed) is not read,
+    but started again.
     Hashing the code, not the rows' schema, also catches a change in how a field is parsed
     that keeps its type, and asks nothing of Spark (analysing the two parse plans for their
     schemas took a cold JVM 1 s before any other work)."""
-    digest = hashlib.sha1(pyspark.__version__.encode())
-    for source in (__file__, extract.__file__, schemas.__file__, transform.__file__):
-        digest.update(Path(source).read_bytes())
+    digest = hashlib.sha1(PYSPARK_VERSION.encode())
+    for source in (__file__, *(m.__file__ for m in (extract, schemas, transform, spool_types))):
+        digest.update(Path(str(source)).read_bytes())
     return digest.hexdigest()
 
 
@@ -169,7 +171,7 @@ def run(
 
     # Side by side: each is a few Spark jobs, mostly on one core for a small store (the
     # cache's bookkeeping keeps the two kinds apart); beside them, the state tables' small
-    # frames (built first and alone, their plans took a cold JVM 1 s before any parse).
+    # frames (built alone before the parses, their plans took a cold JVM 1 s).
     # The rows are not persisted: they come from the cache's Parquet, which a query reads
     # (a few columns, vectorised) faster than Spark builds an in-memory copy of them
     # (measured on 1M records: a re-run took 95 s instead of 104 s).
@@ -295,6 +297,7 @@ def run(
         lag = from_table("lag_over_time", lambda table: transform.lag_by_bucket(table, lag_bucket))
 
         tell("charts")
+        lag_buckets = lag.result()
         chart_dir = out_dir / "charts"
         charts = {
             "attempts": report.attempts_chart(
@@ -307,9 +310,8 @@ def run(
             "consumers": report.consumers_chart(
                 by_consumer.result(), bucket, chart_dir / "consumers.png"
             ),
-            "lag": report.lag_chart(lag.result(), lag_bucket, chart_dir / "lag.png"),
+            "lag": report.lag_chart(lag_buckets, lag_bucket, chart_dir / "lag.png"),
         }
-        lag_buckets = lag.result()
         tables.update({key: future.result() for key, future in saved.items()})
         for future in written.values():
             future.result()
