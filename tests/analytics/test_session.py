@@ -1,7 +1,10 @@
-"""The settings a new SparkSession gets (no JVM needed): a short-job JVM for small stores,
-on the driver and on a cluster's executors alike, and Spark's defaults for large ones."""
+"""The settings a new SparkSession gets: a short-job JVM for small stores, on the driver and
+on a cluster's executors alike, and Spark's defaults with the throughput GC for large ones
+(and that the driver JVM really runs with them)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from spoolmq.analytics.session import LOG4J_CONFIG, session_settings
 
@@ -18,10 +21,13 @@ def test_a_small_store_gets_short_job_jvms_for_the_driver_and_the_executors() ->
     assert f"-Dlog4j.configurationFile={LOG4J_CONFIG}" in settings["spark.driver.extraJavaOptions"]
 
 
-def test_a_large_store_keeps_the_jit_and_whole_stage_code_generation() -> None:
+def test_a_large_store_keeps_the_jit_and_code_generation_with_the_throughput_gc() -> None:
     settings = session_settings(shuffle_partitions=8)
-    assert settings["spark.driver.extraJavaOptions"] == f"-Dlog4j.configurationFile={LOG4J_CONFIG}"
-    assert "spark.executor.extraJavaOptions" not in settings
+    assert settings["spark.driver.extraJavaOptions"].split() == [
+        f"-Dlog4j.configurationFile={LOG4J_CONFIG}",
+        "-XX:+UseParallelGC",
+    ]
+    assert settings["spark.executor.extraJavaOptions"].split() == ["-XX:+UseParallelGC"]
     assert "spark.sql.codegen.wholeStage" not in settings
     assert "spark.sql.codegen.factoryMode" not in settings
     assert "spark.sql.adaptive.enabled" not in settings
@@ -30,3 +36,11 @@ def test_a_large_store_keeps_the_jit_and_whole_stage_code_generation() -> None:
         "false",
         "UTC",
     )
+
+
+def test_the_driver_jvm_of_a_large_store_collects_with_the_throughput_gc(spark: Any) -> None:
+    """The option reaches the JVM that pyspark starts (the shared session is built with the
+    large-store settings): its collectors are the Parallel GC's, not G1's."""
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    names = {bean.getName() for bean in beans.getGarbageCollectorMXBeans()}
+    assert names == {"PS Scavenge", "PS MarkSweep"}
