@@ -252,7 +252,10 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
     while process.poll() is None:
         try:
             children = process.children(recursive=True)
-            memory = [each.memory_info() for each in (process, *children)]
+            # Memory of the driver's Python and its JVM (its direct child) only: a process
+            # the JVM spawns (Hadoop runs ``chmod`` for files it writes) shares the JVM's
+            # memory until it execs, and counting it too reported twice the JVM's RSS.
+            memory = [each.memory_info() for each in (process, *process.children(recursive=False))]
             python_rss = memory[0].rss
             jvm_rss = sum(m.rss for m in memory[1:])
             # RSS also counts file pages mapped in (Spark maps spilled cache blocks and
