@@ -13,7 +13,7 @@ from analytics_helpers import record_line
 from pyspark.sql import SparkSession
 
 from spoolmq import Message, Store
-from spoolmq.analytics import run
+from spoolmq.analytics import report, run
 from spoolmq.analytics.job import default_out_dir
 from spoolmq.cli import main as cli_main
 from spoolmq.testing import wait_until
@@ -219,3 +219,96 @@ def test_tasks_and_periodic_jobs_from_tasks_db(spark: SparkSession, tmp_path: Pa
     ]  # fmt: skip
     page = result.report.read_text()
     assert "nightly" in page and "2027-01-15 08:00:00" in page  # next run, in UTC
+
+
+def test_a_long_store_charts_whole_minute_buckets_summed_from_the_per_minute_tables(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store spanning five and a half hours gets 5-minute chart buckets, which the job sums
+    from its per-minute tables instead of going over the records and events again: the
+    charts get exactly the counts per bucket that the lines written here give."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("t", partitions=1)
+        store.append("t", {"n": 0})
+    t0 = 1_790_000_000_000 // 3_600_000 * 3_600_000
+    minutes = [0, 2, 4, 7, 61, 62, 200, 330]  # span > 300 one-minute buckets
+    stamps = [t0 + m * 60_000 + n * 1_000 for n, m in enumerate(minutes)]
+    lines = [
+        record_line(offset=n, timestamp=ts, key=f"k{n}", value=n, headers=[], batch_records=1)
+        for n, ts in enumerate(stamps)
+    ]
+    _segment(data, "t").write_text("".join(f"{line}\n" for line in lines))
+    events = []
+    for n, ts in enumerate(stamps):
+        where = {"group": "g", "topic": "t", "partition": 0, "offset": n, "published_at": ts}
+        consumer = f"c{n % 2}"
+        # Delivered 90 s after the publish: the minute at 4 is delivered in the next bucket.
+        events.append({"ts": ts + 90_000, "type": "delivered", "consumer": consumer,
+                       "attempt": 1, **where})  # fmt: skip
+        if n != 3:  # one message never ACKed
+            events.append({"ts": ts + 100_000, "type": "acked", "consumer": consumer,
+                           "attempt": 1, "processing_ms": 10.0, **where})  # fmt: skip
+    day = data / "events" / "date=2026-10-21"
+    day.mkdir(parents=True)
+    (day / "1-1.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+
+    seen: dict[str, Any] = {}
+    real_throughput, real_consumers = report.throughput_chart, report.consumers_chart
+
+    def throughput_chart(rows: Any, group_rows: Any, bucket_ms: int, path: Path) -> Path:
+        seen.update(throughput=rows, by_group=group_rows, bucket=bucket_ms)
+        return real_throughput(rows, group_rows, bucket_ms, path)
+
+    def consumers_chart(rows: Any, bucket_ms: int, path: Path) -> Path:
+        seen.update(by_consumer=rows, consumer_bucket=bucket_ms)
+        return real_consumers(rows, bucket_ms, path)
+
+    monkeypatch.setattr(report, "throughput_chart", throughput_chart)
+    monkeypatch.setattr(report, "consumers_chart", consumers_chart)
+    run(spark, data, tmp_path / "out")
+
+    bucket = 300_000
+    assert seen["bucket"] == seen["consumer_bucket"] == bucket
+
+    def start(ms: int) -> int:
+        return ms - ms % bucket
+
+    stored: dict[int, list[int]] = {}
+    for ts, line in zip(stamps, lines, strict=True):
+        counts = stored.setdefault(start(ts), [0, 0])
+        counts[0] += 1
+        counts[1] += len(line) + 1
+    worked: dict[tuple[str, int], list[int]] = {}
+    for e in events:
+        counts = worked.setdefault((e["consumer"], start(e["ts"])), [0, 0])
+        counts[0 if e["type"] == "delivered" else 1] += 1
+    per_bucket: dict[int, list[int]] = {}
+    for (_, at), (delivered, acked) in worked.items():
+        counts = per_bucket.setdefault(at, [0, 0])
+        counts[0] += delivered
+        counts[1] += acked
+    # The fixture as meant: the first bucket stored three messages, and delivered two of
+    # them (the third, published at minute 4, in the next bucket).
+    assert stored[t0][0] == 3 and per_bucket[t0] == [2, 2]
+
+    got = {
+        r["bucket_start_ms"]: (r["published"], r["bytes"], r["delivered"], r["acked"])
+        for r in seen["throughput"]
+        if r["topic"] == "t"
+    }
+    expected = {
+        at: (*stored.get(at, (0, 0)), *per_bucket.get(at, (0, 0)))
+        for at in stored.keys() | per_bucket.keys()
+    }
+    assert got == expected
+    assert {
+        r["bucket_start_ms"]: (r["delivered"], r["acked"])
+        for r in seen["by_group"]
+        if (r["topic"], r["group"]) == ("t", "g")
+    } == {at: tuple(counts) for at, counts in per_bucket.items()}
+    assert {
+        (r["consumer"], r["bucket_start_ms"]): (r["delivered"], r["acked"])
+        for r in seen["by_consumer"]
+        if r["group"] == "g"
+    } == {key: tuple(counts) for key, counts in worked.items()}
