@@ -677,7 +677,11 @@ def consumer_activity(events: DataFrame) -> DataFrame:
             F.max(F.when(kind.isin(*ends), F.col("ts"))).alias("end"),
         )
         .where(F.col("start").isNotNull())
-        .select("group", "consumer", "start", F.greatest("start", "end").alias("end"))
+        # Deliveries that started together (a frame) cover, together, what the longest
+        # of them covers: one span each, so that the window below sorts a row per frame,
+        # not per message (the same union, hence the same busy and idle time).
+        .groupBy("group", "consumer", "start")
+        .agg(F.max(F.greatest("start", "end")).alias("end"))
     )
     before = (
         Window.partitionBy("group", "consumer")
