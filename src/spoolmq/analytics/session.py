@@ -17,9 +17,10 @@ SMALL_INPUT_BYTES = 16 * 2**20
 # young generation and a class-metadata threshold that the job's start does not outgrow
 # (each time it did, a collection; the metadata's a full one: ~40 pauses, 0.7 s, a run).
 _SHORT_JOB_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn256m -XX:MetaspaceSize=256m"
-# A JVM for a large store's batch job: the throughput collector, not the default G1, whose
-# concurrent threads and write barriers take CPU from the job's tasks (1M messages on two
-# cores: 51 -> 44 s, see BENCHMARKS.md).
+# The driver JVM for a large store's batch job: the throughput collector, not the default
+# G1, whose concurrent threads and write barriers take CPU from the job's tasks (in local
+# mode the driver runs them: 1M messages on two cores, 51 -> 45 s, see BENCHMARKS.md).
+# A cluster's executors keep their own settings: measured in local mode only.
 _BATCH_JOB_JVM = "-XX:+UseParallelGC"
 
 
@@ -49,7 +50,6 @@ def session_settings(*, shuffle_partitions: int = 8, small: bool = False) -> dic
         settings["spark.executor.extraJavaOptions"] = _SHORT_JOB_JVM
         driver_java += f" {_SHORT_JOB_JVM}"
     else:
-        settings["spark.executor.extraJavaOptions"] = _BATCH_JOB_JVM
         driver_java += f" {_BATCH_JOB_JVM}"
     settings["spark.driver.extraJavaOptions"] = driver_java
     return settings
@@ -77,7 +77,8 @@ def build_session(
     queries and their expressions are interpreted, the JIT stops
     at its quick first tier, the GC is the single-threaded one, and shuffles have 2
     partitions. A large store keeps Spark's defaults, where generated and fully optimised
-    code pays for itself, but the JVMs use the throughput garbage collector.
+    code pays for itself, but the driver's JVM (in local mode, the one that runs the
+    tasks) uses the throughput garbage collector.
 
     ``class_archive``: the driver JVM starts from it, or writes it (``jvm_cache``; the
     caller calls its ``finish`` after stopping the session).
