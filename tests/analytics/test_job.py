@@ -13,7 +13,7 @@ from analytics_helpers import record_line
 from pyspark.sql import SparkSession
 
 from spoolmq import Message, Store
-from spoolmq.analytics import report, run
+from spoolmq.analytics import report, run, transform
 from spoolmq.analytics.job import default_out_dir
 from spoolmq.cli import main as cli_main
 from spoolmq.testing import wait_until
@@ -264,12 +264,24 @@ def test_a_long_store_charts_whole_minute_buckets_summed_from_the_per_minute_tab
         seen.update(by_consumer=rows, consumer_bucket=bucket_ms)
         return real_consumers(rows, bucket_ms, path)
 
+    rebucketed: list[tuple[int, tuple[str, ...]]] = []
+    real_rebucket = transform.rebucket
+
+    def rebucket(table: Any, bucket_ms: int, keys: Any) -> Any:
+        rebucketed.append((bucket_ms, tuple(keys)))
+        return real_rebucket(table, bucket_ms, keys)
+
     monkeypatch.setattr(report, "throughput_chart", throughput_chart)
     monkeypatch.setattr(report, "consumers_chart", consumers_chart)
+    monkeypatch.setattr(transform, "rebucket", rebucket)
     run(spark, data, tmp_path / "out")
 
     bucket = 300_000
     assert seen["bucket"] == seen["consumer_bucket"] == bucket
+    # The three series came from the per-minute tables, not from the events again.
+    assert sorted(rebucketed) == [
+        (bucket, ("group", "consumer")), (bucket, ("topic",)), (bucket, ("topic", "group")),
+    ]  # fmt: skip
 
     def start(ms: int) -> int:
         return ms - ms % bucket
