@@ -204,3 +204,99 @@ def test_the_cli_passes_full_to_the_job(tmp_path: Path, monkeypatch: pytest.Monk
     assert seen[0][-1] == "--full" and "--full" not in seen[1]
     args = spoolmq.analytics.job.build_parser().parse_args(["--full"])
     assert args.full
+
+
+def _message_event(ts: int, kind: str, p: Any, attempt: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"ts": ts, "type": kind, "group": "billing", "topic": p.topic,
+            "partition": p.partition, "offset": p.offset, "key": f"k{p.offset % 5}",
+            "published_at": p.timestamp, "bytes": 99, "consumer": "c1", "attempt": attempt,
+            **extra}  # fmt: skip
+
+
+def _worked(p: Any, ts: int, attempt: int = 1) -> list[dict[str, Any]]:
+    return [
+        _message_event(ts, "delivered", p, attempt),
+        _message_event(ts + 5, "acked", p, attempt, processing_ms=5.0),
+    ]
+
+
+def _commit(data: Path, offsets: dict[int, int]) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(data / "state.db")
+    with db:
+        db.executemany(
+            "INSERT OR REPLACE INTO group_offsets VALUES (?, ?, ?, ?, ?)",
+            [("billing", "orders", p, offset, 0) for p, offset in offsets.items()],
+        )
+    db.close()
+
+
+def _marks(out: Path) -> dict[int, int]:
+    data = orjson.loads((out / "cache" / "outcomes" / "marks.json").read_bytes())
+    return {
+        p: to for group, topic, p, to, _ in data["marks"] if (group, topic) == ("billing", "orders")
+    }
+
+
+def test_settled_outcomes_are_kept_and_the_others_computed_again(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run keeps the counts of the messages that can no longer change: finished, with
+    their record read, and before the group's committed offset. The next run computes the
+    others (a message ACKed late, whose key held later ones back; a delayed message the
+    group had not delivered yet), and gives what a cold run gives; a group reset that
+    delivers settled messages again makes it compute every outcome again."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("orders", partitions=2)
+    positions = _append_orders(data, 0, 60)
+    by_partition = {n: [p for p in positions if p.partition == n] for n in (0, 1)}
+    late = by_partition[0][10]  # delivered, ACKed only after the first run
+    delayed = by_partition[1][7]  # not delivered before the first run
+    events: list[dict[str, Any]] = []
+    for p in positions:
+        if p == late:
+            events.append(_message_event(p.timestamp + 2, "delivered", p))
+        elif p != delayed:
+            events += _worked(p, p.timestamp + 2)
+    day = data / "events" / DAY
+    day.mkdir(parents=True)
+    (day / "1-1.jsonl").write_bytes(event_file(events, "new"))
+    _commit(data, {0: by_partition[0][-1].offset + 1, 1: delayed.offset})
+
+    seen: list[bool] = []
+    outcomes = spoolmq.analytics.transform.delivery_outcomes
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("settled_to") is not None)
+        return outcomes(*args, **kwargs)
+
+    monkeypatch.setattr(spoolmq.analytics.transform, "delivery_outcomes", spied)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    assert _marks(out) == {0: late.offset, 1: delayed.offset}
+
+    # Later: the late one ACKed after the key's next messages were published (they were
+    # held back by it), the delayed one delivered, and more messages.
+    more = _append_orders(data, 60, 20)
+    end = max(p.timestamp for p in more) + 100
+    events = [_message_event(end, "acked", late, processing_ms=9.0)]
+    events += _worked(delayed, end + 1) + [e for p in more for e in _worked(p, p.timestamp + 2)]
+    (day / "2-2.jsonl").write_bytes(event_file(events, "new"))
+    _commit(data, {n: max(p.offset for p in [*by_partition[n], *more] if p.partition == n) + 1
+                   for n in (0, 1)})  # fmt: skip
+    seen.clear()
+    again = _same_as_cold(spark, data, out, tmp_path)
+    assert seen == [True, False]  # the re-run kept what was settled; the cold run did not
+    assert again["by_group"]["billing"]["orders"]["acked"] == 80
+    assert _marks(out) == {
+        n: max(p.offset for p in [*by_partition[n], *more] if p.partition == n) + 1 for n in (0, 1)
+    }
+
+    # A group reset: settled messages delivered and ACKed again.
+    first = by_partition[0][0]
+    (day / "3-3.jsonl").write_bytes(event_file(_worked(first, end + 500, attempt=2), "old"))
+    seen.clear()
+    _same_as_cold(spark, data, out, tmp_path)
+    assert seen == [False, False]  # the state no longer held: every outcome again

@@ -284,17 +284,17 @@ def test_delivery_outcomes(spark: SparkSession, delivery_events: DataFrame) -> N
         "group string, topic string, partition int, offset long, published_at long, "
         "first_delivered_at long, attempts long, acked_at long, dead_lettered boolean, "
         "expired boolean, cancelled boolean, finished_at long, held_back boolean, "
-        "due_at long",
+        "due_at long, key string, events long",
         [
-            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, False, 1030, None, None),
-            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, False, 1140, None, None),
-            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, False, 1311, None, None),
-            ("g", "t", 0, 3, 2000, None, None, None, False, True, False, 5000, None, None),
-            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, False, 1600, None, None),
+            ("g", "t", 0, 0, 1000, 1010, 1, 1030, False, False, False, 1030, None, None, None, 2),
+            ("g", "t", 0, 1, 1000, 1005, 2, 1140, False, False, False, 1140, None, None, None, 4),
+            ("g", "t", 0, 2, 1000, 1001, 3, None, True, False, False, 1311, None, None, None, 7),
+            ("g", "t", 0, 3, 2000, None, None, None, False, True, False, 5000, None, None, None, 1),
+            ("h", "t", 0, 0, 1000, 1500, 1, 1600, False, False, False, 1600, None, None, None, 2),
         ],
     )
     # The events carry published_at (the per-message shape); with no record, nothing is
-    # known of a message's key or delay: held_back is null.
+    # known of a message's key or delay: held_back and key are null.
     no_records = frame(spark, DUE_RECORDS, [])
     assertDataFrameEqual(transform.delivery_outcomes(delivery_events, no_records), expected)
 

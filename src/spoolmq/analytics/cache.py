@@ -142,6 +142,9 @@ class ParseCache:
         self.data_dir = data_dir.resolve()
         self.fingerprint = fingerprint
         self.files: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        # Whether this run dropped rows the cache held (a file deleted, or parsed again
+        # from its start): figures kept from earlier runs may count them.
+        self.rewound = False
         self._planned: dict[str, list[Piece]] = {kind: [] for kind in KINDS}
         manifest = self._load()
         if full or manifest is None:
@@ -224,6 +227,7 @@ class ParseCache:
         for name in set(known) - present:
             _remove(self.table(kind) / f"file_id={known.pop(name).id}")
             staged.files_dropped += 1
+            self.rewound = True
         return staged
 
     def _plan_file(self, kind: str, name: str, fd: int, entry: Entry | None, out: Staged) -> None:
@@ -238,6 +242,7 @@ class ParseCache:
         )
         if entry is not None and not usable:
             _remove(self.table(kind) / f"file_id={entry.id}")
+            self.rewound = True
         if not usable:
             entry = Entry(file_id(kind, name), status.st_dev, status.st_ino, 0, 0)
             self.files[kind][name] = entry

@@ -36,6 +36,7 @@ from spoolmq.analytics import extract, report, schemas, transform
 from spoolmq.analytics.cache import ParseCache, Staged
 from spoolmq.analytics.jvm_cache import ClassArchive
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
+from spoolmq.analytics.settled import SettledOutcomes, Where
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, SpoolError
@@ -137,6 +138,79 @@ def _parse(
     return rows, staged
 
 
+def _outcome_counts(
+    spark: SparkSession,
+    settled: SettledOutcomes,
+    events: DataFrame,
+    records: DataFrame,
+    visible: list[tuple[str, int, int]],
+    committed: dict[Where, int],
+    *,
+    settle: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """The outcome counts (transform.outcome_counts) of every message with delivery events:
+    those ``settled`` keeps, plus those of the other messages, computed now. Moves the
+    marks on and writes the next state (``settled.save`` swaps it in once the run no
+    longer reads the one before). Also returns this run's counts, cached until the caller
+    unpersists them."""
+    kept_counts: DataFrame | None = None
+    kept_keys: DataFrame | None = None
+    marks: DataFrame | None = None
+    if settled.holds():
+        marks = extract.local_frame(spark, settled.rows(), schemas.SETTLED_MARKS)
+        counted = transform.events_below(events, marks).collect()
+        if settled.check({(r.group, r.topic, r.partition): r.events for r in counted}):
+            kept_counts = spark.read.schema(schemas.OUTCOME_COUNTS).parquet(str(settled.counts))
+            kept_keys = spark.read.schema(schemas.KEY_FINISHES).parquet(str(settled.keys))
+        else:
+            marks = None
+    outcomes = transform.delivery_outcomes(
+        events, records, settled_to=marks, key_finishes=kept_keys
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    candidates = transform.settle_candidates(
+        outcomes, extract.local_frame(spark, visible, schemas.VISIBLE)
+    ).collect()
+    settled_to = settled.advance(
+        (
+            ((row.group, row.topic, row.partition), row.open_from, row.last_offset)
+            for row in candidates
+        ),
+        committed,
+        settle=settle,
+    )
+    flagged = outcomes.join(
+        F.broadcast(
+            extract.local_frame(
+                spark, [(*where, to) for where, to in settled_to.items()], schemas.SETTLED_TO
+            )
+        ),
+        ["group", "topic", "partition"],
+        "left",
+    ).withColumn("settled", F.col("offset") < F.coalesce(F.col("settled_to"), F.lit(0)))
+    counts = transform.outcome_counts(flagged, "settled").persist(StorageLevel.MEMORY_AND_DISK)
+    now_settled = counts.where("settled").drop("settled")
+    transform.sum_counts(
+        now_settled if kept_counts is None else kept_counts.unionByName(now_settled)
+    ).coalesce(1).write.parquet(str(settled.next / "counts"))
+    keys = transform.key_finishes(flagged.where("settled"))
+    if kept_keys is not None:
+        keys = transform.key_finishes(kept_keys.unionByName(keys))
+    keys.coalesce(1).write.parquet(str(settled.next / "keys"))
+    settled_events = {
+        (row.group, row.topic, row.partition): row.events
+        for row in flagged.where("settled")
+        .groupBy("group", "topic", "partition")
+        .agg(F.sum("events").alias("events"))
+        .collect()
+    }
+    settled.prepare(settled_to, settled_events)
+    outcomes.unpersist()
+    every = spark.read.schema(schemas.OUTCOME_COUNTS).parquet(str(settled.next / "counts"))
+    return transform.sum_counts(
+        every.unionByName(counts.where("NOT settled").drop("settled"))
+    ), counts
+
+
 def run(
     spark: SparkSession,
     data_dir: Path,
@@ -163,11 +237,16 @@ def run(
 
     tell("parsing message segments and delivery events")
 
-    def parse_segments() -> tuple[DataFrame, Staged]:
+    def parse_segments() -> tuple[DataFrame, Staged, list[Any]]:
         parsed, staged = _parse(spark, cache, "segments", inputs.segment_files)
-        incomplete = transform.incomplete_batches(parsed)
-        cuts = extract.local_frame(spark, incomplete.collect(), incomplete.schema)  # a row or two
-        return transform.mark_incomplete_batches(parsed, cuts), staged
+        ends = transform.partition_ends(parsed).collect()  # a row per partition
+        cuts = extract.local_frame(
+            spark,
+            [(row.topic, row.partition, row.cut_from) for row in ends if row.cut_from is not None],
+            schemas.CUTS,
+        )
+        visible = [(row.topic, row.partition, row.visible_to) for row in ends]
+        return transform.mark_incomplete_batches(parsed, cuts), staged, visible
 
     # Side by side: each is a few Spark jobs, mostly on one core for a small store (the
     # cache's bookkeeping keeps the two kinds apart); beside them, the state tables' small
@@ -180,12 +259,27 @@ def run(
         events_parsed = pool.submit(_parse, spark, cache, "events", inputs.event_files)
         state_frames = pool.submit(extract.state_frames, spark, state)
         topics, state_partitions, group_offsets = state_frames.result()
-        records_all, segments_run = segments_parsed.result()
+        records_all, segments_run, visible = segments_parsed.result()
         events_all, events_run = events_parsed.result()
+    settled = SettledOutcomes(cache.root / "outcomes")
+    if cache.rewound:  # before the manifest says so: a stop in between must not keep them
+        settled.clear()
     cache.commit()
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
     events = events_all.where("problem IS NULL")
-    outcomes = transform.delivery_outcomes(events, records).persist(StorageLevel.MEMORY_AND_DISK)
+    # The outcomes' counts, on a thread of their own: a chain of queries, each waiting for
+    # the one before, beside the tables' pool.
+    outcome_pool = ThreadPoolExecutor(1, thread_name_prefix="spoolmq-outcomes")
+    counting = outcome_pool.submit(
+        _outcome_counts,
+        spark,
+        settled,
+        events,
+        records,
+        visible,
+        {(g, t, p): c for g, t, p, c in state.group_offsets},
+        settle=not (segments_run.fragments or events_run.fragments),
+    )
 
     tell(f"computing the tables, {TABLE_THREADS} at a time")
     tables: dict[str, list[dict[str, Any]]] = {}
@@ -196,10 +290,7 @@ def run(
             "partitions",
             lambda: transform.partition_stats(records, topics, state_partitions),
         ),
-        "latency": ("latency", lambda: transform.latency(outcomes)),
         "processing": ("processing_time", lambda: transform.processing_time(events)),
-        "attempts": ("delivery_attempts", lambda: transform.attempts_histogram(outcomes)),
-        "outcomes": ("outcomes", lambda: transform.outcome_rates(outcomes)),
         "failure_reasons": ("failure_reasons", lambda: transform.failure_reasons(events)),
         "consumers": (
             "consumers",
@@ -238,6 +329,15 @@ def run(
             name: pool.submit(lambda name, build: _write_table(build(), out_dir, name), name, build)
             for name, build in large.items()
         }
+        from_counts = {
+            "latency": ("latency", transform.latency_from_counts),
+            "attempts": ("delivery_attempts", transform.attempts_from_counts),
+            "outcomes": ("outcomes", transform.rates_from_counts),
+        }
+        for key, (name, query) in from_counts.items():
+            saved[key] = pool.submit(
+                lambda name, query: _save(query(counting.result()[0]), out_dir, name), name, query
+            )
         span = pool.submit(
             lambda: events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
         )
@@ -315,7 +415,9 @@ def run(
         tables.update({key: future.result() for key, future in saved.items()})
         for future in written.values():
             future.result()
-    outcomes.unpersist()
+    counting.result()[1].unpersist()
+    outcome_pool.shutdown()
+    settled.save()
     cache.close()
 
     tell("summary and report")

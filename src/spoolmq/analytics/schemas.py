@@ -111,3 +111,47 @@ STATE_GROUP_OFFSETS = StructType(
         StructField("committed", LongType(), False),
     ]
 )
+
+# The settled outcomes a re-run keeps (analytics/settled.py).
+SETTLED_TO = StructType(
+    [
+        StructField("group", StringType(), False),
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("settled_to", LongType(), False),
+    ]
+)
+SETTLED_MARKS = StructType([*SETTLED_TO.fields, StructField("events_below", LongType(), False)])
+OUTCOME_COUNTS = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("group", StringType()),
+        StructField("kind", StringType()),
+        StructField("value", LongType()),
+        StructField("n", LongType()),
+    ]
+)
+KEY_FINISHES = StructType(
+    [
+        StructField("group", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("key", StringType()),
+        StructField("finished_at", LongType()),
+    ]
+)
+CUTS = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("cut_from", LongType(), False),
+    ]
+)
+# Per partition, where the records the job reads end (transform.partition_ends).
+VISIBLE = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("visible_to", LongType(), False),
+    ]
+)

@@ -31,6 +31,8 @@ from spoolmq.analytics import schemas
 from spoolmq.types import EventType
 
 PERCENTILES = (0.5, 0.9, 0.99)
+# Later than any publish time: the finish of a message not finished yet.
+UNFINISHED = 2**62
 # Delivery events that a consumer's work ended in, other than an ACK.
 FAILURE_TYPES = (EventType.NACKED, EventType.LEASE_EXPIRED, EventType.RELEASED)
 _CRC_MARK = ',"crc":'
@@ -123,17 +125,18 @@ def parse_records(lines: DataFrame) -> DataFrame:
     )
 
 
-def incomplete_batches(records: DataFrame) -> DataFrame:
-    """Where a partition's newest batch starts, when not all of its lines are in the file:
-    (topic, partition, cut_from).
+def partition_ends(records: DataFrame) -> DataFrame:
+    """Per (topic, partition) with records: ``cut_from``, where its newest batch starts when
+    not all of that batch's lines are in the file (else null), and ``visible_to``, the end
+    of what the job reads of it: ``cut_from``, or the newest record's offset + 1.
 
     A writer appends a batch with one ``write``; a reader can see part of it (a write in
     progress, or a crash mid-write before recovery). Only the newest batch of a partition
     can be incomplete: its head (the newest record with ``batch_records`` N) must have
-    N - 1 records after it. One row per such partition, so the result is tiny.
+    N - 1 records after it. One row per partition, so the result is small.
     """
     heads = F.when(F.col("batch_records").isNotNull(), F.col("offset"))
-    return (
+    ends = (
         records.where(F.col("problem").isNull())
         .groupBy("topic", "partition")
         .agg(
@@ -141,8 +144,31 @@ def incomplete_batches(records: DataFrame) -> DataFrame:
             F.max(heads).alias("_head"),
             F.max_by("batch_records", heads).alias("_head_records"),
         )
-        .where(F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"))
-        .select("topic", "partition", F.col("_head").alias("cut_from"))
+        .select(
+            "topic",
+            "partition",
+            F.when(
+                F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"),
+                F.col("_head"),
+            ).alias("cut_from"),
+            "_max_offset",
+        )
+    )
+    return ends.select(
+        "topic",
+        "partition",
+        "cut_from",
+        F.coalesce(F.col("cut_from"), F.col("_max_offset") + 1).alias("visible_to"),
+    )
+
+
+def incomplete_batches(records: DataFrame) -> DataFrame:
+    """Where a partition's newest batch starts, when not all of its lines are in the file:
+    (topic, partition, cut_from) (see ``partition_ends``)."""
+    return (
+        partition_ends(records)
+        .where(F.col("cut_from").isNotNull())
+        .select("topic", "partition", "cut_from")
     )
 
 
@@ -451,14 +477,21 @@ def _message_events(events: DataFrame) -> DataFrame:
     )
 
 
-def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
+def delivery_outcomes(
+    events: DataFrame,
+    records: DataFrame,
+    *,
+    settled_to: DataFrame | None = None,
+    key_finishes: DataFrame | None = None,
+) -> DataFrame:
     """One row per (group, topic, partition, offset) that has delivery events.
 
     ``published_at`` is the one the message's events carry (per-message lines have it),
     else the ``timestamp`` of its record in ``records`` (frame lines leave it out): one
     join of the outcomes, not of every event, with the records the job already parsed.
     A record deleted by retention leaves it null: its events still count, its latencies
-    cannot be measured.
+    cannot be measured. ``key`` is the record's key, ``events`` how many of the group's
+    delivery events are about the message.
 
     ``finished_at`` is when the group was done with the message (its ACK, dead letter,
     expiry or cancel). ``held_back`` says the message could not be delivered at once for a reason
@@ -468,8 +501,21 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
     time, so a delayed or retrying message holds back its key). Null when its record is
     gone (nothing is known of its key or delay). ``due_at`` is a delayed message's
     ``deliver_at`` (null for a message due at once).
+
+    Incrementally (analytics/settled.py): with ``settled_to`` (group, topic, partition,
+    settled_to), only the messages at or after a group's ``settled_to`` in a partition are
+    computed (0 where it has none), and ``key_finishes`` (group, topic, partition, key,
+    finished_at) gives, per key, the latest finish of the messages before it, which the
+    messages after it compare their publish time with: the same rows as computing every
+    message and keeping those at or after ``settled_to``.
     """
     typed = _message_events(events)
+    if settled_to is not None:
+        typed = typed.join(
+            F.broadcast(settled_to.select("group", "topic", "partition", "settled_to")),
+            ["group", "topic", "partition"],
+            "left",
+        ).where(F.col("offset") >= F.coalesce(F.col("settled_to"), F.lit(0)))
     kind = F.col("type")
     delivered = kind == EventType.DELIVERED
     final = kind.isin(
@@ -484,6 +530,7 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         F.max(kind == EventType.EXPIRED).alias("expired"),
         F.max(kind == EventType.CANCELLED).alias("cancelled"),
         F.min(F.when(final, F.col("ts"))).alias("finished_at"),
+        F.count(F.lit(1)).alias("events"),
     )
     # (topic, partition, offset) is unique among records: the join adds no rows.
     facts = records.select(
@@ -496,6 +543,20 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         F.lit(True).alias("_stored"),
     )
     joined = outcomes.join(facts, ["topic", "partition", "offset"], "left")
+    if key_finishes is not None:
+        joined = joined.join(
+            key_finishes.select(
+                "group",
+                "topic",
+                "partition",
+                F.col("key").alias("_key"),
+                F.col("finished_at").alias("_key_finished_before"),
+            ),
+            ["group", "topic", "partition", "_key"],
+            "left",
+        )
+    else:
+        joined = joined.withColumn("_key_finished_before", F.lit(None).cast("long"))
     published = F.coalesce(F.col("_event_published_at"), F.col("_stamp"))
     # The latest finish among the key's earlier messages (never finished: later than any
     # publish), for this group; a keyless message waits for no other.
@@ -504,8 +565,10 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         .orderBy("offset")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
-    unfinished = F.lit(2**62).cast("long")
-    before_it = F.max(F.coalesce(F.col("finished_at"), unfinished)).over(earlier)
+    before_it = F.greatest(
+        F.max(F.coalesce(F.col("finished_at"), F.lit(UNFINISHED))).over(earlier),
+        F.col("_key_finished_before"),
+    )
     delayed = F.coalesce(F.col("_deliver_at") > published, F.lit(False))
     waits_for_key = F.col("_key").isNotNull() & F.coalesce(before_it > published, F.lit(False))
     return joined.select(
@@ -523,7 +586,132 @@ def delivery_outcomes(events: DataFrame, records: DataFrame) -> DataFrame:
         "finished_at",
         F.when(F.col("_stored"), delayed | waits_for_key).alias("held_back"),
         F.when(delayed, F.col("_deliver_at")).alias("due_at"),
+        F.col("_key").alias("key"),
+        "events",
     )
+
+
+def _waits() -> list[tuple[str, Column]]:
+    """The measures of ``latency`` (MEASURES): a name and the wait in ms, from an outcome
+    row."""
+    first = F.col("first_delivered_at") - F.col("published_at")
+    return [
+        ("first_delivery", first),
+        ("queue", F.when(~F.col("held_back"), first)),
+        ("ack", F.col("acked_at") - F.col("published_at")),
+        ("lateness", F.col("first_delivered_at") - F.col("due_at")),
+    ]
+
+
+MEASURES = ("first_delivery", "queue", "ack", "lateness")
+
+
+def _counters() -> list[tuple[str, Column]]:
+    """The per-(topic, group) counters of ``outcome_rates``: when an outcome row counts."""
+    return [
+        ("messages", F.lit(True)),
+        ("delivered", F.col("attempts").isNotNull()),
+        ("acked", F.col("acked_at").isNotNull()),
+        ("retried", F.col("attempts") > 1),
+        ("dead_lettered", F.col("dead_lettered")),
+        ("expired", F.col("expired")),
+        ("cancelled", F.col("cancelled")),
+    ]
+
+
+COUNTERS = ("messages", "delivered", "acked", "retried", "dead_lettered", "expired", "cancelled")
+
+
+def outcome_counts(outcomes: DataFrame, *extra: str) -> DataFrame:
+    """What the outcome tables are computed from, as counts that add up: per topic, group,
+    ``kind`` and ``value``, how many messages (``n``). Kinds: each of MEASURES with the
+    wait in ms as the value, ``attempts`` with the delivery attempts and each of COUNTERS
+    (value 0). ``extra`` columns of
+    ``outcomes`` are kept as grouping keys.
+
+    The counts of two sets of outcome rows are the counts of their union, summed; so the
+    figures of ``latency``, ``attempts_histogram`` and ``outcome_rates`` can be kept for
+    the messages that are settled and added to the ones still changing
+    (analytics/settled.py)."""
+    entries = [
+        F.struct(
+            F.lit(name).alias("kind"), wait.alias("value"), F.lit(1).cast("long").alias("weight")
+        )
+        for name, wait in _waits()
+    ]
+    entries.append(
+        F.struct(
+            F.lit("attempts").alias("kind"),
+            F.col("attempts").alias("value"),
+            F.lit(1).cast("long").alias("weight"),
+        )
+    )
+    entries += [
+        F.struct(
+            F.lit(name).alias("kind"),
+            F.when(when, F.lit(0).cast("long")).alias("value"),
+            F.lit(1).cast("long").alias("weight"),
+        )
+        for name, when in _counters()
+    ]
+    return (
+        outcomes.select("topic", "group", *extra, F.explode(F.array(*entries)).alias("_c"))
+        .where(F.col("_c.value").isNotNull())
+        .groupBy(
+            "topic",
+            "group",
+            *extra,
+            F.col("_c.kind").alias("kind"),
+            F.col("_c.value").alias("value"),
+        )
+        .agg(F.sum("_c.weight").cast("long").alias("n"))
+    )
+
+
+def events_below(events: DataFrame, marks: DataFrame) -> DataFrame:
+    """Per (group, topic, partition) of ``marks`` (with ``settled_to``): how many delivery
+    events are about messages before ``settled_to`` (analytics/settled.py checks that
+    none came or went)."""
+    return (
+        _message_events(events)
+        .join(
+            F.broadcast(marks.select("group", "topic", "partition", "settled_to")),
+            ["group", "topic", "partition"],
+        )
+        .where(F.col("offset") < F.col("settled_to"))
+        .groupBy("group", "topic", "partition")
+        .agg(F.count(F.lit(1)).alias("events"))
+    )
+
+
+def settle_candidates(outcomes: DataFrame, visible: DataFrame) -> DataFrame:
+    """Per (group, topic, partition) of ``outcomes``: ``open_from``, the first offset whose
+    outcome may still change (not finished, or no record while one may still come: at or
+    after the partition's ``visible_to`` in ``visible``, where the log's whole batches
+    end), and ``last_offset``."""
+    joined = outcomes.join(F.broadcast(visible), ["topic", "partition"], "left")
+    may_change = F.col("finished_at").isNull() | (
+        F.col("held_back").isNull() & (F.col("offset") >= F.coalesce(F.col("visible_to"), F.lit(0)))
+    )
+    return joined.groupBy("group", "topic", "partition").agg(
+        F.min(F.when(may_change, F.col("offset"))).alias("open_from"),
+        F.max("offset").alias("last_offset"),
+    )
+
+
+def key_finishes(outcomes: DataFrame) -> DataFrame:
+    """Per (group, topic, partition, key): the latest finish among ``outcomes`` (which are
+    all finished), as delivery_outcomes' ``key_finishes``."""
+    return (
+        outcomes.where(F.col("key").isNotNull())
+        .groupBy("group", "topic", "partition", "key")
+        .agg(F.max("finished_at").alias("finished_at"))
+    )
+
+
+def sum_counts(counts: DataFrame) -> DataFrame:
+    """``outcome_counts`` rows of several sets, summed into one."""
+    return counts.groupBy("topic", "group", "kind", "value").agg(F.sum("n").cast("long").alias("n"))
 
 
 def latency(outcomes: DataFrame) -> DataFrame:
@@ -537,35 +725,27 @@ def latency(outcomes: DataFrame) -> DataFrame:
     - ``lateness``: for delayed messages, from when they were due (``due_at``) to their
       first delivery (never negative: the broker does not deliver early).
     """
-    first = F.col("first_delivered_at") - F.col("published_at")
-    waits = outcomes.select(
-        "topic",
-        "group",
-        F.explode(
-            F.array(
-                F.struct(F.lit("first_delivery").alias("measure"), first.alias("ms")),
-                F.struct(
-                    F.lit("queue").alias("measure"),
-                    F.when(~F.col("held_back"), first).alias("ms"),
-                ),
-                F.struct(
-                    F.lit("ack").alias("measure"),
-                    (F.col("acked_at") - F.col("published_at")).alias("ms"),
-                ),
-                F.struct(
-                    F.lit("lateness").alias("measure"),
-                    (F.col("first_delivered_at") - F.col("due_at")).alias("ms"),
-                ),
-            )
-        ).alias("_wait"),
-    ).select("topic", "group", "_wait.measure", "_wait.ms")
+    return latency_from_counts(outcome_counts(outcomes))
+
+
+def latency_from_counts(counts: DataFrame) -> DataFrame:
+    """``latency`` from ``outcome_counts``: the percentiles of the waits' value counts (the
+    same as of the values themselves: Spark's percentile counts each distinct value)."""
+    waits = counts.where(F.col("kind").isin(*MEASURES)).withColumnRenamed("kind", "measure")
+    fractions = F.array(*(F.lit(f) for f in PERCENTILES))
+    values = F.percentile(F.col("value").cast("double"), fractions, F.col("n"))
     # Grouping sets: one pass gives both the per-group and the pooled rows.
     return (
-        waits.where(F.col("ms").isNotNull())
-        .groupingSets(
+        waits.groupingSets(
             [["topic", "measure", "group"], ["topic", "measure"]], "topic", "measure", "group"
         )
-        .agg(F.count(F.lit(1)).alias("messages"), *_percentile_columns(F.col("ms")))
+        .agg(
+            F.sum("n").cast("long").alias("messages"),
+            values[0].alias("p50"),
+            values[1].alias("p90"),
+            values[2].alias("p99"),
+            F.max("value").cast("double").alias("max"),
+        )
         .select("topic", "group", "measure", "messages", "p50", "p90", "p99", "max")
     )
 
@@ -597,24 +777,35 @@ def failure_reasons(events: DataFrame) -> DataFrame:
 
 def attempts_histogram(outcomes: DataFrame) -> DataFrame:
     """How many messages needed 1, 2, … delivery attempts, per topic and group."""
-    return (
-        outcomes.where(F.col("attempts").isNotNull())
-        .groupBy("topic", "group", "attempts")
-        .agg(F.count(F.lit(1)).alias("messages"))
+    return attempts_from_counts(outcome_counts(outcomes))
+
+
+def attempts_from_counts(counts: DataFrame) -> DataFrame:
+    """``attempts_histogram`` from ``outcome_counts``."""
+    return counts.where(F.col("kind") == "attempts").select(
+        "topic", "group", F.col("value").alias("attempts"), F.col("n").alias("messages")
     )
 
 
 def outcome_rates(outcomes: DataFrame) -> DataFrame:
     """Per topic and group: messages with events, and how many were ACKed, retried (more
     than one delivery attempt), dead-lettered, expired and cancelled, as counts and rates."""
-    counted = outcomes.groupBy("topic", "group").agg(
-        F.count(F.lit(1)).alias("messages"),
-        _count_if(F.col("attempts").isNotNull()).alias("delivered"),
-        _count_if(F.col("acked_at").isNotNull()).alias("acked"),
-        _count_if(F.col("attempts") > 1).alias("retried"),
-        _count_if(F.col("dead_lettered")).alias("dead_lettered"),
-        _count_if(F.col("expired")).alias("expired"),
-        _count_if(F.col("cancelled")).alias("cancelled"),
+    return rates_from_counts(outcome_counts(outcomes))
+
+
+def rates_from_counts(counts: DataFrame) -> DataFrame:
+    """``outcome_rates`` from ``outcome_counts``."""
+    counted = (
+        counts.where(F.col("kind").isin(*COUNTERS))
+        .groupBy("topic", "group")
+        .agg(
+            *(
+                F.coalesce(F.sum(F.when(F.col("kind") == name, F.col("n"))), F.lit(0))
+                .cast("long")
+                .alias(name)
+                for name in COUNTERS
+            )
+        )
     )
     return counted.select(
         "*",

@@ -1,0 +1,162 @@
+"""Settled delivery outcomes: what a re-run does not compute again.
+
+A message's delivery outcome for a group (transform.delivery_outcomes) is computed from every
+delivery event about it, its record, and the finish of the earlier messages of its key; it
+changes as long as events about it can still come. Per (group, topic, partition), the
+messages before ``settled_to`` are *settled*: each was finished (ACKed, dead-lettered,
+expired or cancelled) with its record read, or its record can no longer come (the log holds
+later ones: deleted by retention or compaction, or damaged), and the group had committed
+past it. What the outcome tables need of them is kept, as counts that add up
+(transform.outcome_counts), with each key's latest finish among them (for ``held_back`` of
+the messages after them); a run computes the outcomes of the other messages only, and adds
+their counts to the kept ones.
+
+The state is dropped, and every outcome computed again, when it might not hold:
+
+- the parse cache dropped or re-parsed a file (retention, compaction, a rewrite): the kept
+  counts could include lines that are gone (the job calls ``clear``);
+- delivery events about a settled message appeared (a group reset to an earlier offset
+  delivers it again): per (group, topic, partition) the state knows how many events are
+  about its settled messages, and a run checks that count first (``check``);
+- ``--full``, another spoolmq (the parse cache's fingerprint), or a damaged state.
+
+A run with a file's last line half-written (the parse cache's fragments) settles nothing
+new: that line's events or record are not for keeping yet.
+
+Layout under ``<out>/cache/outcomes/``: ``marks.json`` (the version, and per group, topic and
+partition ``settled_to`` and ``events_below``), ``counts/`` and ``keys/`` (Parquet). A run
+writes the next state to ``outcomes.next/`` and swaps it in whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from spoolmq.files import make_private_dirs
+
+STATE_VERSION = 1
+Where = tuple[str, str, int]  # group, topic, partition
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Of one (group, topic, partition): messages before ``settled_to`` are settled, and
+    ``events_below`` delivery events are about them."""
+
+    settled_to: int
+    events_below: int
+
+
+class SettledOutcomes:
+    """The settled outcomes kept in one output directory's cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.next = root.with_name(root.name + ".next")
+        for leftover in (self.next, root.with_name(root.name + ".old")):
+            shutil.rmtree(leftover, ignore_errors=True)
+        self.marks: dict[Where, Mark] = self._load()
+        self._next_marks: dict[Where, Mark] | None = None
+        make_private_dirs(self.next)
+
+    def _load(self) -> dict[Where, Mark]:
+        try:
+            data = orjson.loads((self.root / "marks.json").read_bytes())
+            if data["version"] != STATE_VERSION:
+                raise ValueError("another version")
+            marks = {
+                (str(g), str(t), int(p)): Mark(int(to), int(below))
+                for g, t, p, to, below in data["marks"]
+            }
+            if marks and not all((self.root / name).is_dir() for name in ("counts", "keys")):
+                raise ValueError("incomplete")
+            return marks
+        except (OSError, ValueError, KeyError, TypeError):
+            self.clear()  # none yet, or not whole: start again
+            return {}
+
+    @property
+    def counts(self) -> Path:
+        return self.root / "counts"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    def holds(self) -> bool:
+        """Whether any message is settled."""
+        return bool(self.marks)
+
+    def clear(self) -> None:
+        """Forget every settled outcome (the next computation starts from none)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.marks = {}
+
+    def rows(self) -> list[tuple[str, str, int, int, int]]:
+        """(group, topic, partition, settled_to, events_below) per mark."""
+        return [(*where, m.settled_to, m.events_below) for where, m in sorted(self.marks.items())]
+
+    def check(self, counted: dict[Where, int]) -> bool:
+        """Whether the events about settled messages, counted now, are those the state
+        knows; if not, forget it."""
+        if any(counted.get(where, 0) != mark.events_below for where, mark in self.marks.items()):
+            self.clear()
+            return False
+        return True
+
+    def advance(
+        self,
+        candidates: Iterable[tuple[Where, int | None, int]],
+        committed: dict[Where, int],
+        *,
+        settle: bool,
+    ) -> dict[Where, int]:
+        """The next ``settled_to`` per (group, topic, partition), from this run's outcomes:
+        ``candidates`` gives, for each one that has any, the first offset that may still
+        change (None: none may) and the last offset. A mark never moves past the group's
+        committed offset (a message before it may be delivered later: delayed, or held
+        back by its key) and never back. ``settle`` False keeps every mark where it is."""
+        marks = {where: mark.settled_to for where, mark in self.marks.items()}
+        if not settle:
+            return marks
+        for where, open_from, last in candidates:
+            limit = last + 1 if open_from is None else open_from
+            if where in committed:
+                limit = min(limit, committed[where])
+            marks[where] = max(marks.get(where, 0), limit)
+        return marks
+
+    def prepare(self, settled_to: dict[Where, int], events: dict[Where, int]) -> None:
+        """Write the marks into the next state (whose ``counts`` and ``keys`` the caller
+        wrote). ``events``: the events about the messages this run settled."""
+        marks = {
+            where: Mark(
+                to,
+                (self.marks[where].events_below if where in self.marks else 0)
+                + events.get(where, 0),
+            )
+            for where, to in sorted(settled_to.items())
+        }
+        data = {
+            "version": STATE_VERSION,
+            "marks": [[*where, m.settled_to, m.events_below] for where, m in marks.items()],
+        }
+        (self.next / "marks.json").write_bytes(orjson.dumps(data))
+        self._next_marks = marks
+
+    def save(self) -> None:
+        """Swap the prepared state in (once nothing reads the one before)."""
+        if self._next_marks is None:
+            raise RuntimeError("no next state prepared")
+        old = self.root.with_name(self.root.name + ".old")
+        if self.root.exists():
+            os.replace(self.root, old)
+        os.replace(self.next, self.root)
+        shutil.rmtree(old, ignore_errors=True)
+        self.marks, self._next_marks = self._next_marks, None
