@@ -300,3 +300,48 @@ def test_settled_outcomes_are_kept_and_the_others_computed_again(
     seen.clear()
     _same_as_cold(spark, data, out, tmp_path)
     assert seen == [False, False]  # the state no longer held: every outcome again
+
+
+def test_a_rerun_adds_only_the_new_rows_to_the_kept_aggregates(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables that are sums (per partition, key, size, consumer, reason, second) keep
+    their partial aggregates: a re-run reads the records after where the kept ones end and
+    the event part files written since, and gives what a cold run gives; when the store's
+    span grows past what per-second counts chart (the charts' buckets become whole
+    minutes), the kept per-second counts are summed per minute."""
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    kept = orjson.loads((out / "cache" / "kept" / "kept.json").read_bytes())
+    assert kept["resolution"] == 1_000
+    assert {"partition_counts", "key_counts", "size_counts", "consumer_counts",
+            "failure_reasons", "throughput", "lag_over_time"} <= set(kept["names"])  # fmt: skip
+    ends = {(t, p): to for t, p, to in kept["records_to"]}
+    assert ends[("orders", 0)] + ends[("orders", 1)] == 80
+
+    # What the re-run gives its partials: the new records only, and the new event rows.
+    seen: dict[str, int] = {}
+    counts = spoolmq.analytics.transform.partition_counts
+    consumers = spoolmq.analytics.transform.consumer_counts
+
+    def spied(name: str, real: Any) -> Any:
+        def call(rows: Any) -> Any:
+            seen[name] = rows.count()
+            return real(rows)
+
+        return call
+
+    monkeypatch.setattr(spoolmq.analytics.transform, "partition_counts", spied("records", counts))
+    monkeypatch.setattr(spoolmq.analytics.transform, "consumer_counts", spied("events", consumers))
+    positions = _append_orders(data, 80, 20)
+    later = [{**e, "ts": e["ts"] + 2 * 3_600_000} for e in delivery_history(positions)]
+    (data / "events" / DAY / "2-2.jsonl").write_bytes(event_file(later, "old"))
+    again = run(spark, data, out).summary
+    assert seen["records"] == 20
+    assert seen["events"] == len(later)  # one line, and one row, per event
+    assert orjson.loads((out / "cache" / "kept" / "kept.json").read_bytes())["resolution"] == 60_000
+    monkeypatch.undo()
+    cold = run(spark, data, tmp_path / "cold", full=True).summary
+    assert _outputs(spark, out) == _outputs(spark, tmp_path / "cold")
+    assert again["topics"] == cold["topics"]

@@ -35,6 +35,7 @@ from spoolmq import types as spool_types
 from spoolmq.analytics import extract, report, schemas, transform
 from spoolmq.analytics.cache import ParseCache, Staged
 from spoolmq.analytics.jvm_cache import ClassArchive
+from spoolmq.analytics.kept import KeptTables
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.settled import SettledOutcomes, Where
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
@@ -43,6 +44,7 @@ from spoolmq.errors import InvalidArgumentError, SpoolError
 
 TOP_KEYS = 20
 MINUTE_MS = 60_000
+SECOND_MS = 1_000
 # Queries submitted at once. Two cores run a query's tasks; a third query in flight is
 # being planned on the driver meanwhile (measured on the demo's store: 30 s -> 26 s).
 TABLE_THREADS = 3
@@ -132,10 +134,38 @@ def _parse(
     if cache.holds_rows(kind):
         rows = spark.read.parquet(str(cache.table(kind))).drop("file_id")
     else:
-        rows = parse(lines(spark, [], staged=True)).drop("file_id")
+        rows = _no_rows(spark, kind)
     if staged.fragments:
-        rows = rows.unionByName(parse(lines(spark, staged.fragments)))
+        rows = rows.unionByName(_fragments(spark, kind, staged))
     return rows, staged
+
+
+def _no_rows(spark: SparkSession, kind: str) -> DataFrame:
+    lines, parse = _parsers(spark, kind)
+    return parse(lines(spark, [], staged=True)).drop("file_id")
+
+
+def _fragments(spark: SparkSession, kind: str, staged: Staged) -> DataFrame:
+    lines, parse = _parsers(spark, kind)
+    return parse(lines(spark, staged.fragments))
+
+
+def _new_events(
+    spark: SparkSession, cache: ParseCache, kept: KeptTables, staged: Staged
+) -> DataFrame:
+    """The event rows what ``kept`` covers does not: the cache's part files written since,
+    and the unfinished last lines."""
+    parts = kept.new_event_parts(cache)
+    rows = (
+        spark.read.option("basePath", str(cache.table("events")))
+        .parquet(*(str(part) for part in parts))
+        .drop("file_id")
+        if parts
+        else _no_rows(spark, "events")
+    )
+    if staged.fragments:
+        rows = rows.unionByName(_fragments(spark, "events", staged))
+    return rows
 
 
 def _outcome_counts(
@@ -147,12 +177,16 @@ def _outcome_counts(
     committed: dict[Where, int],
     *,
     settle: bool,
+    keep: bool,
 ) -> tuple[DataFrame, DataFrame]:
     """The outcome counts (transform.outcome_counts) of every message with delivery events:
     those ``settled`` keeps, plus those of the other messages, computed now. Moves the
     marks on and writes the next state (``settled.save`` swaps it in once the run no
     longer reads the one before). Also returns this run's counts, cached until the caller
-    unpersists them."""
+    unpersists them. Without ``keep``, every outcome is computed and nothing is kept."""
+    if not keep:
+        every = transform.delivery_outcomes(events, records).persist(StorageLevel.MEMORY_AND_DISK)
+        return transform.outcome_counts(every), every
     kept_counts: DataFrame | None = None
     kept_keys: DataFrame | None = None
     marks: DataFrame | None = None
@@ -218,10 +252,13 @@ def run(
     step: Step | None = None,
     *,
     full: bool = False,
+    keep: bool = True,
 ) -> Result:
     """Run the job over ``data_dir`` into ``out_dir``; ``step`` is told what happens next.
     It parses only what is new since the last run into ``out_dir`` (analytics/cache.py);
-    ``full`` parses everything again."""
+    ``full`` parses everything again. With ``keep`` (the default; a small store's run goes
+    without) it also keeps the tables' aggregates and the settled delivery outcomes, and
+    computes only what the new rows add to them (analytics/kept.py, analytics/settled.py)."""
     tell = step or (lambda _: None)
     if not data_dir.is_dir():
         raise InvalidArgumentError(f"no data directory at {data_dir}")
@@ -262,11 +299,16 @@ def run(
         records_all, segments_run, visible = segments_parsed.result()
         events_all, events_run = events_parsed.result()
     settled = SettledOutcomes(cache.root / "outcomes")
+    kept_tables = KeptTables(cache.root / "kept")
     if cache.rewound:  # before the manifest says so: a stop in between must not keep them
         settled.clear()
+        kept_tables.clear()
+    kept = kept_tables if keep else None
     cache.commit()
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
     events = events_all.where("problem IS NULL")
+    # A half-written last line is counted in this run's figures, and kept by none.
+    whole = not (segments_run.fragments or events_run.fragments)
     # The outcomes' counts, on a thread of their own: a chain of queries, each waiting for
     # the one before, beside the tables' pool.
     outcome_pool = ThreadPoolExecutor(1, thread_name_prefix="spoolmq-outcomes")
@@ -278,56 +320,123 @@ def run(
         records,
         visible,
         {(g, t, p): c for g, t, p, c in state.group_offsets},
-        settle=not (segments_run.fragments or events_run.fragments),
+        settle=whole,
+        keep=keep,
     )
+    # The rows what is kept does not cover (all of them when nothing is).
+    if kept is not None and kept.holds():
+        new_records = kept.new_records(spark, records)
+        new_events = _new_events(spark, cache, kept, events_run).where("problem IS NULL")
+    else:
+        new_records, new_events = records, events
+
+    def kept_or_all(
+        name: str,
+        partial: Callable[[DataFrame, DataFrame], DataFrame],
+        merge: Callable[[DataFrame], DataFrame],
+        *,
+        fresh: bool = False,
+    ) -> DataFrame:
+        """A table's merged partial aggregates (``partial`` of records and events): kept
+        ones plus the new rows' (kept.py; with ``fresh``, every row's and none kept), or
+        every row's when the job keeps nothing (a small store: one set of rows' partials
+        are merged already)."""
+        if kept is None:
+            return partial(records, events)
+        rows = (records, events) if fresh else (new_records, new_events)
+        return kept.keep(spark, name, partial(*rows), merge, advance=whole, fresh=fresh)
 
     tell(f"computing the tables, {TABLE_THREADS} at a time")
     tables: dict[str, list[dict[str, Any]]] = {}
     task_tables = extract.read_tasks(data_dir)
     small: dict[str, tuple[str, Callable[[], DataFrame]]] = {
-        "lines": ("lines", lambda: transform.line_counts(records_all, events_all)),
         "partitions": (
             "partitions",
-            lambda: transform.partition_stats(records, topics, state_partitions),
+            lambda: transform.partition_stats_from_counts(
+                kept_or_all(
+                    "partition_counts",
+                    lambda rows, _: transform.partition_counts(rows),
+                    transform.merge_partition_counts,
+                ),
+                topics,
+                state_partitions,
+            ),
         ),
+        "lines": ("lines", lambda: transform.line_counts(records_all, events_all)),
         "processing": ("processing_time", lambda: transform.processing_time(events)),
-        "failure_reasons": ("failure_reasons", lambda: transform.failure_reasons(events)),
+        "failure_reasons": (
+            "failure_reasons",
+            lambda: kept_or_all(
+                "failure_reasons",
+                lambda _, rows: transform.failure_reasons(rows),
+                transform.merge_failure_reasons,
+            ),
+        ),
         "consumers": (
             "consumers",
-            lambda: transform.consumer_stats(events).join(
-                transform.consumer_activity(events), ["group", "consumer"], "left"
-            ),
+            lambda: transform.consumer_stats_from_counts(
+                kept_or_all(
+                    "consumer_counts",
+                    lambda _, rows: transform.consumer_counts(rows),
+                    transform.merge_consumer_counts,
+                )
+            ).join(transform.consumer_activity(events), ["group", "consumer"], "left"),
         ),
         "tasks": ("tasks", lambda: extract.local_frame(spark, task_tables.tasks, schemas.TASKS)),
         "periodic": (
             "periodic",
             lambda: extract.local_frame(spark, task_tables.periodic, schemas.PERIODIC),
         ),
-        "top_keys": ("top_keys", lambda: transform.top_keys(records, TOP_KEYS)),
-        "payload_sizes": ("payload_sizes", lambda: transform.payload_sizes(records)),
-    }
-    large: dict[str, Callable[[], DataFrame]] = {
-        "throughput_per_minute": lambda: transform.throughput(records, events, MINUTE_MS),
-        "throughput_by_group_per_minute": lambda: transform.worked_by(
-            events, MINUTE_MS, "topic", "group"
+        "top_keys": (
+            "top_keys",
+            lambda: transform.top_keys_from_counts(
+                kept_or_all(
+                    "key_counts",
+                    lambda rows, _: transform.key_counts(rows),
+                    transform.merge_key_counts,
+                ),
+                TOP_KEYS,
+            ),
         ),
-        "throughput_by_consumer_per_minute": lambda: transform.worked_by(
-            events, MINUTE_MS, "group", "consumer"
+        "payload_sizes": (
+            "payload_sizes",
+            lambda: transform.payload_from_counts(
+                kept_or_all(
+                    "size_counts",
+                    lambda rows, _: transform.size_counts(rows),
+                    transform.merge_size_counts,
+                )
+            ),
         ),
-        "lag_over_time": lambda: transform.lag_over_time(events),
     }
     # Independent queries side by side: while one is planned on the driver (fixed costs
     # that dominate a small store), another runs on the executors. The charts' queries are
     # queued behind the tables, and the charts drawn here (the driver's Python) as their
     # data comes, while the executors still compute the last tables.
     with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="spoolmq-table") as pool:
+        span = pool.submit(
+            lambda: kept_or_all(
+                "event_span",
+                lambda _, rows: rows.agg(F.min("ts").alias("first"), F.max("ts").alias("last")),
+                lambda spans: spans.agg(F.min("first").alias("first"), F.max("last").alias("last")),
+            ).first()
+        )
         saved = {
             key: pool.submit(lambda name, build: _save(build(), out_dir, name), name, build)
             for key, (name, build) in small.items()
         }
         written = {
-            name: pool.submit(lambda name, build: _write_table(build(), out_dir, name), name, build)
-            for name, build in large.items()
+            "lag_over_time": pool.submit(
+                lambda: _write_table(
+                    kept_or_all(
+                        "lag_over_time",
+                        lambda _, rows: transform.lag_over_time(rows),
+                        lambda rows: rows,
+                    ),
+                    out_dir,
+                    "lag_over_time",
+                )
+            )
         }
         from_counts = {
             "latency": ("latency", transform.latency_from_counts),
@@ -338,9 +447,6 @@ def run(
             saved[key] = pool.submit(
                 lambda name, query: _save(query(counting.result()[0]), out_dir, name), name, query
             )
-        span = pool.submit(
-            lambda: events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
-        )
         report.pyplot()  # the driver's Python is idle until the first tables come
         partitions = saved["partitions"].result()  # lag_now reads its log end offsets
         saved["lag_now"] = pool.submit(
@@ -361,6 +467,63 @@ def run(
         ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
         bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
         lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
+        # The time series are counted per second, or per minute once the charts' buckets
+        # are whole minutes; the per-minute tables and the charts sum those.
+        resolution = MINUTE_MS if bucket % MINUTE_MS == 0 else SECOND_MS
+        # Kept per minute, wanted per second (cannot be: the span only grows): count again.
+        finer = kept is not None and (kept.resolution or resolution) > resolution
+
+        def series(
+            name: str,
+            keys: tuple[str, ...],
+            partial: Callable[[DataFrame, DataFrame, int], DataFrame],
+        ) -> Future[DataFrame]:
+            """A time series per ``resolution``: its table per minute is written, and its
+            chart's rows come, from it."""
+            return pool.submit(
+                lambda: kept_or_all(
+                    name,
+                    lambda rows, events: partial(rows, events, resolution),
+                    lambda table: transform.rebucket(table, resolution, keys),
+                    fresh=finer,
+                )
+            )
+
+        counts = {
+            "throughput_per_minute": (
+                ("topic",),
+                series("throughput", ("topic",), lambda r, e, ms: transform.throughput(r, e, ms)),
+            ),
+            "throughput_by_group_per_minute": (
+                ("topic", "group"),
+                series(
+                    "throughput_by_group",
+                    ("topic", "group"),
+                    lambda _, e, ms: transform.worked_by(e, ms, "topic", "group"),
+                ),
+            ),
+            "throughput_by_consumer_per_minute": (
+                ("group", "consumer"),
+                series(
+                    "throughput_by_consumer",
+                    ("group", "consumer"),
+                    lambda _, e, ms: transform.worked_by(e, ms, "group", "consumer"),
+                ),
+            ),
+        }
+        for name, (keys, counted) in counts.items():
+            written[name] = pool.submit(
+                lambda keys, counted, name: _write_table(
+                    transform.rebucket(counted.result(), MINUTE_MS, keys), out_dir, name
+                ),
+                keys,
+                counted,
+                name,
+            )
+
+        def per_bucket(name: str) -> Future[Rows]:
+            keys, counted = counts[name]
+            return pool.submit(lambda: _rows(transform.rebucket(counted.result(), bucket, keys)))
 
         def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
             """The rows of ``query`` over a table this run writes, once it is written (the
@@ -372,28 +535,9 @@ def run(
 
             return pool.submit(rows)
 
-        def per_bucket(
-            name: str, keys: tuple[str, ...], raw: Callable[[], DataFrame]
-        ) -> Future[Rows]:
-            if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
-                return from_table(name, lambda table: transform.rebucket(table, bucket, keys))
-            return pool.submit(lambda: _rows(raw()))
-
-        throughput = per_bucket(
-            "throughput_per_minute",
-            ("topic",),
-            lambda: transform.throughput(records, events, bucket),
-        )
-        by_group = per_bucket(
-            "throughput_by_group_per_minute",
-            ("topic", "group"),
-            lambda: transform.worked_by(events, bucket, "topic", "group"),
-        )
-        by_consumer = per_bucket(
-            "throughput_by_consumer_per_minute",
-            ("group", "consumer"),
-            lambda: transform.worked_by(events, bucket, "group", "consumer"),
-        )
+        throughput = per_bucket("throughput_per_minute")
+        by_group = per_bucket("throughput_by_group_per_minute")
+        by_consumer = per_bucket("throughput_by_consumer_per_minute")
         lag = from_table("lag_over_time", lambda table: transform.lag_by_bucket(table, lag_bucket))
 
         tell("charts")  # in the order their data comes: the lag's query is queued last
@@ -417,7 +561,16 @@ def run(
             future.result()
     counting.result()[1].unpersist()
     outcome_pool.shutdown()
-    settled.save()
+    if keep:
+        settled.save()
+    if kept is not None:
+        kept.prepare(
+            advance=whole,
+            records_to={(t, p): to for t, p, to in visible},
+            cache=cache,
+            resolution=resolution,
+        )
+        kept.save()
     cache.close()
 
     tell("summary and report")
@@ -552,7 +705,7 @@ def analyse(
             class_archive=archive,
         )
         try:
-            result = run(spark, data_dir, out, step, full=full)
+            result = run(spark, data_dir, out, step, full=full, keep=size >= SMALL_INPUT_BYTES)
         finally:
             gateway = spark.sparkContext._gateway
             spark.stop()

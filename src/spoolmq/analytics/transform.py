@@ -343,14 +343,40 @@ def partition_stats(records: DataFrame, topics: DataFrame, partitions: DataFrame
     partition's part of its topic's messages; ``ratio_to_mean`` compares it with a perfectly
     even spread (1.0 = even).
     """
-    counted = records.groupBy("topic", "partition").agg(
-        F.count(F.lit(1)).alias("messages"),
-        F.sum("bytes").cast("long").alias("bytes"),
-        F.min("offset").alias("first_offset"),
-        F.max("offset").alias("last_offset"),
-        F.min("timestamp").alias("first_timestamp"),
-        F.max("timestamp").alias("last_timestamp"),
+    return partition_stats_from_counts(partition_counts(records), topics, partitions)
+
+
+def partition_counts(records: DataFrame) -> DataFrame:
+    """``partition_stats``' partial aggregates (merged by ``merge_partition_counts``)."""
+    return merge_partition_counts(
+        records.select(
+            "topic",
+            "partition",
+            F.lit(1).cast("long").alias("messages"),
+            "bytes",
+            F.col("offset").alias("first_offset"),
+            F.col("offset").alias("last_offset"),
+            F.col("timestamp").alias("first_timestamp"),
+            F.col("timestamp").alias("last_timestamp"),
+        )
     )
+
+
+def merge_partition_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("topic", "partition").agg(
+        F.sum("messages").cast("long").alias("messages"),
+        F.sum("bytes").cast("long").alias("bytes"),
+        F.min("first_offset").alias("first_offset"),
+        F.max("last_offset").alias("last_offset"),
+        F.min("first_timestamp").alias("first_timestamp"),
+        F.max("last_timestamp").alias("last_timestamp"),
+    )
+
+
+def partition_stats_from_counts(
+    counted: DataFrame, topics: DataFrame, partitions: DataFrame
+) -> DataFrame:
+    """``partition_stats`` from ``partition_counts``."""
     declared = topics.select(
         "topic", F.explode(F.sequence(F.lit(0), F.col("partitions") - 1)).alias("partition")
     ).where(F.col("partition") >= 0)
@@ -438,12 +464,24 @@ def worked_by(events: DataFrame, bucket_ms: int, *keys: str) -> DataFrame:
 
 def top_keys(records: DataFrame, limit: int) -> DataFrame:
     """The ``limit`` most frequent keys of each topic and their share of its messages."""
-    totals = records.groupBy("topic").agg(F.count(F.lit(1)).alias("_topic_messages"))
+    return top_keys_from_counts(key_counts(records), limit)
+
+
+def key_counts(records: DataFrame) -> DataFrame:
+    """Messages per topic and key (null: keyless), summed by ``merge_key_counts``."""
+    return records.groupBy("topic", "key").agg(F.count(F.lit(1)).alias("messages"))
+
+
+def merge_key_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("topic", "key").agg(F.sum("messages").cast("long").alias("messages"))
+
+
+def top_keys_from_counts(counts: DataFrame, limit: int) -> DataFrame:
+    """``top_keys`` from ``key_counts``."""
+    totals = counts.groupBy("topic").agg(F.sum("messages").cast("long").alias("_topic_messages"))
     ranked = Window.partitionBy("topic").orderBy(F.desc("messages"), F.asc("key"))
     return (
-        records.where(F.col("key").isNotNull())
-        .groupBy("topic", "key")
-        .agg(F.count(F.lit(1)).alias("messages"))
+        counts.where(F.col("key").isNotNull())
         .withColumn("rank", F.row_number().over(ranked))
         .where(F.col("rank") <= limit)
         .join(totals, "topic")
@@ -459,11 +497,31 @@ def top_keys(records: DataFrame, limit: int) -> DataFrame:
 
 def payload_sizes(records: DataFrame) -> DataFrame:
     """Stored record sizes per topic: count, min, mean, p50, p90, p99, max bytes."""
-    return records.groupBy("topic").agg(
-        F.count(F.lit(1)).alias("messages"),
+    return payload_from_counts(size_counts(records))
+
+
+def size_counts(records: DataFrame) -> DataFrame:
+    """Records per topic and size in bytes (``n``), summed by ``merge_size_counts``."""
+    return records.groupBy("topic", "bytes").agg(F.count(F.lit(1)).alias("n"))
+
+
+def merge_size_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("topic", "bytes").agg(F.sum("n").cast("long").alias("n"))
+
+
+def payload_from_counts(counts: DataFrame) -> DataFrame:
+    """``payload_sizes`` from ``size_counts`` (the mean is the exact sum over the count, as
+    Spark's average of whole numbers gives it)."""
+    fractions = F.array(*(F.lit(f) for f in PERCENTILES))
+    values = F.percentile(F.col("bytes").cast("double"), fractions, F.col("n"))
+    return counts.groupBy("topic").agg(
+        F.sum("n").cast("long").alias("messages"),
         F.min("bytes").cast("double").alias("min"),
-        F.avg("bytes").alias("mean"),
-        *_percentile_columns(F.col("bytes")),
+        (F.sum(F.col("bytes") * F.col("n")).cast("double") / F.sum("n")).alias("mean"),
+        values[0].alias("p50"),
+        values[1].alias("p90"),
+        values[2].alias("p99"),
+        F.max("bytes").cast("double").alias("max"),
     )
 
 
@@ -815,11 +873,34 @@ def rates_from_counts(counts: DataFrame) -> DataFrame:
     )
 
 
+def merge_failure_reasons(counts: DataFrame) -> DataFrame:
+    """``failure_reasons`` of several sets of events, summed."""
+    return counts.groupBy("topic", "group", "type", "reason").agg(
+        F.sum("events").cast("long").alias("events")
+    )
+
+
+_CONSUMER_COUNTS = ("deliveries", "acked", "nacked", "lease_expired", "released")
+
+
 def consumer_stats(events: DataFrame) -> DataFrame:
     """Per group and consumer: deliveries, ACKs, failures (NACKs, expired leases, releases
     on disconnect), failure rate per delivery, and ACKs per second over its active span."""
+    return consumer_stats_from_counts(consumer_counts(events))
+
+
+def merge_consumer_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("group", "consumer").agg(
+        *(F.sum(name).cast("long").alias(name) for name in _CONSUMER_COUNTS),
+        F.min("first_ts").alias("first_ts"),
+        F.max("last_ts").alias("last_ts"),
+    )
+
+
+def consumer_counts(events: DataFrame) -> DataFrame:
+    """``consumer_stats``' partial aggregates (merged by ``merge_consumer_counts``)."""
     kind = F.col("type")
-    counted = (
+    return (
         events.where(
             F.col("consumer").isNotNull()
             & kind.isin(EventType.DELIVERED, EventType.ACKED, *FAILURE_TYPES)
@@ -835,6 +916,10 @@ def consumer_stats(events: DataFrame) -> DataFrame:
             F.max("ts").alias("last_ts"),
         )
     )
+
+
+def consumer_stats_from_counts(counted: DataFrame) -> DataFrame:
+    """``consumer_stats`` from ``consumer_counts``."""
     return counted.select(
         "*",
         (F.col("nacked") + F.col("lease_expired") + F.col("released")).alias("failures"),

@@ -1,0 +1,181 @@
+"""Aggregates kept between runs: a re-run adds only what the new rows add.
+
+Most of the job's tables are sums (counts, byte totals, value counts for percentiles) or
+minima and maxima, per some key: what a set of rows gives them can be merged with what
+another set gives (``partial`` then ``merge`` in transform.py: the cold computation is the
+same two steps over every row). For a store above analytics.session.SMALL_INPUT_BYTES the
+job keeps each such table's merged partial aggregates in ``<out>/cache/kept/`` (Parquet, one
+directory per table) with what they cover, and a re-run merges them with the partials of
+the new rows only:
+
+- records: per topic and partition, those before ``records_to`` (where the log's whole
+  batches ended in the run that kept them: a batch written since, or completed since, is
+  new), found with a filter Parquet can apply to each file's offset statistics;
+- delivery events: the cache's Parquet part files listed in ``events_parts`` (the parse
+  cache writes one per run and file: those it wrote since are new).
+
+What is kept is dropped, and computed again from every row, when the parse cache dropped
+or re-parsed a file (it could count lines that are gone), with ``--full``, or when it was
+written by other code (the parse cache's fingerprint). A run that found a file's last line
+half-written (the cache's fragments) counts those rows in its figures but keeps nothing
+new: the next run covers them once they are whole.
+
+Layout: ``kept.json`` (version, ``records_to``, ``events_parts``, ``resolution``: the time
+series' bucket, 1 s while the store spans less than CHART_FINE_SPAN_MS, else a minute) and
+a directory per table. A run writes the next state to ``kept.next/`` and swaps it in whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spoolmq.analytics import extract, schemas
+from spoolmq.analytics.cache import ParseCache
+from spoolmq.files import make_private_dirs
+
+KEPT_VERSION = 1
+# Above this many distinct partitions, new records are found with a join, not a filter.
+MAX_FILTER_PARTITIONS = 256
+
+
+class KeptTables:
+    """The kept aggregates of one output directory's cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.next = root.with_name(root.name + ".next")
+        for leftover in (self.next, root.with_name(root.name + ".old")):
+            shutil.rmtree(leftover, ignore_errors=True)
+        self.records_to: dict[tuple[str, int], int] = {}
+        self.events_parts: dict[str, list[str]] = {}
+        self.resolution: int | None = None
+        self.names: set[str] = set()
+        self._load()
+        self._next: dict[str, object] | None = None
+        self._written: set[str] = set()
+        make_private_dirs(self.next)
+
+    def _load(self) -> None:
+        try:
+            data = orjson.loads((self.root / "kept.json").read_bytes())
+            if data["version"] != KEPT_VERSION:
+                raise ValueError("another version")
+            names = set(data["names"])
+            if not all((self.root / name).is_dir() for name in names):
+                raise ValueError("incomplete")
+            self.records_to = {(str(t), int(p)): int(to) for t, p, to in data["records_to"]}
+            self.events_parts = {str(k): list(v) for k, v in data["events_parts"].items()}
+            self.resolution = int(data["resolution"])
+            self.names = names
+        except (OSError, ValueError, KeyError, TypeError):
+            self.clear()
+
+    def holds(self) -> bool:
+        return bool(self.names)
+
+    def clear(self) -> None:
+        """Forget everything kept (the next run computes from every row)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.records_to, self.events_parts, self.resolution, self.names = {}, {}, None, set()
+
+    # -- the new rows --------------------------------------------------------------------
+
+    def new_records(self, spark: SparkSession, records: DataFrame) -> DataFrame:
+        """The rows of ``records`` that what is kept does not cover."""
+        if not self.records_to:
+            return records
+        if len(self.records_to) > MAX_FILTER_PARTITIONS:
+            ends = extract.local_frame(
+                spark, [(t, p, to) for (t, p), to in self.records_to.items()], schemas.VISIBLE
+            )
+            return (
+                records.join(F.broadcast(ends), ["topic", "partition"], "left")
+                .where(F.col("offset") >= F.coalesce(F.col("visible_to"), F.lit(0)))
+                .drop("visible_to")
+            )
+        # A filter of literals: Parquet skips the files whose offsets all fall below it.
+        known: Column = F.lit(False)
+        newer: Column = F.lit(False)
+        for (topic, partition), to in sorted(self.records_to.items()):
+            here = (F.col("topic") == topic) & (F.col("partition") == partition)
+            known = known | here
+            newer = newer | (here & (F.col("offset") >= to))
+        return records.where(newer | ~known)
+
+    def new_event_parts(self, cache: ParseCache) -> list[Path]:
+        """The parse cache's event part files that what is kept does not cover."""
+        paths = []
+        for entry in cache.files["events"].values():
+            covered = set(self.events_parts.get(entry.id, []))
+            directory = cache.table("events") / f"file_id={entry.id}"
+            paths += [directory / part for part in entry.parts if part not in covered]
+        return paths
+
+    # -- keeping -------------------------------------------------------------------------
+
+    def keep(
+        self,
+        spark: SparkSession,
+        name: str,
+        partial: DataFrame,
+        merge: Callable[[DataFrame], DataFrame],
+        *,
+        advance: bool,
+        fresh: bool = False,
+    ) -> DataFrame:
+        """What is kept of ``name`` merged with ``partial`` (the new rows' partials; with
+        ``fresh``, every row's, and nothing kept is read). With ``advance``, written as the
+        next state and read back; without, computed for this run only (the state stays as
+        it is)."""
+        both = partial
+        if name in self.names and not fresh:
+            kept = spark.read.schema(partial.schema).parquet(str(self.root / name))
+            both = kept.unionByName(partial)
+        merged = merge(both)
+        if not advance:
+            return merged
+        merged.coalesce(1).write.parquet(str(self.next / name))
+        self._written.add(name)
+        return spark.read.schema(merged.schema).parquet(str(self.next / name))
+
+    def prepare(
+        self,
+        *,
+        advance: bool,
+        records_to: dict[tuple[str, int], int],
+        cache: ParseCache,
+        resolution: int,
+    ) -> None:
+        """The next state's bookkeeping (its tables written by ``keep``). Without
+        ``advance`` the state stays as it is."""
+        if not advance:
+            self._next = None
+            return
+        self._next = {
+            "version": KEPT_VERSION,
+            "records_to": [[t, p, to] for (t, p), to in sorted(records_to.items())],
+            "events_parts": {e.id: sorted(e.parts) for e in cache.files["events"].values()},
+            "resolution": resolution,
+            "names": sorted(self._written),
+        }
+
+    def save(self) -> None:
+        """Swap the prepared state in (once nothing reads the one before)."""
+        if self._next is None:
+            shutil.rmtree(self.next, ignore_errors=True)
+            return
+        (self.next / "kept.json").write_bytes(orjson.dumps(self._next))
+        old = self.root.with_name(self.root.name + ".old")
+        if self.root.exists():
+            os.replace(self.root, old)
+        os.replace(self.next, self.root)
+        shutil.rmtree(old, ignore_errors=True)
+        self._next = None
+        self._load()
