@@ -235,7 +235,7 @@ def _commit(data: Path, offsets: dict[int, int]) -> None:
 def _marks(out: Path) -> dict[int, int]:
     data = orjson.loads((out / "cache" / "outcomes" / "marks.json").read_bytes())
     return {
-        p: to for group, topic, p, to, _ in data["marks"] if (group, topic) == ("billing", "orders")
+        p: to for group, topic, p, to in data["marks"] if (group, topic) == ("billing", "orders")
     }
 
 
@@ -293,6 +293,15 @@ def test_settled_outcomes_are_kept_and_the_others_computed_again(
     assert _marks(out) == {
         n: max(p.offset for p in [*by_partition[n], *more] if p.partition == n) + 1 for n in (0, 1)
     }
+
+    # A new group reads the partitions from their start: its outcomes need every record
+    # of them, though the other group's marks are far on.
+    audit = [{**e, "group": "audit"} for p in positions[:30] for e in _worked(p, end + 300)]
+    (day / "3-2.jsonl").write_bytes(event_file(audit, "new"))
+    seen.clear()
+    grown = _same_as_cold(spark, data, out, tmp_path)
+    assert seen == [True, False]
+    assert grown["by_group"]["audit"]["orders"]["acked"] == 30
 
     # A group reset: settled messages delivered and ACKed again.
     first = by_partition[0][0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spoolmq.analytics.cache import ParseCache, Staged
+from spoolmq.analytics.cache import ParseCache, Staged, bytes_to_parse
 
 LINE = b'{"ts":1,"type":"acked","group":"g"}\n'
 
@@ -81,3 +81,26 @@ def test_a_file_is_reused_then_read_from_its_extent_then_again_whole_when_replac
     assert (again.files_parsed, again.reused_bytes, again.parsed_bytes) == (1, 0, len(LINE))
     directories = list((root / "events").iterdir())
     assert len(directories) == 1 and len(list(directories[0].iterdir())) == 1
+
+
+def test_the_bytes_a_run_would_parse_are_judged_from_the_manifest_alone(tmp_path: Path) -> None:
+    data, root = tmp_path / "data", tmp_path / "cache"
+    old, new = _events(data), _events(data, "2-2.jsonl")
+    old.write_bytes(LINE * 4)
+    assert bytes_to_parse(root, data, {"events": [old]}, fingerprint="") is None  # no cache
+    _run(root, data, [old])
+    assert bytes_to_parse(root, data, {"events": [old]}, fingerprint="") == 0
+    assert bytes_to_parse(root, data, {"events": [old]}, fingerprint="other") is None
+    with old.open("ab") as file:
+        file.write(LINE)
+    new.write_bytes(LINE * 2)
+    files = {"events": [old, new]}
+    assert bytes_to_parse(root, data, files, fingerprint="") == 3 * len(LINE)
+    replaced = old.with_name("replaced")
+    replaced.write_bytes(LINE)
+    os.replace(replaced, old)  # another file under the old name: all of it is new
+    assert bytes_to_parse(root, data, files, fingerprint="") == 3 * len(LINE)
+    manifest = root / "manifest.json"
+    before = manifest.read_bytes()
+    bytes_to_parse(root, data, files, fingerprint="")
+    assert manifest.read_bytes() == before  # nothing changed

@@ -40,6 +40,18 @@ def test_a_large_store_keeps_the_jit_and_code_generation_with_the_throughput_gc(
     )
 
 
+def test_a_large_store_rerun_stops_the_driver_jit_at_its_first_tier() -> None:
+    rerun = session_settings(rerun=True)
+    assert rerun["spark.driver.extraJavaOptions"].split()[1:] == [
+        "-XX:+UseParallelGC",
+        "-XX:TieredStopAtLevel=1",
+    ]
+    assert "spark.executor.extraJavaOptions" not in rerun
+    # A small store's short-job JVM already stops there; it gets it once.
+    small = session_settings(small=True, rerun=True)["spark.driver.extraJavaOptions"].split()
+    assert small.count("-XX:TieredStopAtLevel=1") == 1
+
+
 @pytest.mark.spark
 def test_the_driver_jvm_of_a_large_store_collects_with_the_throughput_gc(spark: Any) -> None:
     """The option reaches the JVM that pyspark starts (the shared session is built with the

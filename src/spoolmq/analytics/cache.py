@@ -163,6 +163,29 @@ class ParseCache:
     def table(self, kind: str) -> Path:
         return self.root / kind
 
+    def parts(self, kind: str) -> dict[str, list[str]]:
+        """Each file's id and part files, of ``kind`` (what a later run can tell new
+        part files from, with ``parts_not_in``)."""
+        return {entry.id: sorted(entry.parts) for entry in self.files[kind].values()}
+
+    def parts_not_in(self, kind: str, covered: dict[str, list[str]]) -> list[Path]:
+        """The part files of ``kind`` that ``covered`` (an earlier ``parts``) does not list."""
+        paths = []
+        for entry in self.files[kind].values():
+            known = set(covered.get(entry.id, ()))
+            directory = self.table(kind) / f"file_id={entry.id}"
+            paths += [directory / part for part in sorted(entry.parts) if part not in known]
+        return paths
+
+    def parts_in(self, kind: str, covered: dict[str, list[str]]) -> list[Path]:
+        """The part files of ``kind`` that ``covered`` lists and the cache still holds."""
+        paths = []
+        for entry in self.files[kind].values():
+            known = set(covered.get(entry.id, ()))
+            directory = self.table(kind) / f"file_id={entry.id}"
+            paths += [directory / part for part in sorted(entry.parts) if part in known]
+        return paths
+
     def holds_rows(self, kind: str) -> bool:
         """Whether any file of ``kind`` has parsed rows in the cache."""
         return any(entry.parts for entry in self.files[kind].values())
@@ -300,6 +323,39 @@ class ParseCache:
     def close(self) -> None:
         """Remove the stage (once the run has computed everything)."""
         shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def bytes_to_parse(
+    root: Path, data_dir: Path, files: dict[str, list[Path]], *, fingerprint: str
+) -> int | None:
+    """How many bytes of ``files`` (per kind) a run into the cache at ``root`` would parse,
+    judged from its manifest alone (sizes, identities and extents; nothing is read or
+    changed): None when there is no usable cache. For choosing the JVM before a run."""
+    try:
+        data = orjson.loads((root / "manifest.json").read_bytes())
+        if (data["version"], data["data_dir"], data["fingerprint"]) != (
+            CACHE_VERSION,
+            str(data_dir.resolve()),
+            fingerprint,
+        ):
+            return None
+        known = {kind: data["files"][kind] for kind in KINDS}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    total = 0
+    for kind, paths in files.items():
+        for path in paths:
+            try:
+                status = path.stat()
+                entry = known[kind].get(path.resolve().relative_to(data_dir.resolve()).as_posix())
+            except (OSError, ValueError):
+                continue
+            same = entry is not None and (entry["dev"], entry["ino"]) == (
+                status.st_dev,
+                status.st_ino,
+            )
+            total += status.st_size - (entry["extent"] if same and entry else 0)
+    return max(total, 0)
 
 
 def _remove(path: Path) -> None:

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from spoolmq import types as spool_types
 from spoolmq.analytics import extract, report, schemas, transform
-from spoolmq.analytics.cache import ParseCache, Staged
+from spoolmq.analytics.cache import ParseCache, Staged, bytes_to_parse
 from spoolmq.analytics.jvm_cache import ClassArchive
 from spoolmq.analytics.kept import KeptTables
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
@@ -92,6 +92,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
+# Row groups of the parse cache's Parquet: small enough that a filter on the offset
+# (analytics/kept.py, analytics/settled.py) skips most of a file's rows by their groups'
+# statistics (the rows are in the order of the lines: by time, and so by offset).
+CACHE_ROW_GROUP_BYTES = 4 * 2**20
 # Event fields the job never uses (the record has them): not parsed into the cache.
 _UNUSED_EVENT_FIELDS = ("key", "key_b64", "bytes")
 
@@ -129,7 +133,9 @@ def _parse(
     staged = cache.plan(kind, files)
     if staged.keep:
         fresh = parse(lines(spark, staged.keep, staged=True))
-        fresh.write.partitionBy("file_id").mode("append").parquet(str(cache.table(kind)))
+        fresh.write.partitionBy("file_id").mode("append").option(
+            "parquet.block.size", CACHE_ROW_GROUP_BYTES
+        ).parquet(str(cache.table(kind)))
         cache.record(kind)
     if cache.holds_rows(kind):
         rows = spark.read.parquet(str(cache.table(kind))).drop("file_id")
@@ -150,19 +156,23 @@ def _fragments(spark: SparkSession, kind: str, staged: Staged) -> DataFrame:
     return parse(lines(spark, staged.fragments))
 
 
+def _read_parts(spark: SparkSession, cache: ParseCache, kind: str, parts: list[Path]) -> DataFrame:
+    """The rows of some of the cache's part files of ``kind``."""
+    if not parts:
+        return _no_rows(spark, kind)
+    return (
+        spark.read.option("basePath", str(cache.table(kind)))
+        .parquet(*(str(part) for part in parts))
+        .drop("file_id")
+    )
+
+
 def _new_events(
     spark: SparkSession, cache: ParseCache, kept: KeptTables, staged: Staged
 ) -> DataFrame:
     """The event rows what ``kept`` covers does not: the cache's part files written since,
     and the unfinished last lines."""
-    parts = kept.new_event_parts(cache)
-    rows = (
-        spark.read.option("basePath", str(cache.table("events")))
-        .parquet(*(str(part) for part in parts))
-        .drop("file_id")
-        if parts
-        else _no_rows(spark, "events")
-    )
+    rows = _read_parts(spark, cache, "events", kept.new_event_parts(cache))
     if staged.fragments:
         rows = rows.unionByName(_fragments(spark, "events", staged))
     return rows
@@ -171,6 +181,8 @@ def _new_events(
 def _outcome_counts(
     spark: SparkSession,
     settled: SettledOutcomes,
+    cache: ParseCache,
+    events_run: Staged,
     events: DataFrame,
     records: DataFrame,
     visible: list[tuple[str, int, int]],
@@ -191,11 +203,38 @@ def _outcome_counts(
     kept_keys: DataFrame | None = None
     marks: DataFrame | None = None
     if settled.holds():
-        marks = extract.local_frame(spark, settled.rows(), schemas.SETTLED_MARKS)
-        counted = transform.events_below(events, marks).collect()
-        if settled.check({(r.group, r.topic, r.partition): r.events for r in counted}):
+        # The event rows of part files the state has not seen (and unfinished lines): none
+        # may be about a settled message.
+        fresh = _read_parts(
+            spark, cache, "events", cache.parts_not_in("events", settled.events_parts)
+        )
+        if events_run.fragments:
+            fresh = fresh.unionByName(_fragments(spark, "events", events_run))
+        fresh = fresh.where("problem IS NULL")
+        marks = extract.local_frame(spark, settled.rows(), schemas.SETTLED_TO)
+        seen = transform.events_below(fresh, marks).collect()
+        if settled.check(sum(row.events for row in seen if row.marked)):
             kept_counts = spark.read.schema(schemas.OUTCOME_COUNTS).parquet(str(settled.counts))
             kept_keys = spark.read.schema(schemas.KEY_FINISHES).parquet(str(settled.keys))
+            floors = settled.floors()
+            # Of the part files seen, the row groups that may hold events at or after a
+            # mark; every new row.
+            seen_rows = _read_parts(
+                spark, cache, "events", cache.parts_in("events", settled.events_parts)
+            )
+            events = (
+                seen_rows.where("problem IS NULL")
+                .where(transform.at_or_after(floors, others=False))
+                .unionByName(fresh)
+            )
+            # A group without a mark needs all of its partitions' records.
+            unmarked = {(row.topic, row.partition) for row in seen if not row.marked}
+            records = records.where(
+                transform.at_or_after(
+                    {where: to for where, to in floors.items() if where not in unmarked},
+                    others=True,
+                )
+            )
         else:
             marks = None
     outcomes = transform.delivery_outcomes(
@@ -230,14 +269,7 @@ def _outcome_counts(
     if kept_keys is not None:
         keys = transform.key_finishes(kept_keys.unionByName(keys))
     keys.coalesce(1).write.parquet(str(settled.next / "keys"))
-    settled_events = {
-        (row.group, row.topic, row.partition): row.events
-        for row in flagged.where("settled")
-        .groupBy("group", "topic", "partition")
-        .agg(F.sum("events").alias("events"))
-        .collect()
-    }
-    settled.prepare(settled_to, settled_events)
+    settled.prepare(settled_to, cache.parts("events") if settle else settled.events_parts)
     outcomes.unpersist()
     every = spark.read.schema(schemas.OUTCOME_COUNTS).parquet(str(settled.next / "counts"))
     return transform.sum_counts(
@@ -316,6 +348,8 @@ def run(
         _outcome_counts,
         spark,
         settled,
+        cache,
+        events_run,
         events,
         records,
         visible,
@@ -699,13 +733,24 @@ def analyse(
         inputs = extract.list_inputs(data_dir)
         size = sum(extract.size_of(path) for path in (*inputs.segment_files, *inputs.event_files))
         archive = ClassArchive.for_this_machine()
+        small = size < SMALL_INPUT_BYTES
+        new_bytes = None if full else bytes_to_parse(
+            out / "cache",
+            data_dir,
+            {"segments": inputs.segment_files, "events": inputs.event_files},
+            fingerprint=_fingerprint(),
+        )  # fmt: skip
         spark = build_session(
             master or (None if _under_spark_submit() else "local[*]"),
-            small=size < SMALL_INPUT_BYTES,
+            small=small,
+            rerun=not small
+            and new_bytes is not None
+            and new_bytes < SMALL_INPUT_BYTES
+            and KeptTables.present(out / "cache" / "kept"),
             class_archive=archive,
         )
         try:
-            result = run(spark, data_dir, out, step, full=full, keep=size >= SMALL_INPUT_BYTES)
+            result = run(spark, data_dir, out, step, full=full, keep=not small)
         finally:
             gateway = spark.sparkContext._gateway
             spark.stop()

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spoolmq.analytics import extract, schemas
+from spoolmq.analytics import extract, schemas, transform
 from spoolmq.analytics.cache import ParseCache
 from spoolmq.files import make_private_dirs
 
@@ -80,6 +80,11 @@ class KeptTables:
     def holds(self) -> bool:
         return bool(self.names)
 
+    @staticmethod
+    def present(root: Path) -> bool:
+        """Whether a run kept aggregates under ``root`` (without loading them)."""
+        return (root / "kept.json").is_file()
+
     def clear(self) -> None:
         """Forget everything kept (the next run computes from every row)."""
         shutil.rmtree(self.root, ignore_errors=True)
@@ -89,8 +94,6 @@ class KeptTables:
 
     def new_records(self, spark: SparkSession, records: DataFrame) -> DataFrame:
         """The rows of ``records`` that what is kept does not cover."""
-        if not self.records_to:
-            return records
         if len(self.records_to) > MAX_FILTER_PARTITIONS:
             ends = extract.local_frame(
                 spark, [(t, p, to) for (t, p), to in self.records_to.items()], schemas.VISIBLE
@@ -100,23 +103,12 @@ class KeptTables:
                 .where(F.col("offset") >= F.coalesce(F.col("visible_to"), F.lit(0)))
                 .drop("visible_to")
             )
-        # A filter of literals: Parquet skips the files whose offsets all fall below it.
-        known: Column = F.lit(False)
-        newer: Column = F.lit(False)
-        for (topic, partition), to in sorted(self.records_to.items()):
-            here = (F.col("topic") == topic) & (F.col("partition") == partition)
-            known = known | here
-            newer = newer | (here & (F.col("offset") >= to))
-        return records.where(newer | ~known)
+        # A filter of literals: Parquet skips the row groups whose offsets fall below it.
+        return records.where(transform.at_or_after(self.records_to, others=True))
 
     def new_event_parts(self, cache: ParseCache) -> list[Path]:
         """The parse cache's event part files that what is kept does not cover."""
-        paths = []
-        for entry in cache.files["events"].values():
-            covered = set(self.events_parts.get(entry.id, []))
-            directory = cache.table("events") / f"file_id={entry.id}"
-            paths += [directory / part for part in entry.parts if part not in covered]
-        return paths
+        return cache.parts_not_in("events", self.events_parts)
 
     # -- keeping -------------------------------------------------------------------------
 
@@ -161,7 +153,7 @@ class KeptTables:
         self._next = {
             "version": KEPT_VERSION,
             "records_to": [[t, p, to] for (t, p), to in sorted(records_to.items())],
-            "events_parts": {e.id: sorted(e.parts) for e in cache.files["events"].values()},
+            "events_parts": cache.parts("events"),
             "resolution": resolution,
             "names": sorted(self._written),
         }

@@ -22,9 +22,16 @@ _SHORT_JOB_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn256m -XX:Metaspac
 # mode the driver runs them: 1M messages on two cores, 51 -> 45 s, see BENCHMARKS.md).
 # A cluster's executors keep their own settings: measured in local mode only.
 _BATCH_JOB_JVM = "-XX:+UseParallelGC"
+# A re-run of a large store that reuses what earlier runs kept (analytics/kept.py) reads
+# little: its ~50 short queries are compiled once each, and the JIT's optimising tier
+# costs more than it gives back (1M messages + 1 %, re-run: 28 -> 22 s, BENCHMARKS.md).
+# A cold run over the same store is faster with it (45 against 56 s): not for those.
+_RERUN_JVM = "-XX:TieredStopAtLevel=1"
 
 
-def session_settings(*, shuffle_partitions: int = 8, small: bool = False) -> dict[str, str]:
+def session_settings(
+    *, shuffle_partitions: int = 8, small: bool = False, rerun: bool = False
+) -> dict[str, str]:
     """The Spark settings build_session gives a new session (see its docstring)."""
     driver_java = f"-Dlog4j.configurationFile={LOG4J_CONFIG}"
     settings = {
@@ -51,6 +58,8 @@ def session_settings(*, shuffle_partitions: int = 8, small: bool = False) -> dic
         driver_java += f" {_SHORT_JOB_JVM}"
     else:
         driver_java += f" {_BATCH_JOB_JVM}"
+        if rerun:
+            driver_java += f" {_RERUN_JVM}"
     settings["spark.driver.extraJavaOptions"] = driver_java
     return settings
 
@@ -61,6 +70,7 @@ def build_session(
     app_name: str = "spoolmq-analytics",
     shuffle_partitions: int = 8,
     small: bool = False,
+    rerun: bool = False,
     class_archive: ClassArchive | None = None,
 ) -> SparkSession:
     """A SparkSession for the job (or the tests).
@@ -80,6 +90,9 @@ def build_session(
     code pays for itself, but the driver's JVM (in local mode, the one that runs the
     tasks) uses the throughput garbage collector.
 
+    ``rerun`` (a large store whose run will reuse what earlier runs kept, and parse
+    little): the driver's JIT stops at its quick first tier.
+
     ``class_archive``: the driver JVM starts from it, or writes it (``jvm_cache``; the
     caller calls its ``finish`` after stopping the session).
     """
@@ -92,7 +105,7 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    settings = session_settings(shuffle_partitions=shuffle_partitions, small=small)
+    settings = session_settings(shuffle_partitions=shuffle_partitions, small=small, rerun=rerun)
     if class_archive is not None:
         settings["spark.driver.extraJavaOptions"] += " " + class_archive.java_option()
     for key, value in settings.items():

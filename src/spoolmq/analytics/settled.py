@@ -16,16 +16,23 @@ The state is dropped, and every outcome computed again, when it might not hold:
 - the parse cache dropped or re-parsed a file (retention, compaction, a rewrite): the kept
   counts could include lines that are gone (the job calls ``clear``);
 - delivery events about a settled message appeared (a group reset to an earlier offset
-  delivers it again): per (group, topic, partition) the state knows how many events are
-  about its settled messages, and a run checks that count first (``check``);
+  delivers it again): the state lists the parse cache's event part files it has seen, and
+  a run checks the rows of the others (``check``);
 - ``--full``, another spoolmq (the parse cache's fingerprint), or a damaged state.
 
 A run with a file's last line half-written (the parse cache's fragments) settles nothing
 new: that line's events or record are not for keeping yet.
 
-Layout under ``<out>/cache/outcomes/``: ``marks.json`` (the version, and per group, topic and
-partition ``settled_to`` and ``events_below``), ``counts/`` and ``keys/`` (Parquet). A run
-writes the next state to ``outcomes.next/`` and swaps it in whole.
+Every (group, topic, partition) with events in the part files seen has a mark, so a run
+reads of those files only the row groups that can hold events at or after a mark (a filter
+of literals on the offset that Parquet applies to each row group's statistics), and of the
+records only those at or after a partition's lowest mark (all of a partition where a group
+without a mark has new events).
+
+Layout under ``<out>/cache/outcomes/``: ``marks.json`` (the version, per group, topic and
+partition ``settled_to``, and ``events_parts``: the part files seen), ``counts/`` and
+``keys/`` (Parquet). A run writes the next state to ``outcomes.next/`` and swaps it in
+whole.
 """
 
 from __future__ import annotations
@@ -33,24 +40,14 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from spoolmq.files import make_private_dirs
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 Where = tuple[str, str, int]  # group, topic, partition
-
-
-@dataclass(frozen=True)
-class Mark:
-    """Of one (group, topic, partition): messages before ``settled_to`` are settled, and
-    ``events_below`` delivery events are about them."""
-
-    settled_to: int
-    events_below: int
 
 
 class SettledOutcomes:
@@ -61,21 +58,21 @@ class SettledOutcomes:
         self.next = root.with_name(root.name + ".next")
         for leftover in (self.next, root.with_name(root.name + ".old")):
             shutil.rmtree(leftover, ignore_errors=True)
-        self.marks: dict[Where, Mark] = self._load()
-        self._next_marks: dict[Where, Mark] | None = None
+        self.events_parts: dict[str, list[str]] = {}
+        self.marks: dict[Where, int] = self._load()
+        self._next_marks: dict[Where, int] | None = None
+        self._next_parts: dict[str, list[str]] = {}
         make_private_dirs(self.next)
 
-    def _load(self) -> dict[Where, Mark]:
+    def _load(self) -> dict[Where, int]:
         try:
             data = orjson.loads((self.root / "marks.json").read_bytes())
             if data["version"] != STATE_VERSION:
                 raise ValueError("another version")
-            marks = {
-                (str(g), str(t), int(p)): Mark(int(to), int(below))
-                for g, t, p, to, below in data["marks"]
-            }
+            marks = {(str(g), str(t), int(p)): int(to) for g, t, p, to in data["marks"]}
             if marks and not all((self.root / name).is_dir() for name in ("counts", "keys")):
                 raise ValueError("incomplete")
+            self.events_parts = {str(k): list(v) for k, v in data["events_parts"].items()}
             return marks
         except (OSError, ValueError, KeyError, TypeError):
             self.clear()  # none yet, or not whole: start again
@@ -96,16 +93,24 @@ class SettledOutcomes:
     def clear(self) -> None:
         """Forget every settled outcome (the next computation starts from none)."""
         shutil.rmtree(self.root, ignore_errors=True)
-        self.marks = {}
+        self.marks, self.events_parts = {}, {}
 
-    def rows(self) -> list[tuple[str, str, int, int, int]]:
-        """(group, topic, partition, settled_to, events_below) per mark."""
-        return [(*where, m.settled_to, m.events_below) for where, m in sorted(self.marks.items())]
+    def rows(self) -> list[tuple[str, str, int, int]]:
+        """(group, topic, partition, settled_to) per mark."""
+        return [(*where, to) for where, to in sorted(self.marks.items())]
 
-    def check(self, counted: dict[Where, int]) -> bool:
-        """Whether the events about settled messages, counted now, are those the state
-        knows; if not, forget it."""
-        if any(counted.get(where, 0) != mark.events_below for where, mark in self.marks.items()):
+    def floors(self) -> dict[tuple[str, int], int]:
+        """Per (topic, partition), the lowest mark of any group."""
+        floors: dict[tuple[str, int], int] = {}
+        for (_, topic, partition), to in self.marks.items():
+            floors[topic, partition] = min(to, floors.get((topic, partition), to))
+        return floors
+
+    def check(self, events_below: int) -> bool:
+        """Whether no new delivery event is about a settled message (``events_below``: how
+        many of the rows of the part files not seen yet are before their group's mark);
+        if one is, forget the state."""
+        if events_below:
             self.clear()
             return False
         return True
@@ -122,7 +127,7 @@ class SettledOutcomes:
         change (None: none may) and the last offset. A mark never moves past the group's
         committed offset (a message before it may be delivered later: delayed, or held
         back by its key) and never back. ``settle`` False keeps every mark where it is."""
-        marks = {where: mark.settled_to for where, mark in self.marks.items()}
+        marks = dict(self.marks)
         if not settle:
             return marks
         for where, open_from, last in candidates:
@@ -132,23 +137,17 @@ class SettledOutcomes:
             marks[where] = max(marks.get(where, 0), limit)
         return marks
 
-    def prepare(self, settled_to: dict[Where, int], events: dict[Where, int]) -> None:
+    def prepare(self, settled_to: dict[Where, int], events_parts: dict[str, list[str]]) -> None:
         """Write the marks into the next state (whose ``counts`` and ``keys`` the caller
-        wrote). ``events``: the events about the messages this run settled."""
-        marks = {
-            where: Mark(
-                to,
-                (self.marks[where].events_below if where in self.marks else 0)
-                + events.get(where, 0),
-            )
-            for where, to in sorted(settled_to.items())
-        }
+        wrote), with the event part files its outcomes were computed from."""
         data = {
             "version": STATE_VERSION,
-            "marks": [[*where, m.settled_to, m.events_below] for where, m in marks.items()],
+            "marks": [[*where, to] for where, to in sorted(settled_to.items())],
+            "events_parts": events_parts,
         }
         (self.next / "marks.json").write_bytes(orjson.dumps(data))
-        self._next_marks = marks
+        self._next_marks = dict(settled_to)
+        self._next_parts = events_parts
 
     def save(self) -> None:
         """Swap the prepared state in (once nothing reads the one before)."""
@@ -160,3 +159,4 @@ class SettledOutcomes:
         os.replace(self.next, self.root)
         shutil.rmtree(old, ignore_errors=True)
         self.marks, self._next_marks = self._next_marks, None
+        self.events_parts = self._next_parts

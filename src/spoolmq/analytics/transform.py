@@ -727,18 +727,22 @@ def outcome_counts(outcomes: DataFrame, *extra: str) -> DataFrame:
 
 
 def events_below(events: DataFrame, marks: DataFrame) -> DataFrame:
-    """Per (group, topic, partition) of ``marks`` (with ``settled_to``): how many delivery
-    events are about messages before ``settled_to`` (analytics/settled.py checks that
-    none came or went)."""
+    """Per (group, topic, partition) of ``events`` with delivery events: ``marked``, whether
+    ``marks`` (group, topic, partition, settled_to) has it, and ``events``, how many of them
+    are about messages before its ``settled_to`` (analytics/settled.py checks that none
+    of the new ones are)."""
     return (
         _message_events(events)
         .join(
             F.broadcast(marks.select("group", "topic", "partition", "settled_to")),
             ["group", "topic", "partition"],
+            "left",
         )
-        .where(F.col("offset") < F.col("settled_to"))
         .groupBy("group", "topic", "partition")
-        .agg(F.count(F.lit(1)).alias("events"))
+        .agg(
+            F.max(F.col("settled_to").isNotNull()).alias("marked"),
+            _count_if(F.col("offset") < F.col("settled_to")).alias("events"),
+        )
     )
 
 
@@ -765,6 +769,20 @@ def key_finishes(outcomes: DataFrame) -> DataFrame:
         .groupBy("group", "topic", "partition", "key")
         .agg(F.max("finished_at").alias("finished_at"))
     )
+
+
+def at_or_after(ends: dict[tuple[str, int], int], *, others: bool) -> Column:
+    """A filter of literals: rows (with topic, partition and offset) of each (topic,
+    partition) of ``ends`` at or after its offset, and with ``others`` every row of the
+    other partitions. Parquet applies it to each row group's statistics, so the job reads
+    only the groups that may hold such rows."""
+    known: Column = F.lit(False)
+    after: Column = F.lit(False)
+    for (topic, partition), offset in sorted(ends.items()):
+        here = (F.col("topic") == topic) & (F.col("partition") == partition)
+        known = known | here
+        after = after | (here & (F.col("offset") >= offset))
+    return after | ~known if others else after
 
 
 def sum_counts(counts: DataFrame) -> DataFrame:
