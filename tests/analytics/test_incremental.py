@@ -16,6 +16,8 @@ from test_end_to_end import assert_same, expected_summary, without_attention
 from test_event_shapes import delivery_history
 
 import spoolmq.analytics
+import spoolmq.analytics.kept
+import spoolmq.analytics.settled
 from spoolmq import Message, Store
 from spoolmq.analytics import run
 from spoolmq.cli import main as cli_main
@@ -354,3 +356,30 @@ def test_a_rerun_adds_only_the_new_rows_to_the_kept_aggregates(
     cold = run(spark, data, tmp_path / "cold", full=True).summary
     assert _outputs(spark, out) == _outputs(spark, tmp_path / "cold")
     assert again["topics"] == cold["topics"]
+
+
+def test_a_run_stopped_before_it_saved_what_it_keeps_is_made_up_by_the_next(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that recorded new rows in the parse cache but stopped before swapping in the
+    kept aggregates and settled outcomes: the next run still finds those rows new (the
+    states list what they cover, not what the cache holds)."""
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    positions = _append_orders(data, 80, 20)
+    (data / "events" / DAY / "2-2.jsonl").write_bytes(
+        event_file(delivery_history(positions), "new")
+    )
+
+    def stop(self: Any) -> None:
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(spoolmq.analytics.kept.KeptTables, "save", stop)
+    monkeypatch.setattr(spoolmq.analytics.settled.SettledOutcomes, "save", stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        run(spark, data, out)
+    monkeypatch.undo()
+    again = _same_as_cold(spark, data, out, tmp_path)
+    assert again["run"]["segments_parsed_bytes"] == 0  # the stopped run parsed them
+    assert again["topics"]["orders"]["messages"] == 100

@@ -443,6 +443,26 @@ def run(
             ),
         ),
     }
+    # The time series: per-minute table, what is kept of it, its keys, and its counts per
+    # bucket of some milliseconds from records and events.
+    series: dict[str, tuple[str, tuple[str, ...], Callable[[DataFrame, DataFrame, int], DataFrame]]]
+    series = {
+        "throughput_per_minute": (
+            "throughput",
+            ("topic",),
+            lambda r, e, ms: transform.throughput(r, e, ms),
+        ),
+        "throughput_by_group_per_minute": (
+            "throughput_by_group",
+            ("topic", "group"),
+            lambda _, e, ms: transform.worked_by(e, ms, "topic", "group"),
+        ),
+        "throughput_by_consumer_per_minute": (
+            "throughput_by_consumer",
+            ("group", "consumer"),
+            lambda _, e, ms: transform.worked_by(e, ms, "group", "consumer"),
+        ),
+    }
     # Independent queries side by side: while one is planned on the driver (fixed costs
     # that dominate a small store), another runs on the executors. The charts' queries are
     # queued behind the tables, and the charts drawn here (the driver's Python) as their
@@ -472,6 +492,15 @@ def run(
                 )
             )
         }
+        if kept is None:  # every row, per minute: needs no bucket (written early)
+            for name, (_, _, partial) in series.items():
+                written[name] = pool.submit(
+                    lambda name, partial: _write_table(
+                        partial(records, events, MINUTE_MS), out_dir, name
+                    ),
+                    name,
+                    partial,
+                )
         from_counts = {
             "latency": ("latency", transform.latency_from_counts),
             "attempts": ("delivery_attempts", transform.attempts_from_counts),
@@ -501,63 +530,32 @@ def run(
         ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
         bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
         lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
-        # The time series are counted per second, or per minute once the charts' buckets
+        # Kept time series are counted per second, or per minute once the charts' buckets
         # are whole minutes; the per-minute tables and the charts sum those.
         resolution = MINUTE_MS if bucket % MINUTE_MS == 0 else SECOND_MS
         # Kept per minute, wanted per second (cannot be: the span only grows): count again.
         finer = kept is not None and (kept.resolution or resolution) > resolution
-
-        def series(
-            name: str,
-            keys: tuple[str, ...],
-            partial: Callable[[DataFrame, DataFrame, int], DataFrame],
-        ) -> Future[DataFrame]:
-            """A time series per ``resolution``: its table per minute is written, and its
-            chart's rows come, from it."""
-            return pool.submit(
-                lambda: kept_or_all(
-                    name,
-                    lambda rows, events: partial(rows, events, resolution),
-                    lambda table: transform.rebucket(table, resolution, keys),
-                    fresh=finer,
+        counted: dict[str, Future[DataFrame]] = {}
+        if kept is not None:
+            for name, (kept_name, keys, partial) in series.items():
+                counted[name] = pool.submit(
+                    lambda kept_name, keys, partial: kept_or_all(
+                        kept_name,
+                        lambda rows, events: partial(rows, events, resolution),
+                        lambda table: transform.rebucket(table, resolution, keys),
+                        fresh=finer,
+                    ),
+                    kept_name,
+                    keys,
+                    partial,
                 )
-            )
-
-        counts = {
-            "throughput_per_minute": (
-                ("topic",),
-                series("throughput", ("topic",), lambda r, e, ms: transform.throughput(r, e, ms)),
-            ),
-            "throughput_by_group_per_minute": (
-                ("topic", "group"),
-                series(
-                    "throughput_by_group",
-                    ("topic", "group"),
-                    lambda _, e, ms: transform.worked_by(e, ms, "topic", "group"),
-                ),
-            ),
-            "throughput_by_consumer_per_minute": (
-                ("group", "consumer"),
-                series(
-                    "throughput_by_consumer",
-                    ("group", "consumer"),
-                    lambda _, e, ms: transform.worked_by(e, ms, "group", "consumer"),
-                ),
-            ),
-        }
-        for name, (keys, counted) in counts.items():
-            written[name] = pool.submit(
-                lambda keys, counted, name: _write_table(
-                    transform.rebucket(counted.result(), MINUTE_MS, keys), out_dir, name
-                ),
-                keys,
-                counted,
-                name,
-            )
-
-        def per_bucket(name: str) -> Future[Rows]:
-            keys, counted = counts[name]
-            return pool.submit(lambda: _rows(transform.rebucket(counted.result(), bucket, keys)))
+                written[name] = pool.submit(
+                    lambda name, keys: _write_table(
+                        transform.rebucket(counted[name].result(), MINUTE_MS, keys), out_dir, name
+                    ),
+                    name,
+                    keys,
+                )
 
         def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
             """The rows of ``query`` over a table this run writes, once it is written (the
@@ -568,6 +566,16 @@ def run(
                 return _rows(query(_table(spark, out_dir, name)))
 
             return pool.submit(rows)
+
+        def per_bucket(name: str) -> Future[Rows]:
+            _, keys, partial = series[name]
+            if kept is not None:
+                return pool.submit(
+                    lambda: _rows(transform.rebucket(counted[name].result(), bucket, keys))
+                )
+            if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
+                return from_table(name, lambda table: transform.rebucket(table, bucket, keys))
+            return pool.submit(lambda: _rows(partial(records, events, bucket)))
 
         throughput = per_bucket("throughput_per_minute")
         by_group = per_bucket("throughput_by_group_per_minute")
