@@ -19,7 +19,8 @@ import spoolmq.analytics
 import spoolmq.analytics.kept
 import spoolmq.analytics.settled
 from spoolmq import Message, Store
-from spoolmq.analytics import run
+from spoolmq.analytics import job, run
+from spoolmq.analytics.cache import ParseCache
 from spoolmq.cli import main as cli_main
 
 pytestmark = pytest.mark.spark
@@ -383,3 +384,22 @@ def test_a_run_stopped_before_it_saved_what_it_keeps_is_made_up_by_the_next(
     again = _same_as_cold(spark, data, out, tmp_path)
     assert again["run"]["segments_parsed_bytes"] == 0  # the stopped run parsed them
     assert again["topics"]["orders"]["messages"] == 100
+
+
+def test_rows_a_stopped_run_dropped_before_its_manifest_said_so_reset_what_is_kept(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Retention deleted a segment, and a run dropped its cached rows but stopped before
+    writing its manifest: the next run finds the manifest listing rows that are gone, and
+    computes again what it had kept (which counted them)."""
+    data = _store(tmp_path)
+    out = tmp_path / "out"
+    run(spark, data, out)
+    with Store(data) as store:
+        store.alter_topic("orders", retention_bytes=3000)
+        assert store.enforce_retention("orders").deleted_segments > 0
+    cache = ParseCache(out / "cache", data, fingerprint=job._fingerprint())
+    segments = sorted((data / "logs").glob("*/*/*.jsonl"))
+    assert cache.plan("segments", segments).files_dropped > 0  # and no commit: a stop
+    again = _same_as_cold(spark, data, out, tmp_path)
+    assert again["topics"]["orders"]["messages"] < 80

@@ -143,7 +143,8 @@ class ParseCache:
         self.fingerprint = fingerprint
         self.files: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         # Whether this run dropped rows the cache held (a file deleted, or parsed again
-        # from its start): figures kept from earlier runs may count them.
+        # from its start, now or by a run that stopped before its manifest said so):
+        # figures kept from earlier runs may count them.
         self.rewound = False
         self._planned: dict[str, list[Piece]] = {kind: [] for kind in KINDS}
         manifest = self._load()
@@ -211,6 +212,9 @@ class ParseCache:
         files a stopped run wrote, Spark's leftovers; forget files whose parts are gone."""
         table = self.table(kind)
         if not table.is_dir():
+            # Rows the manifest lists are gone (a run that stopped after dropping them):
+            # what earlier runs kept may count them.
+            self.rewound |= any(entry.parts for entry in self.files[kind].values())
             self.files[kind] = {}
             return
         ids = {entry.id: name for name, entry in self.files[kind].items()}
@@ -228,6 +232,7 @@ class ParseCache:
             if not all((directory / part).is_file() for part in entry.parts):
                 _remove(directory)
                 del self.files[kind][name]
+                self.rewound |= bool(entry.parts)
 
     def plan(self, kind: str, paths: list[Path]) -> Staged:
         """Decide what of ``paths`` (files of ``kind`` under the data directory) to parse,

@@ -33,9 +33,11 @@ from pyspark.sql import functions as F
 
 from spoolmq import types as spool_types
 from spoolmq.analytics import extract, report, schemas, transform
+from spoolmq.analytics import kept as kept_module
+from spoolmq.analytics import settled as settled_module
 from spoolmq.analytics.cache import ParseCache, Staged, bytes_to_parse
 from spoolmq.analytics.jvm_cache import ClassArchive
-from spoolmq.analytics.kept import KeptTables
+from spoolmq.analytics.kept import MAX_FILTER_PARTITIONS, KeptTables
 from spoolmq.analytics.session import SMALL_INPUT_BYTES, build_session
 from spoolmq.analytics.settled import SettledOutcomes, Where
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
@@ -111,15 +113,17 @@ def _parsers(
 
 
 def _fingerprint() -> str:
-    """What made the parsed rows the cache holds: the code that reads and parses the lines
-    (this module, extract, schemas, transform and the event types) and pyspark's version.
+    """What made the parsed rows the cache holds, and what it keeps beside them: the code
+    that reads and parses the lines and computes from them (this module, extract, schemas,
+    transform, the event types, kept and settled) and pyspark's version.
     A cache written by other code (another spoolmq, or one with a parse fixed) is not read,
     but started again.
     Hashing the code, not the rows' schema, also catches a change in how a field is parsed
     that keeps its type, and asks nothing of Spark (analysing the two parse plans for their
     schemas took a cold JVM 1 s before any other work)."""
     digest = hashlib.sha1(PYSPARK_VERSION.encode())
-    for source in (__file__, *(m.__file__ for m in (extract, schemas, transform, spool_types))):
+    modules = (extract, schemas, transform, spool_types, kept_module, settled_module)
+    for source in (__file__, *(m.__file__ for m in modules)):
         digest.update(Path(str(source)).read_bytes())
     return digest.hexdigest()
 
@@ -217,24 +221,25 @@ def _outcome_counts(
             kept_counts = spark.read.schema(schemas.OUTCOME_COUNTS).parquet(str(settled.counts))
             kept_keys = spark.read.schema(schemas.KEY_FINISHES).parquet(str(settled.keys))
             floors = settled.floors()
-            # Of the part files seen, the row groups that may hold events at or after a
-            # mark; every new row.
-            seen_rows = _read_parts(
-                spark, cache, "events", cache.parts_in("events", settled.events_parts)
-            )
-            events = (
-                seen_rows.where("problem IS NULL")
-                .where(transform.at_or_after(floors, others=False))
-                .unionByName(fresh)
-            )
-            # A group without a mark needs all of its partitions' records.
-            unmarked = {(row.topic, row.partition) for row in seen if not row.marked}
-            records = records.where(
-                transform.at_or_after(
-                    {where: to for where, to in floors.items() if where not in unmarked},
-                    others=True,
+            if len(floors) <= MAX_FILTER_PARTITIONS:  # else the join below filters alone
+                # Of the part files seen, the row groups that may hold events at or after
+                # a mark; every new row.
+                seen_rows = _read_parts(
+                    spark, cache, "events", cache.parts_in("events", settled.events_parts)
                 )
-            )
+                events = (
+                    seen_rows.where("problem IS NULL")
+                    .where(transform.at_or_after(floors, others=False))
+                    .unionByName(fresh)
+                )
+                # A group without a mark needs all of its partitions' records.
+                unmarked = {(row.topic, row.partition) for row in seen if not row.marked}
+                records = records.where(
+                    transform.at_or_after(
+                        {where: to for where, to in floors.items() if where not in unmarked},
+                        others=True,
+                    )
+                )
         else:
             marks = None
     outcomes = transform.delivery_outcomes(
