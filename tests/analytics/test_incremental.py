@@ -403,3 +403,101 @@ def test_rows_a_stopped_run_dropped_before_its_manifest_said_so_reset_what_is_ke
     assert cache.plan("segments", segments).files_dropped > 0  # and no commit: a stop
     again = _same_as_cold(spark, data, out, tmp_path)
     assert again["topics"]["orders"]["messages"] < 80
+
+
+def _kept(out: Path) -> dict[str, Any]:
+    return orjson.loads((out / "cache" / "kept" / "kept.json").read_bytes())
+
+
+def _rows_given(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """How many rows each call of the transform ``name`` is given (its first argument)."""
+    seen: list[int] = []
+    real = getattr(spoolmq.analytics.transform, name)
+
+    def spied(rows: Any, *args: Any) -> Any:
+        seen.append(rows.count())
+        return real(rows, *args)
+
+    monkeypatch.setattr(spoolmq.analytics.transform, name, spied)
+    return seen
+
+
+def test_consumer_activity_is_kept_up_to_its_oldest_open_delivery(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer's busy and idle time is a union of its deliveries' spans: a run keeps the
+    summary of the spans before the oldest delivery not ended yet, and the next reads the
+    event rows from there on (and the new ones), and gives what a cold run gives. A new
+    delivery from before that point (a clock that went back) makes it read every row."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("orders", partitions=2)
+    positions = _append_orders(data, 0, 40)
+    base = max(p.timestamp for p in positions) + 1_000
+    events: list[dict[str, Any]] = []
+    for n, p in enumerate(positions[:30]):
+        who = {"consumer": "c1" if n % 2 else "c2"}
+        events += [{**e, **who} for e in _worked(p, base + 40 * n)]  # gaps of 35 ms
+    open_at = base + 40 * 30
+    held = positions[30]  # delivered to c1, not ended before the next run
+    events.append({**_message_event(open_at, "delivered", held), "consumer": "c1"})
+    for n, p in enumerate(positions[31:35]):  # c2 goes on meanwhile
+        events += [{**e, "consumer": "c2"} for e in _worked(p, open_at + 10 + 40 * n)]
+    day = data / "events" / DAY
+    day.mkdir(parents=True)
+    (day / "1-1.jsonl").write_bytes(event_file(events, "old"))
+    out = tmp_path / "out"
+    run(spark, data, out)
+    assert _kept(out)["activity_from"] == open_at
+
+    rows_seen = _rows_given(monkeypatch, "activity_spans")
+    # Then: the held delivery ends, and a minute later c1 gets more work.
+    later = open_at + 60_000
+    more = [{**_message_event(open_at + 50, "acked", held, processing_ms=50.0), "consumer": "c1"}]
+    for n, p in enumerate(positions[35:]):
+        more += [{**e, "consumer": "c1"} for e in _worked(p, later + 100 + 40 * n)]
+    (day / "2-2.jsonl").write_bytes(event_file(more, "old"))
+    _same_as_cold(spark, data, out, tmp_path)
+    # The re-run read the rows from the open delivery on: its own, c2's 4 deliveries and
+    # their ACKs, and the new ones; the cold run read them all.
+    assert rows_seen == [1 + 8 + len(more), len(events) + len(more)]
+    assert _kept(out)["activity_from"] == later + 100 + 40 * 4  # the newest delivery
+    consumers = {
+        row.consumer: row for row in spark.read.parquet(str(out / "tables" / "consumers")).collect()
+    }
+    assert consumers["c1"].idle_ms > 59_000  # the wait for work after the held delivery
+    assert consumers["c1"].busy_ms < 1_000
+
+    # A delivery stamped before that point (the clock went back): every row again.
+    rows_seen.clear()
+    back = [{**e, "consumer": "c3"} for e in _worked(positions[0], base - 500, attempt=2)]
+    (day / "3-3.jsonl").write_bytes(event_file(back, "old"))
+    _same_as_cold(spark, data, out, tmp_path)
+    assert rows_seen[0] == rows_seen[1] == len(events) + len(more) + len(back)
+
+
+def test_an_incomplete_batch_completed_later_counts_as_in_a_cold_run(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where each partition ends (and so whether its newest batch is whole) and the line
+    counts are kept per parsed part file: a re-run parses the rest of a batch it saw in
+    part, and counts its records as used, as a cold run does."""
+    data = _store(tmp_path)
+    with Store(data) as store:
+        store.append_batch("orders", [Message({"n": n}, key="k0") for n in range(3)])
+    newest = max((data / "logs" / "orders").glob("*/*.jsonl"), key=lambda p: p.stat().st_mtime)
+    whole = newest.read_bytes()
+    last = whole[:-1].rfind(b"\n") + 1
+    newest.write_bytes(whole[:last])  # the batch's last line not written yet
+    out = tmp_path / "out"
+    first = run(spark, data, out).summary
+    assert first["skipped"]["segments"] == {"incomplete batch": 2}
+    assert _kept(out)["ends"]
+
+    seen = _rows_given(monkeypatch, "end_partials")
+    with newest.open("ab") as file:
+        file.write(whole[last:])
+    again = _same_as_cold(spark, data, out, tmp_path)
+    assert seen == [1, 83 + 32]  # the new line; every line of both topics, cold
+    assert again["skipped"]["segments"] == {}
+    assert again["topics"]["orders"]["messages"] == 83

@@ -40,13 +40,18 @@ def test_a_large_store_keeps_the_jit_and_code_generation_with_the_throughput_gc(
     )
 
 
-def test_a_large_store_rerun_stops_the_driver_jit_at_its_first_tier() -> None:
+def test_a_large_store_rerun_stops_the_driver_jit_at_its_first_tier_and_interprets() -> None:
     rerun = session_settings(rerun=True)
     assert rerun["spark.driver.extraJavaOptions"].split()[1:] == [
         "-XX:+UseParallelGC",
         "-XX:TieredStopAtLevel=1",
     ]
     assert "spark.executor.extraJavaOptions" not in rerun
+    # Its queries are short ones too: interpreted, no adaptive re-planning, 2 partitions.
+    assert rerun["spark.sql.codegen.wholeStage"] == "false"
+    assert rerun["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    assert rerun["spark.sql.adaptive.enabled"] == "false"
+    assert rerun["spark.sql.shuffle.partitions"] == "2"
     # A small store's short-job JVM already stops there; it gets it once.
     small = session_settings(small=True, rerun=True)["spark.driver.extraJavaOptions"].split()
     assert small.count("-XX:TieredStopAtLevel=1") == 1

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from analytics_helpers import record_line
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from spoolmq.analytics import transform
@@ -100,13 +101,33 @@ def test_only_an_incomplete_last_batch_is_marked(spark: SparkSession) -> None:
     ]
     schema = RECORDS + ", batch_records long, problem string"
     records = frame(spark, schema, rows)
-    cuts = transform.incomplete_batches(records)
-    assertDataFrameEqual(
-        cuts, frame(spark, "topic string, partition int, cut_from long", [("t", 0, 3)])
-    )
+    ends = transform.merge_ends({}, transform.end_partials(records).collect())
+    assert ends == {("t", 0): (4, 3, 3), ("t", 1): (2, 0, 3)}
+    assert {where: transform.cut_from(end) for where, end in ends.items()} == {
+        ("t", 0): 3,
+        ("t", 1): None,
+    }
+    assert {where: transform.visible_to(end) for where, end in ends.items()} == {
+        ("t", 0): 3,
+        ("t", 1): 3,
+    }
+    # The same from partials of two sets of records, in either order.
+    first, second = records.where("offset < 3 OR offset IS NULL"), records.where("offset >= 3")
+    for one, other in ((first, second), (second, first)):
+        parts = transform.merge_ends({}, transform.end_partials(one).collect())
+        assert transform.merge_ends(parts, transform.end_partials(other).collect()) == ends
+    cuts = frame(spark, "topic string, partition int, cut_from long", [("t", 0, 3)])
     marked = transform.mark_incomplete_batches(records, cuts)
     expected = [(*r[:7], "incomplete batch") if r[1] == 0 and r[2] in (3, 4) else r for r in rows]
     assertDataFrameEqual(marked, frame(spark, schema, expected))
+    # Line counts before the marking, told how many it marks: the same as after it.
+    counts = transform.line_counts(
+        records, records.limit(0).withColumn("first_in_line", F.lit(True))
+    )
+    assertDataFrameEqual(
+        transform.with_incomplete(counts, 2),
+        transform.line_counts(marked, marked.limit(0).withColumn("first_in_line", F.lit(True))),
+    )
 
 
 def test_parse_events_and_line_counts(spark: SparkSession) -> None:

@@ -142,10 +142,10 @@ class ParseCache:
         self.data_dir = data_dir.resolve()
         self.fingerprint = fingerprint
         self.files: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
-        # Whether this run dropped rows the cache held (a file deleted, or parsed again
-        # from its start, now or by a run that stopped before its manifest said so):
-        # figures kept from earlier runs may count them.
-        self.rewound = False
+        # The kinds of which this run dropped rows the cache held (a file deleted, or
+        # parsed again from its start, now or by a run that stopped before its manifest
+        # said so): figures kept from earlier runs may count them.
+        self.dropped: set[str] = set()
         self._planned: dict[str, list[Piece]] = {kind: [] for kind in KINDS}
         manifest = self._load()
         if full or manifest is None:
@@ -156,6 +156,11 @@ class ParseCache:
         shutil.rmtree(self.stage, ignore_errors=True)
         for kind in KINDS:
             self._tidy(kind)
+
+    @property
+    def rewound(self) -> bool:
+        """Whether this run dropped rows the cache held, of either kind."""
+        return bool(self.dropped)
 
     @property
     def stage(self) -> Path:
@@ -214,7 +219,8 @@ class ParseCache:
         if not table.is_dir():
             # Rows the manifest lists are gone (a run that stopped after dropping them):
             # what earlier runs kept may count them.
-            self.rewound |= any(entry.parts for entry in self.files[kind].values())
+            if any(entry.parts for entry in self.files[kind].values()):
+                self.dropped.add(kind)
             self.files[kind] = {}
             return
         ids = {entry.id: name for name, entry in self.files[kind].items()}
@@ -232,7 +238,8 @@ class ParseCache:
             if not all((directory / part).is_file() for part in entry.parts):
                 _remove(directory)
                 del self.files[kind][name]
-                self.rewound |= bool(entry.parts)
+                if entry.parts:
+                    self.dropped.add(kind)
 
     def plan(self, kind: str, paths: list[Path]) -> Staged:
         """Decide what of ``paths`` (files of ``kind`` under the data directory) to parse,
@@ -255,7 +262,7 @@ class ParseCache:
         for name in set(known) - present:
             _remove(self.table(kind) / f"file_id={known.pop(name).id}")
             staged.files_dropped += 1
-            self.rewound = True
+            self.dropped.add(kind)
         return staged
 
     def _plan_file(self, kind: str, name: str, fd: int, entry: Entry | None, out: Staged) -> None:
@@ -270,7 +277,7 @@ class ParseCache:
         )
         if entry is not None and not usable:
             _remove(self.table(kind) / f"file_id={entry.id}")
-            self.rewound = True
+            self.dropped.add(kind)
         if not usable:
             entry = Entry(file_id(kind, name), status.st_dev, status.st_ino, 0, 0)
             self.files[kind][name] = entry

@@ -43,6 +43,7 @@ from spoolmq.analytics.settled import SettledOutcomes, Where
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.types import EventType
 
 TOP_KEYS = 20
 MINUTE_MS = 60_000
@@ -182,6 +183,51 @@ def _new_events(
     return rows
 
 
+def _consumer_activity(
+    spark: SparkSession,
+    kept: KeptTables | None,
+    cache: ParseCache,
+    events: DataFrame,
+    new_events: DataFrame,
+    *,
+    advance: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """transform.consumer_activity of ``events``: with ``kept``, from the summary it keeps
+    of the spans before its ``activity_from`` and the event rows at or after it (of the
+    part files it covers; ``new_events`` are the others), writing the next (kept.py).
+    Also returns the spans, cached until the caller unpersists them."""
+    if kept is None:
+        spans = transform.activity_spans(events).persist(StorageLevel.MEMORY_AND_DISK)
+        return transform.activity_from_summary(
+            transform.activity_summary(transform.activity_gaps(spans))
+        ), spans
+    start = kept.activity_from if "activity" in kept.names else None
+    before: DataFrame | None = None
+    if start is not None:
+        late = new_events.where((F.col("type") == EventType.DELIVERED) & (F.col("ts") < start))
+        if late.isEmpty():  # else a clock went back: every row
+            seen = _read_parts(spark, cache, "events", kept.seen_event_parts(cache))
+            events = seen.where(F.col("problem").isNull() & (F.col("ts") >= start)).unionByName(
+                new_events
+            )
+            before = kept.read(spark, "activity", schemas.ACTIVITY)
+    spans = transform.activity_spans(events).persist(StorageLevel.MEMORY_AND_DISK)
+    gaps = transform.activity_gaps(spans, before)
+    if advance:
+        # The next start: the oldest delivery not ended yet, else the newest (a delivery
+        # can still start in the same millisecond).
+        found = spans.agg(
+            F.coalesce(F.min(F.when(F.col("open"), F.col("start"))), F.max("start"))
+        ).first()
+        after = start if found is None or found[0] is None else int(found[0])
+        if after is not None:
+            kept.write(
+                spark, "activity", transform.activity_summary(gaps.where(F.col("start") < after))
+            )
+            kept.next_activity_from = after
+    return transform.activity_from_summary(transform.activity_summary(gaps)), spans
+
+
 def _outcome_counts(
     spark: SparkSession,
     settled: SettledOutcomes,
@@ -310,17 +356,48 @@ def run(
     cache = ParseCache(out_dir / "cache", data_dir, fingerprint=_fingerprint(), full=full)
 
     tell("parsing message segments and delivery events")
+    settled = SettledOutcomes(cache.root / "outcomes")
+    kept_tables = KeptTables(cache.root / "kept")
+    kept = kept_tables if keep else None
 
-    def parse_segments() -> tuple[DataFrame, Staged, list[Any]]:
+    def parse_segments() -> tuple[DataFrame, DataFrame, DataFrame, Staged, list[Any], int]:
+        """The records (incomplete batches marked), every parsed line, the lines that what
+        is kept does not cover, the run's figures, where each partition ends, and how many
+        records an incomplete batch holds."""
         parsed, staged = _parse(spark, cache, "segments", inputs.segment_files)
-        ends = transform.partition_ends(parsed).collect()  # a row per partition
-        cuts = extract.local_frame(
-            spark,
-            [(row.topic, row.partition, row.cut_from) for row in ends if row.cut_from is not None],
-            schemas.CUTS,
+        if kept is None:
+            new_lines = parsed
+            ends = transform.merge_ends({}, transform.end_partials(parsed).collect())
+        else:  # the partition ends kept, and the new part files' (and fragments')
+            fresh = not kept.holds() or "segments" in cache.dropped
+            new_lines = _read_parts(
+                spark,
+                cache,
+                "segments",
+                cache.parts_not_in("segments", {}) if fresh else kept.new_segment_parts(cache),
+            )
+            ends = transform.merge_ends(
+                {} if fresh else kept.ends, transform.end_partials(new_lines).collect()
+            )
+            kept.next_ends = ends
+            if staged.fragments:
+                fragments = _fragments(spark, "segments", staged)
+                ends = transform.merge_ends(ends, transform.end_partials(fragments).collect())
+                new_lines = new_lines.unionByName(fragments)
+        cut = {
+            where: to for where, end in ends.items() if (to := transform.cut_from(end)) is not None
+        }
+        cuts = extract.local_frame(spark, [(*where, to) for where, to in cut.items()], schemas.CUTS)
+        incomplete = (
+            parsed.where(
+                F.col("problem").isNull() & transform.at_or_after(cut, others=False)
+            ).count()
+            if cut
+            else 0
         )
-        visible = [(row.topic, row.partition, row.visible_to) for row in ends]
-        return transform.mark_incomplete_batches(parsed, cuts), staged, visible
+        visible = [(*where, transform.visible_to(end)) for where, end in sorted(ends.items())]
+        records = transform.mark_incomplete_batches(parsed, cuts)
+        return records, parsed, new_lines, staged, visible, incomplete
 
     # Side by side: each is a few Spark jobs, mostly on one core for a small store (the
     # cache's bookkeeping keeps the two kinds apart); beside them, the state tables' small
@@ -333,14 +410,13 @@ def run(
         events_parsed = pool.submit(_parse, spark, cache, "events", inputs.event_files)
         state_frames = pool.submit(extract.state_frames, spark, state)
         topics, state_partitions, group_offsets = state_frames.result()
-        records_all, segments_run, visible = segments_parsed.result()
+        records_all, lines_all, new_lines, segments_run, visible, incomplete = (
+            segments_parsed.result()
+        )
         events_all, events_run = events_parsed.result()
-    settled = SettledOutcomes(cache.root / "outcomes")
-    kept_tables = KeptTables(cache.root / "kept")
     if cache.rewound:  # before the manifest says so: a stop in between must not keep them
         settled.clear()
         kept_tables.clear()
-    kept = kept_tables if keep else None
     cache.commit()
     records = records_all.where("problem IS NULL").drop("problem", "batch_records")
     events = events_all.where("problem IS NULL")
@@ -365,9 +441,16 @@ def run(
     # The rows what is kept does not cover (all of them when nothing is).
     if kept is not None and kept.holds():
         new_records = kept.new_records(spark, records)
-        new_events = _new_events(spark, cache, kept, events_run).where("problem IS NULL")
+        new_events_all = _new_events(spark, cache, kept, events_run)
     else:
-        new_records, new_events = records, events
+        new_records, new_events_all, new_lines = records, events_all, lines_all
+    new_events = new_events_all.where("problem IS NULL")
+    cached: list[DataFrame] = []  # unpersisted once every table is written
+
+    def activity() -> DataFrame:
+        frame, spans = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
+        cached.append(spans)
+        return frame
 
     def kept_or_all(
         name: str,
@@ -401,8 +484,31 @@ def run(
                 state_partitions,
             ),
         ),
-        "lines": ("lines", lambda: transform.line_counts(records_all, events_all)),
-        "processing": ("processing_time", lambda: transform.processing_time(events)),
+        "lines": (
+            "lines",
+            lambda: transform.with_incomplete(
+                transform.line_counts(lines_all, events_all)
+                if kept is None
+                else kept.keep(
+                    spark,
+                    "line_counts",
+                    transform.line_counts(new_lines, new_events_all),
+                    transform.merge_line_counts,
+                    advance=whole,
+                ),
+                incomplete,
+            ),
+        ),
+        "processing": (
+            "processing_time",
+            lambda: transform.processing_from_counts(
+                kept_or_all(
+                    "processing_counts",
+                    lambda _, rows: transform.processing_counts(rows),
+                    transform.merge_processing_counts,
+                )
+            ),
+        ),
         "failure_reasons": (
             "failure_reasons",
             lambda: kept_or_all(
@@ -419,7 +525,7 @@ def run(
                     lambda _, rows: transform.consumer_counts(rows),
                     transform.merge_consumer_counts,
                 )
-            ).join(transform.consumer_activity(events), ["group", "consumer"], "left"),
+            ).join(activity(), ["group", "consumer"], "left"),
         ),
         "tasks": ("tasks", lambda: extract.local_frame(spark, task_tables.tasks, schemas.TASKS)),
         "periodic": (
@@ -607,6 +713,8 @@ def run(
         for future in written.values():
             future.result()
     counting.result()[1].unpersist()
+    for frame in cached:
+        frame.unpersist()
     outcome_pool.shutdown()
     if keep:
         settled.save()

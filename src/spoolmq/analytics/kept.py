@@ -12,7 +12,20 @@ the new rows only:
   batches ended in the run that kept them: a batch written since, or completed since, is
   new), found with a filter Parquet can apply to each file's offset statistics;
 - delivery events: the cache's Parquet part files listed in ``events_parts`` (the parse
-  cache writes one per run and file: those it wrote since are new).
+  cache writes one per run and file: those it wrote since are new);
+- segment lines as parsed (for the line counts and where each partition's records end,
+  which ``records_to`` cannot say): the part files listed in ``segments_parts``. Where
+  the records of those part files end is kept in ``kept.json`` (``ends``).
+
+One table is not a sum: a consumer's busy and idle time is a union of its deliveries' spans
+(transform.consumer_activity). What is kept of it is the summary of the spans that started
+before ``activity_from`` (the start of the oldest delivery with no end yet, or else of the
+newest delivery): each later span can only add to it, in order. A re-run reads the event
+rows at or after ``activity_from`` (a filter Parquet applies to the row groups' and pages'
+time statistics) and every new one; a new delivery before ``activity_from`` (events from a
+clock that went back) makes it compute the table from every row. A delivery that never ends
+(its broker stopped without a record of how) holds ``activity_from`` where it started: the
+re-runs stay right, and read more.
 
 What is kept is dropped, and computed again from every row, when the parse cache dropped
 or re-parsed a file (it could count lines that are gone), with ``--full``, or when it was
@@ -20,9 +33,10 @@ written by other code (the parse cache's fingerprint). A run that found a file's
 half-written (the cache's fragments) counts those rows in its figures but keeps nothing
 new: the next run covers them once they are whole.
 
-Layout: ``kept.json`` (version, ``records_to``, ``events_parts``, ``resolution``: the time
-series' bucket, 1 s while the store spans less than CHART_FINE_SPAN_MS, else a minute) and
-a directory per table. A run writes the next state to ``kept.next/`` and swaps it in whole.
+Layout: ``kept.json`` (version, ``records_to``, ``events_parts``, ``segments_parts``,
+``activity_from``, ``ends``, ``resolution``: the time series' bucket, 1 s while the store
+spans less than CHART_FINE_SPAN_MS, else a minute) and a directory per table. A run writes
+the next state to ``kept.next/`` and swaps it in whole.
 """
 
 from __future__ import annotations
@@ -35,12 +49,13 @@ from pathlib import Path
 import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from spoolmq.analytics import extract, schemas, transform
 from spoolmq.analytics.cache import ParseCache
 from spoolmq.files import make_private_dirs
 
-KEPT_VERSION = 1
+KEPT_VERSION = 2
 # Above this many distinct partitions, new records are found with a join, not a filter.
 MAX_FILTER_PARTITIONS = 256
 
@@ -55,6 +70,11 @@ class KeptTables:
             shutil.rmtree(leftover, ignore_errors=True)
         self.records_to: dict[tuple[str, int], int] = {}
         self.events_parts: dict[str, list[str]] = {}
+        self.segments_parts: dict[str, list[str]] = {}
+        self.activity_from: int | None = None
+        self.next_activity_from: int | None = None
+        self.ends: dict[tuple[str, int], transform.PartitionEnd] = {}
+        self.next_ends: dict[tuple[str, int], transform.PartitionEnd] = {}
         self.resolution: int | None = None
         self.names: set[str] = set()
         self._load()
@@ -72,6 +92,12 @@ class KeptTables:
                 raise ValueError("incomplete")
             self.records_to = {(str(t), int(p)): int(to) for t, p, to in data["records_to"]}
             self.events_parts = {str(k): list(v) for k, v in data["events_parts"].items()}
+            self.segments_parts = {str(k): list(v) for k, v in data["segments_parts"].items()}
+            self.ends = {
+                (str(t), int(p)): (int(to), head, size) for t, p, to, head, size in data["ends"]
+            }
+            start = data["activity_from"]
+            self.activity_from = None if start is None else int(start)
             self.resolution = int(data["resolution"])
             self.names = names
         except (OSError, ValueError, KeyError, TypeError):
@@ -88,7 +114,8 @@ class KeptTables:
     def clear(self) -> None:
         """Forget everything kept (the next run computes from every row)."""
         shutil.rmtree(self.root, ignore_errors=True)
-        self.records_to, self.events_parts, self.resolution, self.names = {}, {}, None, set()
+        self.records_to, self.events_parts, self.segments_parts = {}, {}, {}
+        self.activity_from, self.resolution, self.names, self.ends = None, None, set(), {}
 
     # -- the new rows --------------------------------------------------------------------
 
@@ -110,6 +137,14 @@ class KeptTables:
         """The parse cache's event part files that what is kept does not cover."""
         return cache.parts_not_in("events", self.events_parts)
 
+    def seen_event_parts(self, cache: ParseCache) -> list[Path]:
+        """The parse cache's event part files that what is kept covers."""
+        return cache.parts_in("events", self.events_parts)
+
+    def new_segment_parts(self, cache: ParseCache) -> list[Path]:
+        """The parse cache's segment part files that what is kept does not cover."""
+        return cache.parts_not_in("segments", self.segments_parts)
+
     # -- keeping -------------------------------------------------------------------------
 
     def keep(
@@ -128,14 +163,21 @@ class KeptTables:
         it is)."""
         both = partial
         if name in self.names and not fresh:
-            kept = spark.read.schema(partial.schema).parquet(str(self.root / name))
-            both = kept.unionByName(partial)
+            both = self.read(spark, name, partial.schema).unionByName(partial)
         merged = merge(both)
         if not advance:
             return merged
-        merged.coalesce(1).write.parquet(str(self.next / name))
+        return self.write(spark, name, merged)
+
+    def read(self, spark: SparkSession, name: str, schema: StructType) -> DataFrame:
+        """What is kept of ``name``."""
+        return spark.read.schema(schema).parquet(str(self.root / name))
+
+    def write(self, spark: SparkSession, name: str, frame: DataFrame) -> DataFrame:
+        """Write ``frame`` as the next state's ``name``; returns it, read back."""
+        frame.coalesce(1).write.parquet(str(self.next / name))
         self._written.add(name)
-        return spark.read.schema(merged.schema).parquet(str(self.next / name))
+        return spark.read.schema(frame.schema).parquet(str(self.next / name))
 
     def prepare(
         self,
@@ -154,6 +196,9 @@ class KeptTables:
             "version": KEPT_VERSION,
             "records_to": [[t, p, to] for (t, p), to in sorted(records_to.items())],
             "events_parts": cache.parts("events"),
+            "segments_parts": cache.parts("segments"),
+            "activity_from": self.next_activity_from,
+            "ends": [[t, p, *end] for (t, p), end in sorted(self.next_ends.items())],
             "resolution": resolution,
             "names": sorted(self._written),
         }

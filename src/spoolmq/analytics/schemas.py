@@ -147,11 +147,21 @@ CUTS = StructType(
         StructField("cut_from", LongType(), False),
     ]
 )
-# Per partition, where the records the job reads end (transform.partition_ends).
+# Per partition, where the records the job reads end (transform.visible_to).
 VISIBLE = StructType(
     [
         StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("visible_to", LongType(), False),
+    ]
+)
+# What analytics/kept.py keeps of each consumer's deliveries' spans (transform.activity_summary).
+ACTIVITY = StructType(
+    [
+        StructField("group", StringType()),
+        StructField("consumer", StringType()),
+        StructField("first", LongType()),
+        StructField("reach", LongType()),
+        StructField("idle", LongType()),
     ]
 )

@@ -27,6 +27,19 @@ _BATCH_JOB_JVM = "-XX:+UseParallelGC"
 # costs more than it gives back (1M messages + 1 %, re-run: 28 -> 22 s, BENCHMARKS.md).
 # A cold run over the same store is faster with it (45 against 56 s): not for those.
 _RERUN_JVM = "-XX:TieredStopAtLevel=1"
+# A small store's query settings (below), for the same reason (1M messages + 1 %,
+# re-run: 22 -> 19 s, BENCHMARKS.md); its GC and young generation gave nothing more.
+_SHORT_QUERIES = {
+    "spark.sql.codegen.wholeStage": "false",
+    # Expressions, projections and orderings interpreted too, not compiled to Java classes
+    # by Janino one by one (~600 classes for the demo's store: 1 s of a 16 s run). An
+    # internal setting: a Spark that no longer knows it ignores it, and the interpreted
+    # forms are the ones Spark itself falls back to when a compile fails.
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # No re-planning between a query's stages: with a few thousand rows it has nothing to
+    # adapt to, and each stage it waits for is a Spark job of its own.
+    "spark.sql.adaptive.enabled": "false",
+}
 
 
 def session_settings(
@@ -42,17 +55,10 @@ def session_settings(
         # A segment deleted by retention between listing and reading is not an error.
         "spark.sql.files.ignoreMissingFiles": "true",
     }
-    if small:
-        settings["spark.sql.codegen.wholeStage"] = "false"
-        # Expressions, projections and orderings interpreted too, not compiled to Java
-        # classes by Janino one by one (~600 classes for the demo's store: 1 s of a 16 s
-        # run). An internal setting: a Spark that no longer knows it ignores it, and the
-        # interpreted forms are the ones Spark itself falls back to when a compile fails.
-        settings["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
-        # No re-planning between a query's stages: with a few thousand rows it has nothing
-        # to adapt to, and each stage it waits for is a Spark job of its own.
-        settings["spark.sql.adaptive.enabled"] = "false"
+    if small or rerun:
+        settings.update(_SHORT_QUERIES)
         settings["spark.sql.shuffle.partitions"] = str(min(shuffle_partitions, 2))
+    if small:
         # On a cluster the executors are JVMs of their own, as short-lived as the driver.
         settings["spark.executor.extraJavaOptions"] = _SHORT_JOB_JVM
         driver_java += f" {_SHORT_JOB_JVM}"
@@ -91,7 +97,8 @@ def build_session(
     tasks) uses the throughput garbage collector.
 
     ``rerun`` (a large store whose run will reuse what earlier runs kept, and parse
-    little): the driver's JIT stops at its quick first tier.
+    little): the driver's JIT stops at its quick first tier, and the queries are
+    interpreted, with 2 shuffle partitions, as for a small store.
 
     ``class_archive``: the driver JVM starts from it, or writes it (``jvm_cache``; the
     caller calls its ``finish`` after stopping the session).

@@ -21,7 +21,8 @@ one row per message, so every function after it sees the same rows for the same 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -36,6 +37,8 @@ UNFINISHED = 2**62
 # Delivery events that a consumer's work ended in, other than an ACK.
 FAILURE_TYPES = (EventType.NACKED, EventType.LEASE_EXPIRED, EventType.RELEASED)
 _CRC_MARK = ',"crc":'
+# The problem of the records of a batch not all of whose lines are in the file.
+INCOMPLETE_BATCH = "incomplete batch"
 # A delivery event line of the frame shape is about one frame's messages: at most a
 # consumer's prefetch (the broker allows up to 100,000). A larger count is damage, and is
 # not expanded into an array that large.
@@ -125,51 +128,60 @@ def parse_records(lines: DataFrame) -> DataFrame:
     )
 
 
-def partition_ends(records: DataFrame) -> DataFrame:
-    """Per (topic, partition) with records: ``cut_from``, where its newest batch starts when
-    not all of that batch's lines are in the file (else null), and ``visible_to``, the end
-    of what the job reads of it: ``cut_from``, or the newest record's offset + 1.
-
-    A writer appends a batch with one ``write``; a reader can see part of it (a write in
-    progress, or a crash mid-write before recovery). Only the newest batch of a partition
-    can be incomplete: its head (the newest record with ``batch_records`` N) must have
-    N - 1 records after it. One row per partition, so the result is small.
-    """
+def end_partials(records: DataFrame) -> DataFrame:
+    """Where each partition's records end, as partial aggregates of some records (merged,
+    with those of other records, by ``merge_ends``): per (topic, partition), the newest
+    offset, the newest batch head's offset and its ``batch_records``. One row per
+    partition, so the result is small."""
     heads = F.when(F.col("batch_records").isNotNull(), F.col("offset"))
-    ends = (
+    return (
         records.where(F.col("problem").isNull())
         .groupBy("topic", "partition")
         .agg(
-            F.max("offset").alias("_max_offset"),
-            F.max(heads).alias("_head"),
-            F.max_by("batch_records", heads).alias("_head_records"),
+            F.max("offset").alias("max_offset"),
+            F.max(heads).alias("head"),
+            F.max_by("batch_records", heads).alias("head_records"),
         )
-        .select(
-            "topic",
-            "partition",
-            F.when(
-                F.col("_head") + F.col("_head_records") - 1 > F.col("_max_offset"),
-                F.col("_head"),
-            ).alias("cut_from"),
-            "_max_offset",
-        )
-    )
-    return ends.select(
-        "topic",
-        "partition",
-        "cut_from",
-        F.coalesce(F.col("cut_from"), F.col("_max_offset") + 1).alias("visible_to"),
     )
 
 
-def incomplete_batches(records: DataFrame) -> DataFrame:
-    """Where a partition's newest batch starts, when not all of its lines are in the file:
-    (topic, partition, cut_from) (see ``partition_ends``)."""
-    return (
-        partition_ends(records)
-        .where(F.col("cut_from").isNotNull())
-        .select("topic", "partition", "cut_from")
-    )
+# Per (topic, partition): the newest offset, the newest batch head and its batch_records.
+PartitionEnd = tuple[int, int | None, int | None]
+
+
+def merge_ends(
+    ends: dict[tuple[str, int], PartitionEnd], partials: Iterable[Sequence[Any]]
+) -> dict[tuple[str, int], PartitionEnd]:
+    """``ends`` (from earlier ``end_partials``) with the rows of ``end_partials`` of other
+    records merged in."""
+    merged = dict(ends)
+    for topic, partition, max_offset, head, head_records in partials:
+        known = merged.get((topic, partition))
+        if known is not None:
+            if known[1] is not None and (head is None or known[1] > head):
+                head, head_records = known[1], known[2]
+            max_offset = max(max_offset, known[0])
+        merged[topic, partition] = (max_offset, head, head_records)
+    return merged
+
+
+def cut_from(end: PartitionEnd) -> int | None:
+    """Where a partition's newest batch starts when not all of that batch's lines are in the
+    file (else None). A writer appends a batch with one ``write``; a reader can see part of
+    it (a write in progress, or a crash mid-write before recovery). Only the newest batch
+    of a partition can be incomplete: its head (the newest record with ``batch_records``
+    N) must have N - 1 records after it."""
+    max_offset, head, head_records = end
+    if head is not None and head_records is not None and head + head_records - 1 > max_offset:
+        return head
+    return None
+
+
+def visible_to(end: PartitionEnd) -> int:
+    """The end of what the job reads of a partition: ``cut_from``, or the newest record's
+    offset + 1."""
+    cut = cut_from(end)
+    return end[0] + 1 if cut is None else cut
 
 
 def mark_incomplete_batches(records: DataFrame, cuts: DataFrame) -> DataFrame:
@@ -179,7 +191,7 @@ def mark_incomplete_batches(records: DataFrame, cuts: DataFrame) -> DataFrame:
     incomplete = F.col("problem").isNull() & (F.col("offset") >= F.col("cut_from"))
     return joined.select(
         *(c for c in records.columns if c != "problem"),
-        F.when(incomplete, F.lit("incomplete batch")).otherwise(F.col("problem")).alias("problem"),
+        F.when(incomplete, F.lit(INCOMPLETE_BATCH)).otherwise(F.col("problem")).alias("problem"),
     )
 
 
@@ -318,7 +330,9 @@ def parse_events(lines: DataFrame) -> DataFrame:
 
 def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
     """Lines read per source (``segments``, ``events``) and ``status``: ``used``, or the
-    reason a line was skipped."""
+    reason a line was skipped (the records' ``problem`` as they are: before or after
+    ``mark_incomplete_batches``; see ``with_incomplete``). Counts of several sets of
+    lines are summed by ``merge_line_counts``."""
 
     def counted(frame: DataFrame, source: str) -> DataFrame:
         if "first_in_line" in frame.columns:  # events: a frame's line has a row per message
@@ -329,6 +343,32 @@ def line_counts(records: DataFrame, events: DataFrame) -> DataFrame:
         ).agg(F.count(F.lit(1)).alias("lines"))
 
     return counted(records, "segments").unionByName(counted(events, "events"))
+
+
+def merge_line_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("source", "status").agg(F.sum("lines").cast("long").alias("lines"))
+
+
+def with_incomplete(counts: DataFrame, lines: int) -> DataFrame:
+    """``line_counts`` of records before ``mark_incomplete_batches``, given how many
+    ``lines`` it marks: those move from ``used`` to ``incomplete batch``."""
+    if not lines:
+        return counts
+    used = (F.col("source") == "segments") & (F.col("status") == "used")
+    marked = counts.sparkSession.range(1).select(
+        F.lit("segments").alias("source"),
+        F.lit(INCOMPLETE_BATCH).alias("status"),
+        F.lit(lines).cast("long").alias("lines"),
+    )
+    return (
+        counts.select(
+            "source",
+            "status",
+            (F.col("lines") - F.when(used, lines).otherwise(0)).cast("long").alias("lines"),
+        )
+        .unionByName(marked)
+        .where(F.col("lines") != 0)
+    )
 
 
 # -- messages ----------------------------------------------------------------------------
@@ -828,14 +868,39 @@ def latency_from_counts(counts: DataFrame) -> DataFrame:
 
 def processing_time(events: DataFrame) -> DataFrame:
     """Delivery to ACK per group and consumer: ACKs, mean, p50, p90, p99, max in ms."""
+    return processing_from_counts(processing_counts(events))
+
+
+def processing_counts(events: DataFrame) -> DataFrame:
+    """``processing_time``'s partial aggregates: per group, consumer and processing time,
+    how many ACKs took it (``n``)."""
     return (
         events.where((F.col("type") == EventType.ACKED) & F.col("processing_ms").isNotNull())
-        .groupBy("group", "consumer")
-        .agg(
-            F.count(F.lit(1)).alias("acked"),
-            F.avg("processing_ms").alias("mean"),
-            *_percentile_columns(F.col("processing_ms")),
-        )
+        .groupBy("group", "consumer", "processing_ms")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
+
+
+def merge_processing_counts(counts: DataFrame) -> DataFrame:
+    return counts.groupBy("group", "consumer", "processing_ms").agg(
+        F.sum("n").cast("long").alias("n")
+    )
+
+
+def processing_from_counts(counts: DataFrame) -> DataFrame:
+    """``processing_time`` from ``processing_counts`` (of several sets: merged). The mean
+    sums the times as decimals, exactly, so that it does not depend on the order of the
+    rows (a sum of doubles does)."""
+    fractions = F.array(*(F.lit(f) for f in PERCENTILES))
+    ms = F.col("processing_ms")
+    values = F.percentile(ms, fractions, F.col("n"))
+    return counts.groupBy("group", "consumer").agg(
+        F.sum("n").cast("long").alias("acked"),
+        (F.sum(ms.cast("decimal(38,6)") * F.col("n")).cast("double") / F.sum("n")).alias("mean"),
+        values[0].alias("p50"),
+        values[1].alias("p90"),
+        values[2].alias("p99"),
+        F.max(ms).cast("double").alias("max"),
     )
 
 
@@ -956,10 +1021,23 @@ def consumer_activity(events: DataFrame) -> DataFrame:
     the time it held at least one message (the union of its deliveries' spans, each from
     the delivery to the ACK, NACK, lease expiry or release that ended that attempt; a
     delivery with no end yet counts as a moment), ``idle_ms``, the rest (waiting for work),
-    and ``idle_share``, idle over the whole span."""
+    and ``idle_share``, idle over the whole span.
+
+    In steps, so that a re-run can start from what it kept (analytics/kept.py):
+    ``activity_spans``, ``activity_gaps``, ``activity_summary``, ``activity_from_summary``.
+    """
+    return activity_from_summary(activity_summary(activity_gaps(activity_spans(events))))
+
+
+def activity_spans(events: DataFrame) -> DataFrame:
+    """Per group, consumer and ``start``, the deliveries that started then (a frame), as one
+    span: ``end``, where the longest of them ended (``start`` for one with no end yet), and
+    ``open``, whether one of them has no end yet. Deliveries that started together cover,
+    together, what the longest covers: one row each, so that ``activity_gaps`` sorts a row
+    per frame, not per message (the same union, hence the same busy and idle time)."""
     kind = F.col("type")
     ends = (EventType.ACKED, *FAILURE_TYPES)
-    spans = (
+    return (
         events.where(
             F.col("consumer").isNotNull()
             & F.col("offset").isNotNull()
@@ -971,39 +1049,68 @@ def consumer_activity(events: DataFrame) -> DataFrame:
             F.max(F.when(kind.isin(*ends), F.col("ts"))).alias("end"),
         )
         .where(F.col("start").isNotNull())
-        # Deliveries that started together (a frame) cover, together, what the longest
-        # of them covers: one span each, so that the window below sorts a row per frame,
-        # not per message (the same union, hence the same busy and idle time).
         .groupBy("group", "consumer", "start")
-        .agg(F.max(F.greatest("start", "end")).alias("end"))
+        .agg(
+            F.max(F.greatest("start", "end")).alias("end"),
+            F.bool_or(F.col("end").isNull()).alias("open"),
+        )
     )
-    before = (
+
+
+def activity_gaps(spans: DataFrame, before: DataFrame | None = None) -> DataFrame:
+    """Each span of ``activity_spans`` with ``idle``: the time from every earlier span's
+    end to its start (0 when an earlier one had not ended yet). ``before`` (an
+    ``activity_summary`` of the spans before these) enters as one span per group and
+    consumer, from its ``first`` start to its ``reach``, with its ``idle``."""
+    rows = spans.select("group", "consumer", "start", "end", F.lit(0).cast("long").alias("idle"))
+    if before is not None:
+        rows = rows.unionByName(
+            before.select(
+                "group",
+                "consumer",
+                F.col("first").alias("start"),
+                F.col("reach").alias("end"),
+                "idle",
+            )
+        )
+    earlier = (
         Window.partitionBy("group", "consumer")
         .orderBy("start", "end")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
-    # A gap: this delivery started after every earlier one had ended (greatest skips the
-    # null of the first row).
-    gaps = spans.select(
+    # A gap: this span started after every earlier one had ended (greatest skips the null
+    # of the first row).
+    return rows.select(
         "group",
         "consumer",
         "start",
         "end",
-        F.greatest(F.col("start") - F.max("end").over(before), F.lit(0)).alias("gap"),
+        (F.greatest(F.col("start") - F.max("end").over(earlier), F.lit(0)) + F.col("idle")).alias(
+            "idle"
+        ),
     )
-    return (
-        gaps.groupBy("group", "consumer")
-        .agg(
-            (F.max("end") - F.min("start")).alias("span_ms"),
-            F.sum("gap").cast("long").alias("idle_ms"),
-        )
-        .select(
-            "group",
-            "consumer",
-            (F.col("span_ms") - F.col("idle_ms")).alias("busy_ms"),
-            "idle_ms",
-            _ratio("idle_ms", "span_ms").alias("idle_share"),
-        )
+
+
+def activity_summary(gaps: DataFrame) -> DataFrame:
+    """Per group and consumer, of ``activity_gaps`` rows: the ``first`` start, the
+    ``reach`` (the last end) and the ``idle`` time between."""
+    return gaps.groupBy("group", "consumer").agg(
+        F.min("start").alias("first"),
+        F.max("end").alias("reach"),
+        F.sum("idle").cast("long").alias("idle"),
+    )
+
+
+def activity_from_summary(summary: DataFrame) -> DataFrame:
+    """``consumer_activity`` from ``activity_summary``."""
+    return summary.select(
+        "group",
+        "consumer",
+        (F.col("reach") - F.col("first") - F.col("idle")).alias("busy_ms"),
+        F.col("idle").alias("idle_ms"),
+        F.when(
+            F.col("reach") > F.col("first"), F.col("idle") / (F.col("reach") - F.col("first"))
+        ).alias("idle_share"),
     )
 
 
