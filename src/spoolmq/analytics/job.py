@@ -603,6 +603,35 @@ def run(
                 )
             )
         }
+        # The kept time series: counted in the resolution the last run asked for (the span
+        # only grows, so this one's can only be as coarse or coarser), before the bucket is
+        # known, beside the other tables.
+        counted: dict[str, Future[DataFrame]] = {}
+
+        def count_series(resolution: int, *, fresh: bool = False) -> None:
+            for name, (kept_name, keys, partial) in series.items():
+                counted[name] = pool.submit(
+                    lambda kept_name, keys, partial: kept_or_all(
+                        kept_name,
+                        lambda rows, events: partial(rows, events, resolution),
+                        lambda table: transform.rebucket(table, resolution, keys),
+                        fresh=fresh,
+                    ),
+                    kept_name,
+                    keys,
+                    partial,
+                )
+                written[name] = pool.submit(
+                    lambda name, keys: _write_table(
+                        transform.rebucket(counted[name].result(), MINUTE_MS, keys), out_dir, name
+                    ),
+                    name,
+                    keys,
+                )
+
+        early = kept.resolution if kept is not None and kept.holds() else None
+        if early is not None:
+            count_series(early)
         if kept is None:  # every row, per minute: needs no bucket (written early)
             for name, (_, _, partial) in series.items():
                 written[name] = pool.submit(
@@ -644,29 +673,12 @@ def run(
         # Kept time series are counted per second, or per minute once the charts' buckets
         # are whole minutes; the per-minute tables and the charts sum those.
         resolution = MINUTE_MS if bucket % MINUTE_MS == 0 else SECOND_MS
-        # Kept per minute, wanted per second (cannot be: the span only grows): count again.
-        finer = kept is not None and (kept.resolution or resolution) > resolution
-        counted: dict[str, Future[DataFrame]] = {}
-        if kept is not None:
-            for name, (kept_name, keys, partial) in series.items():
-                counted[name] = pool.submit(
-                    lambda kept_name, keys, partial: kept_or_all(
-                        kept_name,
-                        lambda rows, events: partial(rows, events, resolution),
-                        lambda table: transform.rebucket(table, resolution, keys),
-                        fresh=finer,
-                    ),
-                    kept_name,
-                    keys,
-                    partial,
-                )
-                written[name] = pool.submit(
-                    lambda name, keys: _write_table(
-                        transform.rebucket(counted[name].result(), MINUTE_MS, keys), out_dir, name
-                    ),
-                    name,
-                    keys,
-                )
+        if kept is not None and early is None:
+            # Kept per minute, wanted per second (cannot be: the span only grows): count again.
+            count_series(resolution, fresh=(kept.resolution or 0) > resolution)
+        elif early is not None and early > resolution:  # as above, keeping the coarser counts
+            for name, (_, _, partial) in series.items():
+                counted[name] = pool.submit(partial, records, events, resolution)
 
         def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
             """The rows of ``query`` over a table this run writes, once it is written (the
@@ -723,7 +735,7 @@ def run(
             advance=whole,
             records_to={(t, p): to for t, p, to in visible},
             cache=cache,
-            resolution=resolution,
+            resolution=max(early or resolution, resolution),
         )
         kept.save()
     cache.close()

@@ -33,10 +33,16 @@ written by other code (the parse cache's fingerprint). A run that found a file's
 half-written (the cache's fragments) counts those rows in its figures but keeps nothing
 new: the next run covers them once they are whole.
 
+The time series are kept per second while the charts' buckets are shorter than a minute,
+else per minute (``resolution``). A re-run counts them in the kept resolution from its
+start, before it knows its own span's bucket (which can only be as coarse or coarser: the
+span only grows while nothing is dropped); when that bucket asks for minutes, it keeps them
+per second once more, with ``resolution`` a minute, and the next run sums them per minute.
+
 Layout: ``kept.json`` (version, ``records_to``, ``events_parts``, ``segments_parts``,
-``activity_from``, ``ends``, ``resolution``: the time series' bucket, 1 s while the store
-spans less than CHART_FINE_SPAN_MS, else a minute) and a directory per table. A run writes
-the next state to ``kept.next/`` and swaps it in whole.
+``activity_from``, ``ends``, ``resolution``: what the next run counts the time series in,
+the kept rows being at it or finer) and a directory per table. A run writes the next state
+to ``kept.next/`` and swaps it in whole.
 """
 
 from __future__ import annotations
