@@ -8,6 +8,7 @@ so a crash leaves either the old contents or the new, never a mix or nothing.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -44,6 +45,28 @@ def make_private_dirs(path: Path) -> None:
         return
     os.chmod(path, DIR_MODE)  # the umask may have narrowed it further; never widened
     fsync_dir(path.parent)
+
+
+def start_next_dir(root: Path) -> Path:
+    """A new, empty ``<root>.next`` (0700) in which to build what will replace the directory
+    ``root`` whole (:func:`swap_in`), once what a stopped swap left (``.next``, ``.old``)
+    is removed."""
+    following = root.with_name(root.name + ".next")
+    for leftover in (following, root.with_name(root.name + ".old")):
+        shutil.rmtree(leftover, ignore_errors=True)
+    make_private_dirs(following)
+    return following
+
+
+def swap_in(following: Path, root: Path) -> None:
+    """Put ``following`` (from :func:`start_next_dir`) in place of ``root``: a reader finds
+    the old directory or the new one, whole, or (after a crash between the two renames)
+    none, which is right for what is kept this way: caches, computed again when absent."""
+    old = root.with_name(root.name + ".old")
+    if root.exists():
+        os.replace(root, old)
+    os.replace(following, root)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def pread_all(fd: int, length: int, position: int) -> bytes:

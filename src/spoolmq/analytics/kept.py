@@ -47,7 +47,6 @@ to ``kept.next/`` and swaps it in whole.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +58,7 @@ from pyspark.sql.types import StructType
 
 from spoolmq.analytics import extract, schemas, transform
 from spoolmq.analytics.cache import ParseCache
-from spoolmq.files import make_private_dirs
+from spoolmq.files import start_next_dir, swap_in
 
 KEPT_VERSION = 2
 # Above this many distinct partitions, new records are found with a join, not a filter.
@@ -71,9 +70,7 @@ class KeptTables:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.next = root.with_name(root.name + ".next")
-        for leftover in (self.next, root.with_name(root.name + ".old")):
-            shutil.rmtree(leftover, ignore_errors=True)
+        self.next = start_next_dir(root)
         self.records_to: dict[tuple[str, int], int] = {}
         self.events_parts: dict[str, list[str]] = {}
         self.segments_parts: dict[str, list[str]] = {}
@@ -86,7 +83,6 @@ class KeptTables:
         self._load()
         self._next: dict[str, object] | None = None
         self._written: set[str] = set()
-        make_private_dirs(self.next)
 
     def _load(self) -> None:
         try:
@@ -215,10 +211,6 @@ class KeptTables:
             shutil.rmtree(self.next, ignore_errors=True)
             return
         (self.next / "kept.json").write_bytes(orjson.dumps(self._next))
-        old = self.root.with_name(self.root.name + ".old")
-        if self.root.exists():
-            os.replace(self.root, old)
-        os.replace(self.next, self.root)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(self.next, self.root)
         self._next = None
         self._load()

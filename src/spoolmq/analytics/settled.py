@@ -37,14 +37,13 @@ whole.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
-from spoolmq.files import make_private_dirs
+from spoolmq.files import start_next_dir, swap_in
 
 STATE_VERSION = 2
 Where = tuple[str, str, int]  # group, topic, partition
@@ -55,14 +54,11 @@ class SettledOutcomes:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.next = root.with_name(root.name + ".next")
-        for leftover in (self.next, root.with_name(root.name + ".old")):
-            shutil.rmtree(leftover, ignore_errors=True)
+        self.next = start_next_dir(root)
         self.events_parts: dict[str, list[str]] = {}
         self.marks: dict[Where, int] = self._load()
         self._next_marks: dict[Where, int] | None = None
         self._next_parts: dict[str, list[str]] = {}
-        make_private_dirs(self.next)
 
     def _load(self) -> dict[Where, int]:
         try:
@@ -153,10 +149,6 @@ class SettledOutcomes:
         """Swap the prepared state in (once nothing reads the one before)."""
         if self._next_marks is None:
             raise RuntimeError("no next state prepared")
-        old = self.root.with_name(self.root.name + ".old")
-        if self.root.exists():
-            os.replace(self.root, old)
-        os.replace(self.next, self.root)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(self.next, self.root)
         self.marks, self._next_marks = self._next_marks, None
         self.events_parts = self._next_parts
