@@ -1,6 +1,6 @@
 """The Spark driver JVM's class archive (``analytics/jvm_cache.py``): written by a first
 run once its JVM exits normally, mapped by the next run's JVM, dropped when the JVM does
-not use it, never left half-written; only with ``SPOOLMQ_JVM_CACHE=on``."""
+not use it, never left half-written; for large stores, or any with ``SPOOLMQ_JVM_CACHE=on``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from analytics_helpers import need
 
 from spoolmq import Store
 from spoolmq.analytics.jvm_cache import ClassArchive
+from spoolmq.errors import InvalidArgumentError
 
 
 def _analytics(data: Path, out: Path, cache: Path) -> subprocess.CompletedProcess[str]:
@@ -113,17 +114,27 @@ def test_the_archive_is_put_in_place_only_after_a_normal_exit(
 
 
 @pytest.mark.usefixtures("no_jvm_here")
-def test_only_when_asked_and_never_under_spark_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_for_large_stores_or_when_asked_and_never_under_spark_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPOOLMQ_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("SPOOLMQ_JVM_CACHE", raising=False)
+    # By default: for a large store's run (run again and again), not a small one's.
     assert ClassArchive.for_this_machine() is None
+    assert ClassArchive.for_this_machine(large=True) is not None
+    monkeypatch.setenv("SPOOLMQ_JVM_CACHE", "off")
+    assert ClassArchive.for_this_machine(large=True) is None
+    monkeypatch.setenv("SPOOLMQ_JVM_CACHE", "maybe")
+    with pytest.raises(InvalidArgumentError, match="SPOOLMQ_JVM_CACHE='maybe'"):
+        ClassArchive.for_this_machine(large=True)
     monkeypatch.setenv("SPOOLMQ_JVM_CACHE", "on")
     assert ClassArchive.for_this_machine() is not None
     # spark-submit started the JVM before the job: too late for its options.
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
-    assert ClassArchive.for_this_machine() is None
+    assert ClassArchive.for_this_machine(large=True) is None
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
     # This process has a JVM already (a SparkSession it made): the job reuses it.
     from pyspark import SparkContext
 
     monkeypatch.setattr(SparkContext, "_gateway", object())
-    assert ClassArchive.for_this_machine() is None
+    assert ClassArchive.for_this_machine(large=True) is None

@@ -865,8 +865,8 @@ def analyse(
 
         inputs = extract.list_inputs(data_dir)
         size = sum(extract.size_of(path) for path in (*inputs.segment_files, *inputs.event_files))
-        archive = ClassArchive.for_this_machine()
         small = size < SMALL_INPUT_BYTES
+        archive = ClassArchive.for_this_machine(large=not small)
         new_bytes = None if full else bytes_to_parse(
             out / "cache",
             data_dir,
@@ -897,8 +897,8 @@ def analyse(
 
 def _save_classes(archive: ClassArchive, gateway: object) -> None:
     sys.stderr.write(
-        "spoolmq: saving the Spark JVM's classes so that the next analytics run starts "
-        "faster (once)\n"
+        f"spoolmq: saving the Spark JVM's classes to {archive.path.parent} so that the "
+        "next analytics run starts faster (once; SPOOLMQ_JVM_CACHE=off not to)\n"
     )
     archive.finish(gateway)
 

@@ -22,9 +22,12 @@ Only a JVM that this Python process starts for the job is concerned (local mode,
 driver of a cluster run started with ``spoolmq analytics --master``); under
 ``spark-submit``, or in a process whose JVM is already running, it does not apply.
 
-It is off unless ``SPOOLMQ_JVM_CACHE=on``: writing the archive makes the first run's JVM
-take ~30 s longer to exit on the development machine, for 3-8 s saved per later run
-(BENCHMARKS.md), a poor trade for a user who runs the demo once.
+Writing the archive makes the first run's JVM take 15-30 s longer to exit on the
+development machine, for 3-8 s saved per later run (BENCHMARKS.md). So by default it is
+used for a large store only (analytics.session.SMALL_INPUT_BYTES or more: its user waits
+longest, and runs the job again and again: the re-run over 1M messages after +1 % takes
+15 s with it, 19 s without), not for a small one (a user who runs the demo once would only
+pay). ``SPOOLMQ_JVM_CACHE=on`` uses it for every store, ``off`` for none.
 ``SPOOLMQ_CACHE`` chooses the directory (default ``$XDG_CACHE_HOME/spoolmq``, else
 ``~/.cache/spoolmq``; mode 0700, the archive 0600, ~190 MB).
 """
@@ -41,15 +44,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spoolmq.errors import InvalidArgumentError
+
 logger = logging.getLogger("spoolmq.analytics")
 
 # A temporary archive older than this is one a killed run left behind.
 _STALE_S = 3600.0
 
 
-def cache_dir() -> Path | None:
-    """Where spoolmq keeps the archive; None unless ``SPOOLMQ_JVM_CACHE=on``."""
-    if os.environ.get("SPOOLMQ_JVM_CACHE", "").lower() not in ("on", "1", "yes", "true"):
+_ON = ("on", "1", "yes", "true")
+_OFF = ("off", "0", "no", "false")
+
+
+def cache_dir(*, large: bool) -> Path | None:
+    """Where spoolmq keeps the archive, for a run over a ``large`` store or not; None when
+    the archive is not used (``SPOOLMQ_JVM_CACHE``: unset, for large stores only; ``on``,
+    for all; ``off``, for none). InvalidArgumentError for another value."""
+    setting = os.environ.get("SPOOLMQ_JVM_CACHE", "").strip().lower()
+    if setting and setting not in _ON + _OFF:
+        raise InvalidArgumentError(
+            f"SPOOLMQ_JVM_CACHE={setting!r}: use on, off, or leave it unset (large stores only)"
+        )
+    if setting in _OFF or not (setting in _ON or large):
         return None
     if os.environ.get("SPOOLMQ_CACHE"):
         return Path(os.environ["SPOOLMQ_CACHE"])
@@ -88,11 +104,12 @@ class ClassArchive:
         self.writing: Path | None = None  # the temporary file this run's JVM writes
 
     @classmethod
-    def for_this_machine(cls) -> ClassArchive | None:
-        """None when the cache is off, or Java or Spark cannot be found."""
+    def for_this_machine(cls, *, large: bool = False) -> ClassArchive | None:
+        """For a run over a ``large`` store or not (see ``cache_dir``): None when the
+        archive is not used, or Java or Spark cannot be found."""
         from pyspark import SparkContext
 
-        directory = cache_dir()
+        directory = cache_dir(large=large)
         if directory is None or "PYSPARK_GATEWAY_PORT" in os.environ:
             return None  # off, or under spark-submit: the JVM is already running
         if SparkContext._gateway is not None:
