@@ -22,7 +22,7 @@ Only a JVM that this Python process starts for the job is concerned (local mode,
 driver of a cluster run started with ``spoolmq analytics --master``); under
 ``spark-submit``, or in a process whose JVM is already running, it does not apply.
 
-Writing the archive makes the first run's JVM take 15-30 s longer to exit on the
+Writing the archive makes the first run's JVM take 10-30 s longer to exit on the
 development machine, for 3-8 s saved per later run (BENCHMARKS.md). So by default it is
 used for a large store only (analytics.session.SMALL_INPUT_BYTES or more: its user waits
 longest, and runs the job again and again: the re-run over 1M messages after +1 % takes
