@@ -96,11 +96,19 @@ def test_the_bytes_a_run_would_parse_are_judged_from_the_manifest_alone(tmp_path
     new.write_bytes(LINE * 2)
     files = {"events": [old, new]}
     assert bytes_to_parse(root, data, files, fingerprint="") == 3 * len(LINE)
-    replaced = old.with_name("replaced")
-    replaced.write_bytes(LINE)
-    os.replace(replaced, old)  # another file under the old name: all of it is new
-    assert bytes_to_parse(root, data, files, fingerprint="") == 3 * len(LINE)
     manifest = root / "manifest.json"
     before = manifest.read_bytes()
-    bytes_to_parse(root, data, files, fingerprint="")
+    # A run that would drop cached rows (what is kept from them is computed again, every
+    # row: not a short re-run): a file cut back, replaced, or deleted.
+    kept = old.read_bytes()
+    old.write_bytes(LINE * 3)
+    assert bytes_to_parse(root, data, files, fingerprint="") is None
+    old.write_bytes(kept)
+    assert bytes_to_parse(root, data, files, fingerprint="") == 3 * len(LINE)
+    replaced = old.with_name("replaced")
+    replaced.write_bytes(LINE * 5)
+    os.replace(replaced, old)  # another file under the old name
+    assert bytes_to_parse(root, data, files, fingerprint="") is None
+    old.unlink()
+    assert bytes_to_parse(root, data, {"events": [new]}, fingerprint="") is None
     assert manifest.read_bytes() == before  # nothing changed

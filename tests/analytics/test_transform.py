@@ -3,6 +3,7 @@ by hand in the test (see transform.py for the definitions)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -611,3 +612,24 @@ def test_worked_by_group_and_by_consumer(spark: SparkSession, delivery_events: D
         (r["group"], r["consumer"]): (r["delivered"], r["acked"]) for r in by_consumer.collect()
     }
     assert rows == {("g", "c1"): (3, 2), ("g", "c2"): (3, 0), ("h", "c9"): (1, 1)}
+
+
+def test_the_mean_processing_time_is_exact_and_survives_damaged_times(
+    spark: SparkSession,
+) -> None:
+    """Summed as decimals: 3 x 0.1 + 0.2 over 4 is 0.125 (doubles give 0.12500000000000003),
+    whatever the order of the counts; a time no decimal holds (a damaged line's infinity
+    or NaN) gives the doubles' mean, not an error."""
+    counts = frame(
+        spark,
+        "group string, consumer string, processing_ms double, n long",
+        [
+            ("g", "c", 0.1, 3), ("g", "c", 0.2, 1),
+            ("g", "d", float("inf"), 1), ("g", "d", 1.0, 1),
+            ("g", "e", float("nan"), 2),
+        ],
+    )  # fmt: skip
+    rows = {row.consumer: row for row in transform.processing_from_counts(counts).collect()}
+    assert (rows["c"].acked, rows["c"].mean, rows["c"].max) == (4, 0.125, 0.2)
+    assert rows["d"].acked == 2 and rows["d"].mean == float("inf")
+    assert rows["e"].acked == 2 and math.isnan(rows["e"].mean)

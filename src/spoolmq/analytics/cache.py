@@ -342,7 +342,9 @@ def bytes_to_parse(
 ) -> int | None:
     """How many bytes of ``files`` (per kind) a run into the cache at ``root`` would parse,
     judged from its manifest alone (sizes, identities and extents; nothing is read or
-    changed): None when there is no usable cache. For choosing the JVM before a run."""
+    changed): None when there is no usable cache, or the run would drop rows it holds (a
+    file deleted, replaced, cut back, or to be parsed again whole: what is kept from them
+    is computed again). For choosing the JVM before a run."""
     try:
         data = orjson.loads((root / "manifest.json").read_bytes())
         if (data["version"], data["data_dir"], data["fingerprint"]) != (
@@ -351,7 +353,7 @@ def bytes_to_parse(
             fingerprint,
         ):
             return None
-        known = {kind: data["files"][kind] for kind in KINDS}
+        known = {kind: dict(data["files"][kind]) for kind in KINDS}
     except (OSError, ValueError, KeyError, TypeError):
         return None
     total = 0
@@ -359,15 +361,24 @@ def bytes_to_parse(
         for path in paths:
             try:
                 status = path.stat()
-                entry = known[kind].get(path.resolve().relative_to(data_dir.resolve()).as_posix())
+                entry = known[kind].pop(
+                    path.resolve().relative_to(data_dir.resolve()).as_posix(), None
+                )
             except (OSError, ValueError):
                 continue
-            same = entry is not None and (entry["dev"], entry["ino"]) == (
-                status.st_dev,
-                status.st_ino,
-            )
-            total += status.st_size - (entry["extent"] if same and entry else 0)
-    return max(total, 0)
+            if entry is None:
+                total += status.st_size
+                continue
+            if (
+                (entry["dev"], entry["ino"]) != (status.st_dev, status.st_ino)
+                or status.st_size < entry["extent"]
+                or len(entry["parts"]) >= MAX_PARTS
+            ):
+                return None
+            total += status.st_size - entry["extent"]
+    if any(entry["parts"] for kind in KINDS for entry in known[kind].values()):
+        return None  # a file with cached rows is gone
+    return total
 
 
 def _remove(path: Path) -> None:

@@ -204,7 +204,12 @@ def _consumer_activity(
     start = kept.activity_from if "activity" in kept.names else None
     before: DataFrame | None = None
     if start is not None:
-        late = new_events.where((F.col("type") == EventType.DELIVERED) & (F.col("ts") < start))
+        late = new_events.where(
+            (F.col("type") == EventType.DELIVERED)
+            & F.col("consumer").isNotNull()
+            & F.col("offset").isNotNull()
+            & (F.col("ts") < start)
+        )
         if late.isEmpty():  # else a clock went back: every row
             seen = _read_parts(spark, cache, "events", kept.seen_event_parts(cache))
             events = seen.where(F.col("problem").isNull() & (F.col("ts") >= start)).unionByName(
@@ -363,7 +368,7 @@ def run(
     def parse_segments() -> tuple[DataFrame, DataFrame, DataFrame, Staged, list[Any], int]:
         """The records (incomplete batches marked), every parsed line, the lines that what
         is kept does not cover, the run's figures, where each partition ends, and how many
-        records an incomplete batch holds."""
+        records the incomplete batches hold (of every partition)."""
         parsed, staged = _parse(spark, cache, "segments", inputs.segment_files)
         if kept is None:
             new_lines = parsed
@@ -676,9 +681,13 @@ def run(
         if kept is not None and early is None:
             # Kept per minute, wanted per second (cannot be: the span only grows): count again.
             count_series(resolution, fresh=(kept.resolution or 0) > resolution)
-        elif early is not None and early > resolution:  # as above, keeping the coarser counts
+        # What the charts' buckets are summed from: the counts above, or (kept per minute,
+        # wanted per second, as above, keeping the coarser counts) the rows' own. A dict of
+        # its own: the per-minute writes queued above wait for ``counted``'s futures.
+        charted = dict(counted)
+        if early is not None and early > resolution:
             for name, (_, _, partial) in series.items():
-                counted[name] = pool.submit(partial, records, events, resolution)
+                charted[name] = pool.submit(partial, records, events, resolution)
 
         def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
             """The rows of ``query`` over a table this run writes, once it is written (the
@@ -694,7 +703,7 @@ def run(
             _, keys, partial = series[name]
             if kept is not None:
                 return pool.submit(
-                    lambda: _rows(transform.rebucket(counted[name].result(), bucket, keys))
+                    lambda: _rows(transform.rebucket(charted[name].result(), bucket, keys))
                 )
             if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
                 return from_table(name, lambda table: transform.rebucket(table, bucket, keys))

@@ -114,7 +114,9 @@ class KeptTables:
         return (root / "kept.json").is_file()
 
     def clear(self) -> None:
-        """Forget everything kept (the next run computes from every row)."""
+        """Forget everything kept (the next run computes from every row). What this run
+        prepared for the next state stays: ``next_ends`` is built from the kept ends only
+        while the cache dropped no segment rows, so it holds when events were dropped."""
         shutil.rmtree(self.root, ignore_errors=True)
         self.records_to, self.events_parts, self.segments_parts = {}, {}, {}
         self.activity_from, self.resolution, self.names, self.ends = None, None, set(), {}

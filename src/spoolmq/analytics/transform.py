@@ -889,14 +889,18 @@ def merge_processing_counts(counts: DataFrame) -> DataFrame:
 
 def processing_from_counts(counts: DataFrame) -> DataFrame:
     """``processing_time`` from ``processing_counts`` (of several sets: merged). The mean
-    sums the times as decimals, exactly, so that it does not depend on the order of the
-    rows (a sum of doubles does)."""
+    sums the times as decimals (to the microsecond), so that it does not depend on the
+    order of the rows (a sum of doubles does); with a time no decimal holds (NaN, an
+    infinity or above 10^31 ms, from a damaged line), or a sum that overflows one, it
+    sums doubles."""
     fractions = F.array(*(F.lit(f) for f in PERCENTILES))
-    ms = F.col("processing_ms")
-    values = F.percentile(ms, fractions, F.col("n"))
+    ms, n = F.col("processing_ms"), F.col("n")
+    values = F.percentile(ms, fractions, n)
+    scaled = F.try_multiply(ms.try_cast("decimal(38,6)"), n)
+    exact = F.when(F.count_if(scaled.isNull()) == 0, F.try_sum(scaled)).cast("double")
     return counts.groupBy("group", "consumer").agg(
         F.sum("n").cast("long").alias("acked"),
-        (F.sum(ms.cast("decimal(38,6)") * F.col("n")).cast("double") / F.sum("n")).alias("mean"),
+        (F.coalesce(exact, F.sum(ms * n)) / F.sum("n")).alias("mean"),
         values[0].alias("p50"),
         values[1].alias("p90"),
         values[2].alias("p99"),
