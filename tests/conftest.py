@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import spoolmq.store.reader as reader_module
 from spoolmq import Store
 from spoolmq.testing import BrokerProcess
 
@@ -46,6 +48,21 @@ def data_dir(tmp_path: Path) -> Path:
 def store(data_dir: Path) -> Iterator[Store]:
     with Store(data_dir) as opened:
         yield opened
+
+
+@pytest.fixture
+def verified_lines(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every record line the store's readers in this process verify, in order: a test
+    sees which lines were read (and read again)."""
+    lines: list[bytes] = []
+    verify = reader_module.verified_fields
+
+    def counting(line: bytes) -> dict[str, Any] | None:
+        lines.append(line)
+        return verify(line)
+
+    monkeypatch.setattr(reader_module, "verified_fields", counting)
+    return lines
 
 
 @pytest.fixture

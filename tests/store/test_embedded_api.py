@@ -28,3 +28,22 @@ def test_read_entries_stops_below_the_end_it_is_given(store: Store) -> None:
         assert reader.read_entries(100, end=3) == []
         rest = reader.read_entries(100, end=5)
         assert [fields["value"] for fields, _ in rest] == [3, 4]
+
+
+def test_unread_entries_come_back_without_a_second_read(
+    store: Store, verified_lines: list[bytes]
+) -> None:
+    """Entries given back with ``unread`` are the next ones read, in order, and the
+    reader does not read or verify any line a second time (no seek)."""
+    store.append_batch("jobs", [Message(value=n) for n in range(10)])
+    store.append_batch("jobs", [Message(value=n) for n in range(10, 15)])
+    with store.reader("jobs", 0) as reader:
+        first = reader.read_entries(8)
+        reader.unread(first[5:])
+        assert reader.position == 5
+        again = reader.read_entries(100)
+        assert [fields["value"] for fields, _ in again] == list(range(5, 15))
+        assert reader.position == 15
+        reader.unread([])
+        assert reader.position == 15
+    assert len(verified_lines) == 15

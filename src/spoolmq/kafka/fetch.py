@@ -24,6 +24,9 @@ from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.store.reader import Reader as StoreReader
 
 _RECORDS_PER_BATCH = 500
+# A RecordBatch v2 header: base offset, length, leader epoch, magic, CRC, attributes,
+# last offset delta, first and max timestamps, producer id and epoch, base sequence, count.
+_BATCH_OVERHEAD = 61
 MAX_WAIT_MS = 30_000
 _EARLIEST = -2
 _LATEST = -1
@@ -135,30 +138,47 @@ def _read_partition(
             reader = readers[key] = core.store.reader(topic, p.partition, offset=p.offset)
         elif reader.position != p.offset:
             reader.seek(p.offset)
-        return _encode_entries(reader, budget, p)
+        return _encode_entries(reader, budget, p, force=force)
     except SpoolError as exc:
         p.error = error_code_of(exc)
         return b""
 
 
-def _encode_entries(reader: StoreReader, budget: int, p: _Part) -> bytes:
+def _encode_entries(reader: StoreReader, budget: int, p: _Part, *, force: bool) -> bytes:
+    """Batches of the records from the reader's position that fit in ``budget`` bytes
+    (with ``force``, at least one record). What was read and not sent stays with the
+    reader, which stands at the first record not sent: the next Fetch names that offset
+    and reads on without a seek."""
     out = bytearray()
-    while len(out) < budget or not out:
+    while True:
         entries = reader.read_entries(_RECORDS_PER_BATCH)
         if not entries:
             break
+        # A record in Kafka's form is never longer than its stored line (the field
+        # names, quotes and the CRC's digits are gone; base64 shrinks back to bytes),
+        # so lines that fit make a batch that fits.
+        room = budget - len(out) - _BATCH_OVERHEAD
+        fit = 0
+        for _fields, line in entries:
+            room -= len(line)
+            if room < 0:
+                break
+            fit += 1
+        if not fit and force and not out:
+            fit = 1  # KIP-74: a first record larger than the limits still goes out
+        if fit < len(entries):
+            reader.unread(entries[fit:])
+            entries = entries[:fit]
+            if not entries:
+                break
         records = []
         for fields, _line in entries:
             key, value, headers = fields_to_kafka(fields)
             records.append(OutRecord(fields["offset"], fields["timestamp"], key, value, headers))
-        batch = encode_batch(records)
-        if out and len(out) + len(batch) > budget:
-            # The reader went past what fits: next time it seeks back.
-            break
-        out += batch
+        out += encode_batch(records)
         p.high = max(p.high, records[-1].offset + 1)
-    # The reader's position may be past what was sent; the next Fetch names its
-    # offset and the reader seeks when they differ.
+        if room < 0:
+            break
     return bytes(out)
 
 

@@ -379,6 +379,15 @@ class Reader:
             self.position = taken[-1][0]["offset"] + 1
         return taken
 
+    def unread(self, entries: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Give back the newest entries ``read_entries`` returned (a tail of what it took,
+        in order) that the caller did not use: the reader stands at the first of them with
+        the rest of what it read kept, where a ``seek`` there would drop it and read and
+        verify those records again."""
+        if entries:
+            self._pending.extendleft(reversed(entries))
+            self.position = entries[0][0]["offset"]
+
     def _fill(self) -> None:
         if self._fd < 0:
             self.seek(self.position)
