@@ -2,7 +2,7 @@
 
 Fetch reads each partition with a ``spoolmq.store`` Reader (kept per connection
 and partition, so a consumer reading on from where it stopped costs no seek),
-turns the stored records into uncompressed RecordBatch v2 (``records.encode_batch``)
+turns the stored records into uncompressed RecordBatch v2 (``stored_batch``)
 and answers once ``min_bytes`` are there or ``max_wait_ms`` has passed. The wait
 is a long poll woken by the partitions' files growing (``watch.GrowthWatcher``):
 no sleeping and re-reading.
@@ -16,10 +16,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 from spoolmq.errors import SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
 from spoolmq.kafka.core import KafkaCore, core_of, error_code_of, fields_to_kafka
-from spoolmq.kafka.records import OutRecord, encode_batch
+from spoolmq.kafka.records import NULL, batch_of, encode_record, zigzag_bytes
 from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.store.reader import Reader as StoreReader
 
@@ -171,15 +173,61 @@ def _encode_entries(reader: StoreReader, budget: int, p: _Part, *, force: bool) 
             entries = entries[:fit]
             if not entries:
                 break
-        records = []
-        for fields, _line in entries:
-            key, value, headers = fields_to_kafka(fields)
-            records.append(OutRecord(fields["offset"], fields["timestamp"], key, value, headers))
-        out += encode_batch(records)
-        p.high = max(p.high, records[-1].offset + 1)
+        out += stored_batch(entries)
+        p.high = max(p.high, entries[-1][0]["offset"] + 1)
         if room < 0:
             break
     return bytes(out)
+
+
+def stored_batch(entries: list[tuple[dict[str, Any], bytes]]) -> bytes:
+    """One RecordBatch v2 of stored records (a reader's entries: non-empty, ascending
+    offsets). The same bytes as ``encode_batch`` of their ``fields_to_kafka`` forms; a
+    record with a text key or none, a JSON value and no headers (the usual one) is put
+    together here in one piece, the others through ``encode_record``."""
+    first = entries[0][0]
+    base = first["offset"]
+    first_ts = max_ts = first["timestamp"]
+    parts: list[bytes] = []
+    append = parts.append
+    varint = zigzag_bytes
+    dumps = orjson.dumps
+    for fields, _line in entries:
+        timestamp = fields["timestamp"]
+        if timestamp > max_ts:
+            max_ts = timestamp
+        if fields["headers"] or "key" not in fields or "value" not in fields:
+            key_bytes, value_bytes, headers = fields_to_kafka(fields)
+            offset_delta = fields["offset"] - base
+            encode_record(
+                parts, offset_delta, timestamp - first_ts, key_bytes, value_bytes, headers
+            )
+            continue
+        # attributes, timestamp delta, offset delta, key, value, no headers
+        head = b"\x00" + varint(timestamp - first_ts) + varint(fields["offset"] - base)
+        key = fields["key"]
+        if key is None:
+            head += NULL
+        else:
+            encoded = str(key).encode("utf-8")
+            head += varint(len(encoded)) + encoded
+        value = fields["value"]
+        if value is None:
+            append(varint(len(head) + 2) + head + NULL + b"\x00")
+            continue
+        data = dumps(value)
+        head += varint(len(data))
+        append(varint(len(head) + len(data) + 1) + head)
+        append(data)
+        append(b"\x00")
+    return batch_of(
+        parts,
+        base=base,
+        last_offset_delta=entries[-1][0]["offset"] - base,
+        first_timestamp=first_ts,
+        max_timestamp=max_ts,
+        count=len(entries),
+    )
 
 
 # -- ListOffsets --------------------------------------------------------------------------

@@ -351,10 +351,10 @@ def compress(codec: int, data: bytes) -> bytes:
 
 
 _ONE_BYTE = [bytes([n]) for n in range(0x80)]
-_NULL = _ONE_BYTE[1]  # the zigzag varint of -1: a null key, value or header value
+NULL = _ONE_BYTE[1]  # the zigzag varint of -1: a null key, value or header value
 
 
-def _zigzag_bytes(v: int) -> bytes:
+def zigzag_bytes(v: int) -> bytes:
     """The zigzag varint of ``v`` (32- or 64-bit: the encoding is the same); one and two
     bytes (every delta and length below 8 KiB) without a loop."""
     n = (v << 1) ^ (v >> 63)
@@ -375,21 +375,21 @@ def encode_record(
 ) -> None:
     """Append one record of a v2 batch, its length first, to ``parts`` (joined once per
     batch: Fetch's per-record work copies each key and value once)."""
-    fields = [b"\x00", _zigzag_bytes(timestamp_delta), _zigzag_bytes(offset_delta)]
+    fields = [b"\x00", zigzag_bytes(timestamp_delta), zigzag_bytes(offset_delta)]
     for data in (key, value):
         if data is None:
-            fields.append(_NULL)
+            fields.append(NULL)
         else:
-            fields += (_zigzag_bytes(len(data)), data)
-    fields.append(_zigzag_bytes(len(headers)))
+            fields += (zigzag_bytes(len(data)), data)
+    fields.append(zigzag_bytes(len(headers)))
     for name, hvalue in headers:
         encoded = name.encode("utf-8")
-        fields += (_zigzag_bytes(len(encoded)), encoded)
+        fields += (zigzag_bytes(len(encoded)), encoded)
         if hvalue is None:
-            fields.append(_NULL)
+            fields.append(NULL)
         else:
-            fields += (_zigzag_bytes(len(hvalue)), hvalue)
-    parts.append(_zigzag_bytes(sum(map(len, fields))))
+            fields += (zigzag_bytes(len(hvalue)), hvalue)
+    parts.append(zigzag_bytes(sum(map(len, fields))))
     parts += fields
 
 
@@ -415,25 +415,52 @@ def encode_batch(
     """One RecordBatch v2 holding ``records`` (non-empty, ascending offsets; gaps allowed)."""
     base = records[0].offset
     first_ts = records[0].timestamp
-    max_ts = max(r.timestamp for r in records)
     parts: list[bytes] = []
     for rec in records:
         encode_record(
             parts, rec.offset - base, rec.timestamp - first_ts, rec.key, rec.value, rec.headers
         )
+    return batch_of(
+        parts,
+        base=base,
+        last_offset_delta=records[-1].offset - base,
+        first_timestamp=first_ts,
+        max_timestamp=max(r.timestamp for r in records),
+        count=len(records),
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        compression=compression,
+    )
+
+
+def batch_of(
+    parts: list[bytes],
+    *,
+    base: int,
+    last_offset_delta: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    count: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    compression: int = COMPRESSION_NONE,
+) -> bytes:
+    """A RecordBatch v2 around encoded records (``parts``, joined: what ``encode_record``
+    appends), its header and CRC-32C computed here."""
     payload = compress(compression, b"".join(parts))
-    attributes = compression & 0x07
     tail = (
         struct.pack(
             ">hiqqqhii",
-            attributes,
-            records[-1].offset - base,
-            first_ts,
-            max_ts,
+            compression & 0x07,  # attributes
+            last_offset_delta,
+            first_timestamp,
+            max_timestamp,
             producer_id,
             producer_epoch,
             base_sequence,
-            len(records),
+            count,
         )
         + payload
     )

@@ -1,5 +1,6 @@
-"""Fetch's answers fit the client's byte limits, and what did not fit is sent next time
-without being read from the file again (the reader keeps it; no seek)."""
+"""Fetch's batches: the same bytes as the general encoder gives, answers that fit the
+client's byte limits, and what did not fit sent next time without being read from the
+file again (the reader keeps it; no seek)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spoolmq import Message, Store
-from spoolmq.kafka.fetch import _encode_entries, _Part
-from spoolmq.kafka.records import decode_batches
+from spoolmq.kafka.core import fields_to_kafka
+from spoolmq.kafka.fetch import _encode_entries, _Part, stored_batch
+from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
+from spoolmq.store.record import encode_message, frame_record, verified_fields
 
 MAX = 1 << 26
 
@@ -27,6 +32,53 @@ def _offsets_and_values(data: bytes) -> list[tuple[int, Any]]:
             assert record.value is not None
             out.append((batch.base_offset + record.offset_delta, orjson.loads(record.value)))
     return out
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+)
+STORED = st.builds(
+    Message,
+    value=JSON | st.binary(max_size=200),
+    key=st.none() | st.text(max_size=20) | st.binary(max_size=20),
+    headers=st.none()
+    | st.lists(
+        st.tuples(st.text(min_size=1, max_size=10), st.text(max_size=10) | st.binary(max_size=10)),
+        max_size=3,
+    ),
+    tags=st.none() | st.lists(st.text(min_size=1, max_size=8), max_size=2),
+    deliver_at=st.none() | st.integers(0, 2**45),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5_000), STORED), min_size=1))
+def test_stored_batches_are_what_the_general_encoder_gives(
+    records: list[tuple[int, int, Message]],
+) -> None:
+    """``stored_batch`` puts the usual record together by hand: for any stored record (text,
+    bytes or no key; JSON, bytes or null value; headers, tags, schedules; offset gaps from
+    compaction) it gives the bytes ``encode_batch`` gives."""
+    entries = []
+    offset, timestamp = 40, 1_763_830_000_000
+    for gap, step, message in records:
+        offset += gap + 1
+        timestamp += step
+        line = frame_record(offset, timestamp, encode_message(message).body)
+        fields = verified_fields(line)
+        assert fields is not None
+        entries.append((fields, line))
+    general = [
+        OutRecord(fields["offset"], fields["timestamp"], *fields_to_kafka(fields))
+        for fields, _ in entries
+    ]
+    assert stored_batch(entries) == encode_batch(general)
 
 
 @pytest.mark.parametrize("budget", [1_000, 4_096, 65_536])
