@@ -350,16 +350,20 @@ def compress(codec: int, data: bytes) -> bytes:
 # -- encoding ---------------------------------------------------------------------------
 
 
-_ONE_BYTE = [bytes([n]) for n in range(0x80)]
-NULL = _ONE_BYTE[1]  # the zigzag varint of -1: a null key, value or header value
+# The varints of 0 .. 2047, made once (~90 KB): the zigzag forms of every delta and length
+# below 1,024, which is most of them in a Fetch answer.
+_SMALL = [bytes([n]) for n in range(0x80)] + [
+    bytes(((n & 0x7F) | 0x80, n >> 7)) for n in range(0x80, 0x800)
+]
+NULL = _SMALL[1]  # the zigzag varint of -1: a null key, value or header value
 
 
 def zigzag_bytes(v: int) -> bytes:
     """The zigzag varint of ``v`` (32- or 64-bit: the encoding is the same); one and two
     bytes (every delta and length below 8 KiB) without a loop."""
     n = (v << 1) ^ (v >> 63)
-    if n < 0x80:
-        return _ONE_BYTE[n]
+    if n < 0x800:
+        return _SMALL[n]
     if n < 0x4000:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
     return Writer().uvarint(n).getvalue()  # three bytes and more: rare
