@@ -62,6 +62,21 @@ def test_an_idempotent_retry_after_a_broker_restart_is_stored_once(tmp_path: Pat
     assert stored == [*values, b"v10"]
 
 
+def test_a_clean_stop_after_produce_logs_no_warning(tmp_path: Path) -> None:
+    """Stopping the broker closes the Kafka child's link to the PublisherBroker: that is
+    expected, not something an operator is warned about."""
+    data, log = tmp_path / "data", tmp_path / "broker.log"
+    with Store(data) as store:
+        store.create_topic("t")
+    batch = encode_batch([OutRecord(0, 1000, None, b'"x"', [])])
+    with kafka_broker(data, log_file=log) as (_broker, address), _connect(address) as sock:
+        error, _base = produce_answer(call(sock, ApiKey.PRODUCE, 3, produce_body("t", 0, batch)))
+        assert error == ErrorCode.NONE
+    text = log.read_text()
+    assert "broker ready" in text  # the log is the broker's
+    assert " WARNING " not in text and " ERROR " not in text, text
+
+
 def test_sigkill_of_the_kafka_child_during_acks_all_produce_loses_no_acked_message(
     tmp_path: Path,
 ) -> None:

@@ -94,7 +94,11 @@ class PublisherLink:
                 frame_id = frame.get("id")
                 if isinstance(frame_id, int):
                     loop.call_soon_threadsafe(self._resolve, frame_id, frame)
-        except Exception as exc:  # EOFError, OSError, ProtocolError: the link is gone
+        except EOFError:
+            # The PublisherBroker closed it: it stops (with the broker, or to be restarted,
+            # which the manager reports). The next Produce connects again.
+            log.info("kafka: the publisher broker closed the connection")
+        except Exception as exc:  # OSError, ProtocolError: the link is gone
             log.warning("kafka: the publisher connection closed: %r", exc)
         with contextlib.suppress(RuntimeError):  # the loop may be closed at shutdown
             loop.call_soon_threadsafe(self._lost, conn)
