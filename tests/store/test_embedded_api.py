@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spoolmq import Message, Store
 
 
@@ -45,5 +47,8 @@ def test_unread_entries_come_back_without_a_second_read(
         assert [fields["value"] for fields, _ in again] == list(range(5, 15))
         assert reader.position == 15
         reader.unread([])
+        assert reader.position == 15
+        with pytest.raises(ValueError, match="newest entries"):
+            reader.unread(again[:3])  # not the newest: refused, nothing changed
         assert reader.position == 15
     assert len(verified_lines) == 15

@@ -196,7 +196,7 @@ def stored_batch(entries: list[tuple[dict[str, Any], bytes]]) -> bytes:
         timestamp = fields["timestamp"]
         if timestamp > max_ts:
             max_ts = timestamp
-        if fields["headers"] or "key" not in fields or "value" not in fields:
+        if fields.get("headers") or "key_b64" in fields or "value_b64" in fields:
             key_bytes, value_bytes, headers = fields_to_kafka(fields)
             offset_delta = fields["offset"] - base
             encode_record(
@@ -205,13 +205,13 @@ def stored_batch(entries: list[tuple[dict[str, Any], bytes]]) -> bytes:
             continue
         # attributes, timestamp delta, offset delta, key, value, no headers
         head = b"\x00" + varint(timestamp - first_ts) + varint(fields["offset"] - base)
-        key = fields["key"]
+        key = fields.get("key")
         if key is None:
             head += NULL
         else:
             encoded = str(key).encode("utf-8")
             head += varint(len(encoded)) + encoded
-        value = fields["value"]
+        value = fields.get("value")
         if value is None:
             append(varint(len(head) + 2) + head + NULL + b"\x00")
             continue

@@ -384,9 +384,12 @@ class Reader:
         in order) that the caller did not use: the reader stands at the first of them with
         the rest of what it read kept, where a ``seek`` there would drop it and read and
         verify those records again."""
-        if entries:
-            self._pending.extendleft(reversed(entries))
-            self.position = entries[0][0]["offset"]
+        if not entries:
+            return
+        if entries[-1][0]["offset"] + 1 != self.position:
+            raise ValueError("unread takes back the newest entries read, in order")
+        self._pending.extendleft(reversed(entries))
+        self.position = entries[0][0]["offset"]
 
     def _fill(self) -> None:
         if self._fd < 0:
