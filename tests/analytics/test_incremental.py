@@ -450,7 +450,7 @@ def test_consumer_activity_is_kept_up_to_its_oldest_open_delivery(
     run(spark, data, out)
     assert _kept(out)["activity_from"] == open_at
 
-    rows_seen = _rows_given(monkeypatch, "activity_spans")
+    rows_seen = _rows_given(monkeypatch, "activity_attempts")
     # Then: the held delivery ends, and a minute later c1 gets more work.
     later = open_at + 60_000
     more = [{**_message_event(open_at + 50, "acked", held, processing_ms=50.0), "consumer": "c1"}]
@@ -474,6 +474,70 @@ def test_consumer_activity_is_kept_up_to_its_oldest_open_delivery(
     (day / "3-3.jsonl").write_bytes(event_file(back, "old"))
     _same_as_cold(spark, data, out, tmp_path)
     assert rows_seen[0] == rows_seen[1] == len(events) + len(more) + len(back)
+
+
+def test_deliveries_that_lost_their_end_in_a_broker_restart(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that stops without writing how its open deliveries ended delivers those
+    messages again, often under the same attempt number (numbers younger than a checkpoint
+    come again) and to a consumer id that comes again too. A delivery that a later one of
+    the same message followed will not end: it does not hold ``activity_from`` back. Two
+    deliveries of one consumer id and attempt number are one row: it stays open while it
+    has fewer ends than deliveries. Each re-run gives what a cold run gives."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("orders", partitions=2)
+    positions = _append_orders(data, 0, 40)
+    base = max(p.timestamp for p in positions) + 1_000
+
+    def by(consumer: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**row, "consumer": consumer} for row in rows]
+
+    # Before the restart: two deliveries to c1 that no event ends. After it (30 s on), the
+    # first again under the same number to c2, the second under the next number.
+    again = base + 30_000
+    events = by("c1", [_message_event(base, "delivered", positions[0])])
+    events += by("c1", [_message_event(base + 10, "delivered", positions[1])])
+    events += by("c2", _worked(positions[0], again) + _worked(positions[1], again + 10, attempt=2))
+    for n, p in enumerate(positions[2:20]):
+        events += by("c1" if n % 2 else "c2", _worked(p, again + 40 * (n + 1)))
+    day = data / "events" / DAY
+    day.mkdir(parents=True)
+    (day / "1-1.jsonl").write_bytes(event_file(events, "old"))
+    out = tmp_path / "out"
+    run(spark, data, out)
+    newest = again + 40 * 18
+    assert _kept(out)["activity_from"] == newest  # not ``base``
+    consumers = {
+        row.consumer: row for row in spark.read.parquet(str(out / "tables" / "consumers")).collect()
+    }
+    assert consumers["c1"].idle_ms >= 30_000  # its two lost deliveries count as moments
+
+    # A NACK, a restart, then the same message to the same consumer id under the same
+    # number: one attempt row with two deliveries and one end, open.
+    rows_seen = _rows_given(monkeypatch, "activity_attempts")
+    first = newest + 1_000
+    more = by("c1", [_message_event(first, "delivered", positions[20])])
+    more += by("c1", [_message_event(first + 5, "nacked", positions[20])])
+    more += by("c1", [_message_event(first + 20_000, "delivered", positions[20])])
+    for n, p in enumerate(positions[21:30]):
+        more += by("c2", _worked(p, first + 20_100 + 40 * n))
+    (day / "2-2.jsonl").write_bytes(event_file(more, "old"))
+    _same_as_cold(spark, data, out, tmp_path)
+    # The re-run read the newest delivery's two rows and the new ones; the cold run all.
+    assert rows_seen == [2 + len(more), len(events) + len(more)]
+    assert _kept(out)["activity_from"] == first
+
+    # Its ACK comes: the re-run reads from that delivery on, and agrees with a cold run.
+    rows_seen.clear()
+    last = by("c1", [_message_event(first + 20_050, "acked", positions[20], processing_ms=50.0)])
+    for n, p in enumerate(positions[30:]):
+        last += by("c1", _worked(p, first + 30_000 + 40 * n))
+    (day / "3-3.jsonl").write_bytes(event_file(last, "old"))
+    _same_as_cold(spark, data, out, tmp_path)
+    assert rows_seen == [len(more) + len(last), len(events) + len(more) + len(last)]
+    assert _kept(out)["activity_from"] == first + 30_000 + 40 * 9
 
 
 def test_an_incomplete_batch_completed_later_counts_as_in_a_cold_run(

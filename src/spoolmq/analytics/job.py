@@ -195,12 +195,11 @@ def _consumer_activity(
     """transform.consumer_activity of ``events``: with ``kept``, from the summary it keeps
     of the spans before its ``activity_from`` and the event rows at or after it (of the
     part files it covers; ``new_events`` are the others), writing the next (kept.py).
-    Also returns the spans, cached until the caller unpersists them."""
+    Also returns the delivery attempts, cached until the caller unpersists them."""
     if kept is None:
-        spans = transform.activity_spans(events).persist(StorageLevel.MEMORY_AND_DISK)
-        return transform.activity_from_summary(
-            transform.activity_summary(transform.activity_gaps(spans))
-        ), spans
+        attempts = transform.activity_attempts(events).persist(StorageLevel.MEMORY_AND_DISK)
+        gaps = transform.activity_gaps(transform.activity_spans(attempts))
+        return transform.activity_from_summary(transform.activity_summary(gaps)), attempts
     start = kept.activity_from if "activity" in kept.names else None
     before: DataFrame | None = None
     if start is not None:
@@ -216,21 +215,17 @@ def _consumer_activity(
                 new_events
             )
             before = kept.read(spark, "activity", schemas.ACTIVITY)
-    spans = transform.activity_spans(events).persist(StorageLevel.MEMORY_AND_DISK)
-    gaps = transform.activity_gaps(spans, before)
+    attempts = transform.activity_attempts(events).persist(StorageLevel.MEMORY_AND_DISK)
+    gaps = transform.activity_gaps(transform.activity_spans(attempts), before)
     if advance:
-        # The next start: the oldest delivery not ended yet, else the newest (a delivery
-        # can still start in the same millisecond).
-        found = spans.agg(
-            F.coalesce(F.min(F.when(F.col("open"), F.col("start"))), F.max("start"))
-        ).first()
+        found = transform.activity_resume(attempts).first()
         after = start if found is None or found[0] is None else int(found[0])
         if after is not None:
             kept.write(
                 spark, "activity", transform.activity_summary(gaps.where(F.col("start") < after))
             )
             kept.next_activity_from = after
-    return transform.activity_from_summary(transform.activity_summary(gaps)), spans
+    return transform.activity_from_summary(transform.activity_summary(gaps)), attempts
 
 
 def _outcome_counts(
@@ -453,8 +448,8 @@ def run(
     cached: list[DataFrame] = []  # unpersisted once every table is written
 
     def activity() -> DataFrame:
-        frame, spans = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
-        cached.append(spans)
+        frame, attempts = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
+        cached.append(attempts)
         return frame
 
     def kept_or_all(

@@ -23,9 +23,12 @@ before ``activity_from`` (the start of the oldest delivery with no end yet, or e
 newest delivery): each later span can only add to it, in order. A re-run reads the event
 rows at or after ``activity_from`` (a filter Parquet applies to the row groups' and pages'
 time statistics) and every new one; a new delivery before ``activity_from`` (events from a
-clock that went back) makes it compute the table from every row. A delivery that never ends
-(its broker stopped without a record of how) holds ``activity_from`` where it started: the
-re-runs stay right, and read more.
+clock that went back) makes it compute the table from every row. A delivery with no end that
+a later delivery of the same message to its group followed (its broker stopped without a
+record of how, then delivered the message again) will not end: it does not hold
+``activity_from`` back (transform.activity_resume). This rests on the broker never writing
+an end for such a delivery (a late ACK is refused without an event). One with no end and
+no later delivery does hold it, as it may still end.
 
 What is kept is dropped, and computed again from every row, when the parse cache dropped
 or re-parsed a file (it could count lines that are gone), with ``--full``, or when it was

@@ -1028,19 +1028,23 @@ def consumer_activity(events: DataFrame) -> DataFrame:
     and ``idle_share``, idle over the whole span.
 
     In steps, so that a re-run can start from what it kept (analytics/kept.py):
-    ``activity_spans``, ``activity_gaps``, ``activity_summary``, ``activity_from_summary``.
+    ``activity_attempts``, ``activity_spans``, ``activity_gaps``, ``activity_summary``,
+    ``activity_from_summary``.
     """
-    return activity_from_summary(activity_summary(activity_gaps(activity_spans(events))))
+    spans = activity_spans(activity_attempts(events))
+    return activity_from_summary(activity_summary(activity_gaps(spans)))
 
 
-def activity_spans(events: DataFrame) -> DataFrame:
-    """Per group, consumer and ``start``, the deliveries that started then (a frame), as one
-    span: ``end``, where the longest of them ended (``start`` for one with no end yet), and
-    ``open``, whether one of them has no end yet. Deliveries that started together cover,
-    together, what the longest covers: one row each, so that ``activity_gaps`` sorts a row
-    per frame, not per message (the same union, hence the same busy and idle time)."""
+def activity_attempts(events: DataFrame) -> DataFrame:
+    """Per delivery attempt (group, consumer, topic, partition, offset, attempt): ``start``,
+    when it was delivered, ``end``, when the ACK, NACK, lease expiry or release that ended
+    it came (null while none has), and ``open``, whether it has fewer ends than deliveries
+    (after a broker restart a consumer id and an attempt number can come again: the two
+    deliveries are one row here)."""
     kind = F.col("type")
     ends = (EventType.ACKED, *FAILURE_TYPES)
+    delivered = kind == EventType.DELIVERED
+    ended = kind.isin(*ends)
     return (
         events.where(
             F.col("consumer").isNotNull()
@@ -1049,15 +1053,51 @@ def activity_spans(events: DataFrame) -> DataFrame:
         )
         .groupBy("group", "consumer", "topic", "partition", "offset", "attempt")
         .agg(
-            F.min(F.when(kind == EventType.DELIVERED, F.col("ts"))).alias("start"),
-            F.max(F.when(kind.isin(*ends), F.col("ts"))).alias("end"),
+            F.min(F.when(delivered, F.col("ts"))).alias("start"),
+            F.max(F.when(ended, F.col("ts"))).alias("end"),
+            (F.count(F.when(delivered, 1)) > F.count(F.when(ended, 1))).alias("open"),
         )
         .where(F.col("start").isNotNull())
-        .groupBy("group", "consumer", "start")
-        .agg(
-            F.max(F.greatest("start", "end")).alias("end"),
-            F.bool_or(F.col("end").isNull()).alias("open"),
-        )
+    )
+
+
+def activity_spans(attempts: DataFrame) -> DataFrame:
+    """Per group, consumer and ``start``, the attempts (``activity_attempts``) that started
+    then (a frame's deliveries), as one span ending where the longest of them ended
+    (``start`` for one with no end yet). Deliveries that started together cover, together,
+    what the longest covers: one row each, so that ``activity_gaps`` sorts a row per frame,
+    not per message (the same union, hence the same busy and idle time)."""
+    return attempts.groupBy("group", "consumer", "start").agg(
+        F.max(F.greatest("start", "end")).alias("end")
+    )
+
+
+def activity_resume(attempts: DataFrame) -> DataFrame:
+    """One row, ``start``: where the next run's consumer activity reads from (kept.py's
+    ``activity_from``). The start of the oldest ``open`` attempt (``activity_attempts``),
+    else of the newest: a later span can only add to what the spans before it sum to.
+
+    An open attempt that a later delivery of the same message to the group followed has
+    ended without a record of how (its broker stopped, then delivered the message again;
+    a message is with one consumer at a time, and a late ACK is refused without an event),
+    so it does not hold the point back. Later means a later start, not a higher attempt
+    number: numbers younger than a checkpoint come again after a restart."""
+    message = ["group", "topic", "partition", "offset"]
+    attempt = [*message, "consumer", "attempt", "start"]
+    open_ = attempts.where(F.col("open")).select(*attempt)
+    # Few attempts are open: they go to every task, and the attempts are read once, with
+    # no shuffle. (A null key matches nothing: such an attempt holds the point, as before.)
+    followed = (
+        attempts.select(*message, F.col("start").alias("later"))
+        .join(F.broadcast(open_), on=message)
+        .where(F.col("later") > F.col("start"))
+        .select(*attempt)
+    )
+    waiting = open_.join(followed, on=attempt, how="left_anti")
+    return (
+        waiting.agg(F.min("start").alias("oldest"))
+        .crossJoin(attempts.agg(F.max("start").alias("newest")))
+        .select(F.coalesce("oldest", "newest").alias("start"))
     )
 
 
