@@ -195,11 +195,13 @@ def _consumer_activity(
     """transform.consumer_activity of ``events``: with ``kept``, from the summary it keeps
     of the spans before its ``activity_from`` and the event rows at or after it (of the
     part files it covers; ``new_events`` are the others), writing the next (kept.py).
-    Also returns the delivery attempts, cached until the caller unpersists them."""
+    Also returns the spans, cached until the caller unpersists them."""
     if kept is None:
-        attempts = transform.activity_attempts(events).persist(StorageLevel.MEMORY_AND_DISK)
-        gaps = transform.activity_gaps(transform.activity_spans(attempts))
-        return transform.activity_from_summary(transform.activity_summary(gaps)), attempts
+        spans = transform.activity_spans(transform.activity_attempts(events)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        gaps = transform.activity_gaps(spans)
+        return transform.activity_from_summary(transform.activity_summary(gaps)), spans
     start = kept.activity_from if "activity" in kept.names else None
     before: DataFrame | None = None
     if start is not None:
@@ -215,17 +217,25 @@ def _consumer_activity(
                 new_events
             )
             before = kept.read(spark, "activity", schemas.ACTIVITY)
-    attempts = transform.activity_attempts(events).persist(StorageLevel.MEMORY_AND_DISK)
-    gaps = transform.activity_gaps(transform.activity_spans(attempts), before)
+    spans = transform.activity_spans(transform.activity_attempts(events)).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    gaps = transform.activity_gaps(spans, before)
     if advance:
-        found = transform.activity_resume(attempts).first()
-        after = start if found is None or found[0] is None else int(found[0])
+        found = spans.agg(F.min(F.when(F.col("open"), F.col("start"))), F.max("start")).first()
+        resume = None if found is None else found[1]
+        if found is not None and found[0] is not None:
+            # Deliveries not ended yet, or that lost their end: the attempts again to tell
+            # which (only then: most runs end with every delivery ended).
+            row = transform.activity_resume(transform.activity_attempts(events)).first()
+            resume = None if row is None else row[0]
+        after = start if resume is None else int(resume)
         if after is not None:
             kept.write(
                 spark, "activity", transform.activity_summary(gaps.where(F.col("start") < after))
             )
             kept.next_activity_from = after
-    return transform.activity_from_summary(transform.activity_summary(gaps)), attempts
+    return transform.activity_from_summary(transform.activity_summary(gaps)), spans
 
 
 def _outcome_counts(
@@ -448,8 +458,8 @@ def run(
     cached: list[DataFrame] = []  # unpersisted once every table is written
 
     def activity() -> DataFrame:
-        frame, attempts = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
-        cached.append(attempts)
+        frame, spans = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
+        cached.append(spans)
         return frame
 
     def kept_or_all(

@@ -1064,11 +1064,12 @@ def activity_attempts(events: DataFrame) -> DataFrame:
 def activity_spans(attempts: DataFrame) -> DataFrame:
     """Per group, consumer and ``start``, the attempts (``activity_attempts``) that started
     then (a frame's deliveries), as one span ending where the longest of them ended
-    (``start`` for one with no end yet). Deliveries that started together cover, together,
-    what the longest covers: one row each, so that ``activity_gaps`` sorts a row per frame,
-    not per message (the same union, hence the same busy and idle time)."""
+    (``start`` for one with no end yet), ``open`` if one of them is. Deliveries that
+    started together cover, together, what the longest covers: one row each, so that
+    ``activity_gaps`` sorts a row per frame, not per message (the same union, hence the
+    same busy and idle time)."""
     return attempts.groupBy("group", "consumer", "start").agg(
-        F.max(F.greatest("start", "end")).alias("end")
+        F.max(F.greatest("start", "end")).alias("end"), F.bool_or("open").alias("open")
     )
 
 
