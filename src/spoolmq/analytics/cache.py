@@ -68,6 +68,39 @@ class Entry:
     check: int
     parts: list[str] = field(default_factory=list)
 
+    def holds(self, status: os.stat_result) -> bool:
+        """Whether its rows may still describe the file ``status`` is of, judged without
+        reading it: the same file (not replaced), not cut back below what was parsed, and
+        not due to be parsed again whole (MAX_PARTS). ``ParseCache`` then also checks the
+        bytes before the extent."""
+        return (
+            (self.dev, self.ino) == (status.st_dev, status.st_ino)
+            and self.extent <= status.st_size
+            and len(self.parts) < MAX_PARTS
+        )
+
+
+def _read_manifest(
+    root: Path, data_dir: Path, fingerprint: str
+) -> dict[str, dict[str, Entry]] | None:
+    """The entries of the manifest at ``root`` per kind and file name; None when there is
+    none, or it is not one this version wrote for ``data_dir`` (resolved) with this
+    ``fingerprint``."""
+    try:
+        data = orjson.loads((root / "manifest.json").read_bytes())
+        if (data["version"], data["data_dir"], data["fingerprint"]) != (
+            CACHE_VERSION,
+            str(data_dir),
+            fingerprint,
+        ):
+            return None
+        return {
+            kind: {name: Entry(**entry) for name, entry in data["files"][kind].items()}
+            for kind in KINDS
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none yet, or not one this version wrote: start again
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -197,20 +230,7 @@ class ParseCache:
         return any(entry.parts for entry in self.files[kind].values())
 
     def _load(self) -> dict[str, dict[str, Entry]] | None:
-        try:
-            data = orjson.loads((self.root / "manifest.json").read_bytes())
-            if (data["version"], data["data_dir"], data["fingerprint"]) != (
-                CACHE_VERSION,
-                str(self.data_dir),
-                self.fingerprint,
-            ):
-                return None
-            return {
-                kind: {name: Entry(**entry) for name, entry in data["files"][kind].items()}
-                for kind in KINDS
-            }
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # none yet, or not one this version wrote: start again
+        return _read_manifest(self.root, self.data_dir, self.fingerprint)
 
     def _tidy(self, kind: str) -> None:
         """Delete what the manifest does not list: directories of files it forgot, part
@@ -269,11 +289,7 @@ class ParseCache:
         status = os.fstat(fd)
         size = status.st_size
         usable = (
-            entry is not None
-            and (entry.dev, entry.ino) == (status.st_dev, status.st_ino)
-            and entry.extent <= size
-            and len(entry.parts) < MAX_PARTS
-            and _check(fd, entry.extent) == entry.check
+            entry is not None and entry.holds(status) and _check(fd, entry.extent) == entry.check
         )
         if entry is not None and not usable:
             _remove(self.table(kind) / f"file_id={entry.id}")
@@ -345,38 +361,25 @@ def bytes_to_parse(
     changed): None when there is no usable cache, or the run would drop rows it holds (a
     file deleted, replaced, cut back, or to be parsed again whole: what is kept from them
     is computed again). For choosing the JVM before a run."""
-    try:
-        data = orjson.loads((root / "manifest.json").read_bytes())
-        if (data["version"], data["data_dir"], data["fingerprint"]) != (
-            CACHE_VERSION,
-            str(data_dir.resolve()),
-            fingerprint,
-        ):
-            return None
-        known = {kind: dict(data["files"][kind]) for kind in KINDS}
-    except (OSError, ValueError, KeyError, TypeError):
+    manifest = _read_manifest(root, data_dir.resolve(), fingerprint)
+    if manifest is None:
         return None
     total = 0
     for kind, paths in files.items():
+        known = manifest[kind]
         for path in paths:
             try:
                 status = path.stat()
-                entry = known[kind].pop(
-                    path.resolve().relative_to(data_dir.resolve()).as_posix(), None
-                )
+                entry = known.pop(path.resolve().relative_to(data_dir.resolve()).as_posix(), None)
             except (OSError, ValueError):
                 continue
             if entry is None:
                 total += status.st_size
-                continue
-            if (
-                (entry["dev"], entry["ino"]) != (status.st_dev, status.st_ino)
-                or status.st_size < entry["extent"]
-                or len(entry["parts"]) >= MAX_PARTS
-            ):
+            elif entry.holds(status):
+                total += status.st_size - entry.extent
+            else:
                 return None
-            total += status.st_size - entry["extent"]
-    if any(entry["parts"] for kind in KINDS for entry in known[kind].values()):
+    if any(entry.parts for known in manifest.values() for entry in known.values()):
         return None  # a file with cached rows is gone
     return total
 

@@ -196,15 +196,9 @@ def _consumer_activity(
     of the spans before its ``activity_from`` and the event rows at or after it (of the
     part files it covers; ``new_events`` are the others), writing the next (kept.py).
     Also returns the spans, cached until the caller unpersists them."""
-    if kept is None:
-        spans = transform.activity_spans(transform.activity_attempts(events)).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-        gaps = transform.activity_gaps(spans)
-        return transform.activity_from_summary(transform.activity_summary(gaps)), spans
-    start = kept.activity_from if "activity" in kept.names else None
+    start = kept.activity_from if kept is not None and "activity" in kept.names else None
     before: DataFrame | None = None
-    if start is not None:
+    if kept is not None and start is not None:
         late = new_events.where(
             (F.col("type") == EventType.DELIVERED)
             & F.col("consumer").isNotNull()
@@ -221,7 +215,7 @@ def _consumer_activity(
         StorageLevel.MEMORY_AND_DISK
     )
     gaps = transform.activity_gaps(spans, before)
-    if advance:
+    if kept is not None and advance:
         found = spans.agg(F.min(F.when(F.col("open"), F.col("start"))), F.max("start")).first()
         resume = None if found is None else found[1]
         if found is not None and found[0] is not None:
