@@ -74,9 +74,15 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     assert prefilled["consume"]["completed"] is True
     assert result["redis"]["produce"]["server_rss_peak_mib"] > 1
     assert result["redis"]["client"]["hiredis_parser"] is True
-    assert set(result["ratios"]) == {"produce", "consume"}
+    assert set(result["ratios"]) == {"produce", "consume", "consume_after_first"}
     ratio = produce["msgs_per_s"] / result["redis"]["produce"]["msgs_per_s"]
     assert abs(result["ratios"]["produce"] - ratio) < 0.01
+    # The consume rate without the consumers' start: from their first count to the last.
+    for figures in (consume, result["redis"]["consume"]):
+        assert 0 < figures["first_received_s"] < figures["seconds"]
+        assert figures["msgs_per_s_after_first"] > 0
+    ratio = consume["msgs_per_s_after_first"] / result["redis"]["consume"]["msgs_per_s_after_first"]
+    assert abs(result["ratios"]["consume_after_first"] - ratio) < 0.01
 
 
 def test_without_redis_server_it_says_how_to_install_it_and_runs_spoolmq_alone(

@@ -27,5 +27,8 @@ def test_bench_through_kafka_clients(tmp_path: Path) -> None:
         assert figures[phase]["duplicates"] == 0 and figures[phase]["missing"] == 0
         assert figures[phase]["msgs_per_s"] > 0
     assert figures["produce"]["publishers_cpu_us_per_message"] >= 0
+    consume = figures["consume"]  # joining the group is in the phase, and said apart
+    assert 0 < consume["first_received_s"] < consume["seconds"]
+    assert consume["msgs_per_s_after_first"] > 0
     assert figures["latency"]["messages"] == 200
     assert figures["latency"]["missing"] == 0

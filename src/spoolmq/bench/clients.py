@@ -84,7 +84,13 @@ def chosen(text: str) -> list[Client]:
 
 FIGURES = {
     "produce": ("msgs_per_s", "publishers_cpu_us_per_message", "broker_cpu_us_per_message"),
-    "consume": ("msgs_per_s", "consumers_cpu_us_per_message", "broker_cpu_us_per_message"),
+    "consume": (
+        "msgs_per_s",
+        "first_received_s",
+        "msgs_per_s_after_first",
+        "consumers_cpu_us_per_message",
+        "broker_cpu_us_per_message",
+    ),
     "latency": ("p50_ms", "p99_ms", "publisher_cpu_us_per_message", "consumer_cpu_us_per_message"),
 }
 """The figures the comparison of clients shows, by phase."""

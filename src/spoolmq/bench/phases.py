@@ -216,7 +216,7 @@ def _consume_round(
             context, client.consumer, [(str(data), out, barrier, done, cpu) for out in outs]
         )
         barrier.wait()
-        started = time.perf_counter()
+        started, begun = time.perf_counter(), time.monotonic()
         cpu_before = cpu_seconds(broker.pids())
         finished = wait_until_done(done, started, progress)
         elapsed = time.perf_counter() - started
@@ -227,7 +227,7 @@ def _consume_round(
         clients_cpu = cpu.value
     ids = read_ids(outs)
     return {
-        **consume_figures(args.n, elapsed, ids, finished),
+        **consume_figures(args.n, elapsed, ids, finished, done.first(begun)),
         "broker_cpu_us_per_message": round(micros_each(broker_cpu, args.n), 2),
         "consumers_cpu_us_per_message": round(micros_each(clients_cpu, args.n), 2),
         "broker_restarts": restarts,

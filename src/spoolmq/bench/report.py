@@ -25,21 +25,44 @@ def produce_figures(messages: int, seconds: float) -> dict[str, Any]:
     }
 
 
+AFTER_FIRST = "msgs_per_s_after_first"
+"""The consume rate from the first messages received to the last: the phase's rate without
+the consumers' start (connecting, joining a group: librdkafka's group consumers, for one,
+wait 100 ms before asking where a partition without a committed offset begins)."""
+
+
 def consume_figures(
-    messages: int, seconds: float, ids: list[int], completed: bool
+    messages: int,
+    seconds: float,
+    ids: list[int],
+    completed: bool,
+    first: tuple[float, int] | None = None,
 ) -> dict[str, Any]:
     """The first figures of a consume phase, spoolmq's or Redis's: the rate counts each id
-    once, and a drain that did not complete counts as 0 msg/s.
+    once, and a drain that did not complete counts as 0 msg/s. ``first``: (seconds from the
+    start, count) of the consumers' first count, which gives ``first_received_s`` and the
+    rate of the rest, :data:`AFTER_FIRST`.
 
     >>> consume_figures(3, 0.5, [0, 1, 1, 2], True)
     {'messages': 3, 'seconds': 0.5, 'msgs_per_s': 6.0, 'completed': True}
+    >>> figures = consume_figures(1000, 0.5, list(range(1000)), True, (0.3, 100))
+    >>> figures["first_received_s"], figures["msgs_per_s_after_first"]
+    (0.3, 4500.0)
     """
-    return {
+    figures: dict[str, Any] = {
         "messages": messages,
         "seconds": round(seconds, 4),
         "msgs_per_s": round(per_second(len(set(ids)), seconds), 1) if completed else 0.0,
         "completed": completed,
     }
+    if first is not None:
+        first_s, first_count = first
+        figures["first_received_s"] = round(first_s, 4)
+        rest = len(set(ids)) - first_count
+        figures[AFTER_FIRST] = (
+            round(per_second(rest, seconds - first_s), 1) if completed and rest > 0 else 0.0
+        )
+    return figures
 
 
 def peer_cpu_figures(
@@ -79,11 +102,16 @@ def throughput_ratios(
     >>> throughput_ratios({"produce": {"msgs_per_s": 3}}, {"produce": {"msgs_per_s": 4}})
     {'produce': 0.75}
     """
-    return {
+    ratios: dict[str, float] = {
         phase: round(ratio(float(ours[phase][figure]), float(theirs[phase][figure])), 3)
         for phase in ("produce", "consume")
         if phase in ours and phase in theirs
     }
+    if figure == "msgs_per_s":  # the consume rates without the consumers' start, too
+        mine, other = (side.get("consume", {}).get(AFTER_FIRST) for side in (ours, theirs))
+        if mine is not None and other is not None:
+            ratios["consume_after_first"] = round(ratio(float(mine), float(other)), 3)
+    return ratios
 
 
 def compare_with_empty(prefilled: dict[str, Any], empty: dict[str, Any]) -> None:

@@ -66,12 +66,18 @@ def so_far(done: int, started: float) -> str:
 
 class DoneCounter:
     """A count shared by the consumers of a phase, with an event set once it reaches the
-    number of messages the phase expects."""
+    number of messages the phase expects, and the time of the first count.
+
+    Times are ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process on
+    Linux), so a consumer's first count can be set against the phase's start.
+    """
 
     def __init__(self, context: SpawnContext, total: int) -> None:
         self.total = total
         self._value = context.Value("q", 0)
         self._event = context.Event()
+        self._first_at = context.Value("d", 0.0, lock=False)  # guarded by _value's lock
+        self._first_count = context.Value("q", 0, lock=False)
 
     @property
     def value(self) -> int:
@@ -80,9 +86,20 @@ class DoneCounter:
     def add(self, count: int) -> None:
         if count:
             with self._value.get_lock():
+                if not self._value.value:
+                    self._first_at.value = time.monotonic()
+                    self._first_count.value = count
                 self._value.value += count
                 if self._value.value >= self.total:
                     self._event.set()
+
+    def first(self, started: float) -> tuple[float, int] | None:
+        """(seconds from ``started``, a ``time.monotonic()`` value, to the first count; how
+        many messages it counted), or None before any."""
+        with self._value.get_lock():
+            if not self._value.value:
+                return None
+            return self._first_at.value - started, int(self._first_count.value)
 
     def is_set(self) -> bool:
         return bool(self._event.is_set())
@@ -222,7 +239,7 @@ def time_consumers(
             context, target, [(address, out, barrier, done, cpu) for out in outs]
         )
         barrier.wait()
-        started = time.perf_counter()
+        started, begun = time.perf_counter(), time.monotonic()
         cpu_before = cpu_seconds(pids())
         finished = wait_until_done(done, started, progress)
         elapsed = time.perf_counter() - started
@@ -231,7 +248,7 @@ def time_consumers(
             process.join(30)
     ids = read_ids(outs)
     return {
-        **consume_figures(args.n, elapsed, ids, finished),
+        **consume_figures(args.n, elapsed, ids, finished, done.first(begun)),
         **peer_cpu_figures(server_cpu, cpu.value, args.n, "consumers"),
         "server_rss_peak_mib": round(rss.peak_mib, 1),
         **duplicates_and_missing(ids, args.n),
