@@ -139,3 +139,49 @@ def test_a_record_larger_than_the_budget_goes_out_alone_only_when_forced(
         rest = _encode_entries(reader, 1_000, _Part(0, 1, 1_000), force=False)
         assert _offsets_and_values(rest) == [(1, "z")]
         reader.close()
+
+
+class _GappedLog:
+    """A reader over given offsets (a compacted log whose gaps no test can write 2**31
+    records for), with the store reader's ``read_entries``/``unread`` rules."""
+
+    def __init__(self, offsets: list[int]) -> None:
+        self.entries = []
+        for offset in offsets:
+            line = frame_record(offset, 1_763_830_000_000 + offset % 1000, b'"value":%d' % offset)
+            fields = verified_fields(line)
+            assert fields is not None
+            self.entries.append((fields, line))
+        self.next = 0
+
+    @property
+    def position(self) -> int:
+        if self.next < len(self.entries):
+            return int(self.entries[self.next][0]["offset"])
+        return int(self.entries[-1][0]["offset"]) + 1
+
+    def read_entries(self, max_records: int) -> list[tuple[dict[str, Any], bytes]]:
+        taken = self.entries[self.next : self.next + max_records]
+        self.next += len(taken)
+        return taken
+
+    def unread(self, entries: list[tuple[dict[str, Any], bytes]]) -> None:
+        assert entries == self.entries[self.next - len(entries) : self.next]
+        self.next -= len(entries)
+
+
+def test_a_gap_wider_than_a_batch_can_say_starts_a_new_batch() -> None:
+    """A RecordBatch's last offset delta is an int32: records further apart than that go
+    in separate batches, each decoding to the right offsets."""
+    far = 5 + 2**31 + 10
+    offsets = [5, 6, 5 + 2**31 - 1, far, far + 1, far + 2**33]
+    log = _GappedLog(offsets)
+    data = _encode_entries(log, 1 << 20, _Part(0, 5, 1 << 20), force=True)  # type: ignore[arg-type]
+    batches = decode_batches(data, MAX)
+    assert [[b.base_offset + r.offset_delta for r in b.records] for b in batches] == [
+        [5, 6, 5 + 2**31 - 1],  # a delta of exactly 2**31 - 1 still fits
+        [far, far + 1],
+        [far + 2**33],
+    ]
+    assert [orjson.loads(r.value or b"") for b in batches for r in b.records] == offsets
+    assert log.position == far + 2**33 + 1

@@ -29,6 +29,8 @@ _RECORDS_PER_BATCH = 500
 # A RecordBatch v2 header: base offset, length, leader epoch, magic, CRC, attributes,
 # last offset delta, first and max timestamps, producer id and epoch, base sequence, count.
 _BATCH_OVERHEAD = 61
+# A batch's last offset delta is an int32: a compacted log's gaps can be wider.
+_MAX_OFFSET_DELTA = 2**31 - 1
 MAX_WAIT_MS = 30_000
 _EARLIEST = -2
 _LATEST = -1
@@ -161,7 +163,10 @@ def _encode_entries(reader: StoreReader, budget: int, p: _Part, *, force: bool) 
         # so lines that fit make a batch that fits.
         room = budget - len(out) - _BATCH_OVERHEAD
         fit = 0
-        for _fields, line in entries:
+        base = entries[0][0]["offset"]
+        for fields, line in entries:
+            if fields["offset"] - base > _MAX_OFFSET_DELTA:
+                break  # past what one batch can say: the next batch starts here
             room -= len(line)
             if room < 0:
                 break
