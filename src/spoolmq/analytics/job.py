@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import datetime as dt
+import functools
 import hashlib
 import os
 import sys
@@ -113,6 +114,7 @@ def _parsers(
     )
 
 
+@functools.cache  # the code does not change while the process runs; asked twice a run
 def _fingerprint() -> str:
     """What made the parsed rows the cache holds, and what it keeps beside them: the code
     that reads and parses the lines and computes from them (this module, extract, schemas,
