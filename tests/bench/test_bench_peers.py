@@ -64,7 +64,13 @@ def _check_peer(result: dict[str, Any], peer: str, n: int) -> None:
     assert result[peer]["consume"]["completed"] is True
     assert result[peer]["produce"]["publishers_cpu_us_per_message"] > 0
     assert result[peer]["consume"]["consumers_cpu_us_per_message"] > 0
-    assert set(result["ratios_by_peer"][peer]) == {"produce", "consume"}
+    assert set(result["ratios_by_peer"][peer]) == {"produce", "consume", "consume_after_first"}
+    consume = result[peer]["consume"]
+    assert 0 < consume["first_received_s"] < consume["seconds"]
+    ratio = (
+        result["spoolmq"]["consume"]["msgs_per_s_after_first"] / consume["msgs_per_s_after_first"]
+    )
+    assert abs(result["ratios_by_peer"][peer]["consume_after_first"] - ratio) < 0.01
     assert result["durability"][peer]
     assert "fdatasync" in result["durability"]["spoolmq"]
 
