@@ -16,7 +16,12 @@ import pytest
 from fake_publish_broker import serve_one_publisher
 
 from spoolmq import Publisher
-from spoolmq.errors import InvalidArgumentError, MessageTooLargeError, PublishTimeoutError
+from spoolmq.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    PublishTimeoutError,
+    SerializationError,
+)
 from spoolmq.store.message import Position
 from spoolmq.store.partitioner import partition_for_key
 
@@ -226,3 +231,72 @@ def test_with_no_linger_a_fast_caller_still_fills_frames(tmp_path: Path) -> None
     assert senders.count(threading.current_thread().name) == 1, senders
     assert len(frames[0]["records"]) == 1
     assert len(frames) <= 1 + 7 + 10, [len(frame["records"]) for frame in frames]
+
+
+def test_publish_many_sends_frames_of_up_to_a_batch_and_answers_each_in_order(
+    tmp_path: Path,
+) -> None:
+    with serving(tmp_path, batch_size=3, linger_ms=20, producer_id="p") as (pub, frames):
+        values = ["a", "b", "c", "d", "e", "f", "g"]
+        positions = pub.publish_many("t", values)
+    assert positions == [Position("t", 0, n, 1000) for n in range(7)]
+    assert all(len(frame["records"]) <= 3 for frame in frames)
+    sent = [record for frame in frames for record in frame["records"]]
+    assert [(r["value"], r["sequence"]) for r in sent] == list(zip(values, range(7), strict=True))
+
+
+def test_publish_many_with_a_value_that_cannot_be_sent_publishes_none(publisher: Any) -> None:
+    pub, frames = publisher
+    with pytest.raises(SerializationError, match=r"values\[1\]"):
+        pub.publish_many("t", ["a", {1, 2}, "c"])
+    with pytest.raises(SerializationError, match=r"values\[2\]"):
+        pub.publish_many_async("t", ["a", "b", float("nan")])
+    pub.publish("t", "after")
+    assert [r["value"] for frame in frames for r in frame["records"]] == ["after"]
+
+
+def test_publish_many_a_refused_message_fails_only_its_own_future(publisher: Any) -> None:
+    pub, _ = publisher
+    futures = pub.publish_many_async("t", ["a", "bad", "c"])
+    pub.flush()
+    assert futures[0].result(timeout=0).offset == 0
+    with pytest.raises(MessageTooLargeError, match="too big"):
+        futures[1].result(timeout=0)
+    assert futures[2].result(timeout=0).offset == 1
+    # Blocking, the refused message's error is raised once all are answered.
+    with pytest.raises(MessageTooLargeError):
+        pub.publish_many("t", ["d", "bad", "e"])
+    assert pub.publish("t", "f").offset == 4  # "d" and "e" were stored
+
+
+def test_publish_many_with_a_key_goes_to_the_keys_partition(publisher: Any) -> None:
+    pub, frames = publisher
+    pub.publish("t", "first")  # the answer tells the client the topic has 4 partitions
+    positions = pub.publish_many("t", list(range(10)), key="k7", headers={"h": "v"})
+    partition = partition_for_key("k7", 4)
+    assert {p.partition for p in positions} == {partition}
+    first = 1 if partition == 0 else 0  # "first" went to partition 0 (the stand-in's choice)
+    assert [p.offset for p in positions] == list(range(first, first + 10))
+    records = [r for frame in frames[1:] for r in frame["records"]]
+    assert {(r["key"], frame["partition"]) for frame in frames[1:] for r in frame["records"]} == {
+        ("k7", partition_for_key("k7", 4))
+    }
+    assert all(r["headers"] == [["h", "v"]] for r in records)
+
+
+def test_publish_many_waits_for_room_a_frame_at_a_time(tmp_path: Path) -> None:
+    """More values than ``max_buffered``: what fits is queued, the rest waits for answers
+    to make room (never more than ``max_buffered`` outstanding)."""
+    gate = threading.Event()
+    with serving(tmp_path, gate, max_buffered=5, linger_ms=1) as (pub, _):
+        got: list[Any] = []
+        caller = threading.Thread(target=lambda: got.extend(pub.publish_many_async("t", range(8))))
+        caller.start()
+        caller.join(1.0)
+        assert caller.is_alive() and not got  # 5 queued, no answer yet: no room for 3 more
+        assert pub._outstanding == 5
+        gate.set()
+        caller.join(30)
+        assert not caller.is_alive()
+        pub.flush(30)
+    assert [f.result(timeout=0).offset for f in got] == list(range(8))

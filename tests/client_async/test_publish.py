@@ -283,3 +283,31 @@ def test_a_timeout_while_frames_are_in_flight_never_sends_the_message(
 
     asyncio.run(main())
     assert stored_ids(data_dir, "timeout") == ["before", "in-flight", "after"]
+
+
+def test_publish_many_and_publish_many_nowait(broker: BrokerProcess, data_dir: Path) -> None:
+    async def main() -> tuple[list[Position], list[Position], int]:
+        async with AsyncPublisher(data=data_dir, batch_size=100, max_buffered=150) as pub:
+            # More than max_buffered: queued a frame at a time, waiting for room.
+            many = await pub.publish_many("bulk", [{"id": i} for i in range(250)])
+            with pytest.raises(SerializationError, match=r"values\[1\]"):
+                await pub.publish_many("bulk", [{"id": -1}, {"id": {1, 2}}])
+            futures = pub.publish_many_nowait("bulk", [{"id": i} for i in range(250, 400)])
+            nowait = list(await asyncio.gather(*futures))
+            return many, nowait, pub._frame_ids
+
+    many, nowait, frames = asyncio.run(main())
+    offsets = [p.offset for p in many + nowait]
+    assert offsets == list(range(offsets[0], offsets[0] + 400))
+    assert frames < 40  # frames of up to 100, not one per message
+    assert sorted(stored_ids(data_dir, "bulk")) == list(range(400))  # the refused one: none
+
+
+def test_the_threaded_publish_many_against_a_broker(broker: BrokerProcess, data_dir: Path) -> None:
+    with Publisher(data=data_dir, max_buffered=150) as pub:
+        positions = pub.publish_many("many", [{"id": i} for i in range(300)], key="k")
+        futures = pub.publish_many_async("many", ({"id": i} for i in range(300, 350)), key="k")
+        pub.flush(30)
+    offsets = [p.offset for p in positions] + [f.result(timeout=0).offset for f in futures]
+    assert offsets == list(range(350))  # one key: one partition, in order
+    assert stored_ids(data_dir, "many") == list(range(350))

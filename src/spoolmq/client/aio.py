@@ -41,7 +41,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 from spoolmq import protocol
@@ -55,6 +55,7 @@ from spoolmq.client.common import (
     check_topics_left,
     consumer_topics,
     delivery_entries,
+    encode_many,
     expired_error,
     handler_failure,
     refusal_error,
@@ -238,6 +239,48 @@ class AsyncPublisher:
         resolves to its Position on the broker's answer. Bad input raises here."""
         return self._enqueue(topic, value, options, acks, urgent=False)
 
+    async def publish_many(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        *,
+        acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
+    ) -> list[Position]:
+        """Publish every value of ``values`` (the same ``options`` for each) and wait for
+        all their answers: their Positions, in order. Every value is encoded before any is
+        queued (a value that cannot be sent raises ``SerializationError`` naming its index,
+        with none of them published); they are queued a frame's worth at a time, waiting
+        for room in the buffer as ``publish`` does. A message the broker refuses raises its
+        error here once all are answered; the others may be stored
+        (``publish_many_nowait`` tells each one's fate)."""
+        group, items = self._encode_many(topic, values, options, acks)
+        for start in range(0, len(items), self.batch_size):
+            if self._outstanding >= self.max_buffered:
+                await self.wait_for_room()
+            self._check_open()
+            self._add(group, items[start : start + self.batch_size], True)
+        futures = [item.future for item in items]
+        if futures:
+            await asyncio.wait(futures)
+        return [future.result() for future in futures]
+
+    def publish_many_nowait(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        *,
+        acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
+    ) -> list[asyncio.Future[Position]]:
+        """Queue every value of ``values`` (the same ``options`` for each), as
+        ``publish_nowait`` would one by one: a future per message, in order. Checked as
+        ``publish_many``; like ``publish_nowait`` it does not wait for room (call
+        ``wait_for_room`` now and then)."""
+        group, items = self._encode_many(topic, values, options, acks)
+        self._add(group, items, False)
+        return [item.future for item in items]
+
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every message queued so far is answered (or failed)."""
         if not self._outstanding:
@@ -279,6 +322,14 @@ class AsyncPublisher:
 
     # -- queueing -----------------------------------------------------------------------
 
+    def _check_open(self) -> None:
+        if self._closed or not self._started:
+            raise SpoolError(
+                "this AsyncPublisher is closed"
+                if self._closed
+                else "start() it first (or use it in `async with`)"
+            )
+
     def _enqueue(
         self,
         topic: str,
@@ -288,12 +339,7 @@ class AsyncPublisher:
         *,
         urgent: bool,
     ) -> asyncio.Future[Position]:
-        if self._closed or not self._started:
-            raise SpoolError(
-                "this AsyncPublisher is closed"
-                if self._closed
-                else "start() it first (or use it in `async with`)"
-            )
+        self._check_open()
         level = self.acks if acks is None else normalize_acks(acks)
         sequence = next(self._sequences)
         body, key, partition = encode_publish_message(
@@ -304,21 +350,45 @@ class AsyncPublisher:
             if count is not None:
                 partition = partition_for_key(key, count)
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        group = (level, topic, partition)
+        deadline = time.monotonic() + self.delivery_timeout
+        self._add((level, topic, partition), [_Queued(sequence, body, deadline, future)], urgent)
+        return future
+
+    def _encode_many(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        options: PublishOptions,
+        acks: str | int | None,
+    ) -> tuple[_Group, list[_Queued]]:
+        """A ``publish_many``'s frame group and its messages, encoded, not queued yet."""
+        self._check_open()
+        level = self.acks if acks is None else normalize_acks(acks)
+        partition, encoded = encode_many(
+            topic, values, options, self._sequences, self.producer_id, self._partitions
+        )
+        deadline = time.monotonic() + self.delivery_timeout
+        loop = asyncio.get_running_loop()
+        items = [
+            _Queued(sequence, body, deadline, loop.create_future()) for sequence, body in encoded
+        ]
+        return (level, topic, partition), items
+
+    def _add(self, group: _Group, items: list[_Queued], urgent: bool) -> None:
+        """Queue ``items`` of one frame group, waking the writer if it has something new
+        to do: a first message starts its linger clock; a blocking publish or a full batch
+        ends it."""
         queue = self._groups.get(group)
         if queue is None:
             queue = self._groups[group] = deque()
-        queue.append(_Queued(sequence, body, time.monotonic() + self.delivery_timeout, future))
-        self._queued += 1
-        self._outstanding += 1
-        # The writer needs waking only for something new: a first message starts its linger
-        # clock; a blocking publish or a full batch ends it.
+        queue.extend(items)
+        self._queued += len(items)
+        self._outstanding += len(items)
         if urgent or len(queue) >= self.batch_size:
             self._urgent = True
             self._wake.poke()
-        elif self._queued == 1:
+        elif self._queued == len(items):
             self._wake.poke()
-        return future
 
     @property
     def outstanding(self) -> int:

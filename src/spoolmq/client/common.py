@@ -19,10 +19,14 @@ from spoolmq.errors import (
     InvalidArgumentError,
     ProtocolError,
     PublishTimeoutError,
+    SerializationError,
     SpoolError,
     TopicDeletedError,
     error_from_code,
 )
+from spoolmq.protocol.publish import encode_publish_message
+from spoolmq.store.message import PublishOptions
+from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -37,6 +41,38 @@ M = TypeVar("M", bound=_OfTopic)
 def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
     if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
         raise InvalidArgumentError("batch_size, max_in_flight and max_buffered must be at least 1")
+
+
+def encode_many(
+    topic: str,
+    values: Iterable[Any],
+    options: PublishOptions,
+    sequences: Iterator[int],
+    producer_id: str,
+    partitions: Mapping[str, int],
+) -> tuple[int | None, list[tuple[int, bytes]]]:
+    """A ``publish_many``'s values as (sequence, record body) each, and the partition they
+    all go to (the same ``options`` for every one: the partition asked for, the key's when
+    the topic's partition count is known, else None: the broker's choice). Every value is
+    encoded before any is queued: one that cannot be sent raises ``SerializationError``
+    naming its index, and nothing is published."""
+    encoded: list[tuple[int, bytes]] = []
+    partition: int | None = None
+    key: Any = None
+    for index, value in enumerate(values):
+        sequence = next(sequences)
+        try:
+            body, key, partition = encode_publish_message(
+                topic, value, options, sequence=sequence, producer_id=producer_id
+            )
+        except SerializationError as exc:
+            raise SerializationError(f"values[{index}]: {exc}") from None
+        encoded.append((sequence, body))
+    if partition is None and key is not None:
+        count = partitions.get(topic)
+        if count is not None:
+            partition = partition_for_key(key, count)
+    return partition, encoded
 
 
 def consumer_topics(topics: str | Sequence[str]) -> list[str]:

@@ -17,13 +17,19 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
 from multiprocessing.connection import Connection
 from typing import Any, Unpack
 
 from spoolmq import protocol
-from spoolmq.client.common import answer_errors, check_publisher_limits, expired_error
+from spoolmq.client.common import (
+    answer_errors,
+    check_publisher_limits,
+    encode_many,
+    expired_error,
+)
 from spoolmq.client.connection import Address, Readiness, connect, resolve
 from spoolmq.config import known_settings
 from spoolmq.errors import (
@@ -235,6 +241,36 @@ class Publisher:
         ``options`` as for ``publish``."""
         return self._enqueue(topic, value, options, acks, urgent=False)
 
+    def publish_many(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        *,
+        acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
+    ) -> list[Position]:
+        """Publish every value of ``values`` (the same ``options`` for each) and wait for
+        all their ACKs: their Positions, in order. Every value is encoded before any is
+        queued, so a value that cannot be sent raises (``SerializationError`` naming its
+        index) with none of them published. A message the broker refuses raises its error
+        here once all are answered; the others may be stored (``publish_many_async``
+        tells each one's fate)."""
+        futures = self._enqueue_many(topic, values, options, acks, urgent=True)
+        return [future.result() for future in futures]
+
+    def publish_many_async(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        *,
+        acks: str | int | None = None,
+        **options: Unpack[PublishOptions],
+    ) -> list[Future[Position]]:
+        """Queue every value of ``values`` (the same ``options`` for each), as
+        ``publish_async`` would one by one, under one lock instead of one each: a future
+        per message, in order. Checked as ``publish_many``."""
+        return list(self._enqueue_many(topic, values, options, acks, urgent=False))
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued message is answered (or failed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -295,40 +331,73 @@ class Publisher:
             if count is not None:
                 partition = partition_for_key(key, count)
         future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout)
-        group = (level, topic, partition)
         with self._cond:
-            if self._outstanding >= self.max_buffered:
-                self._wait_for_room()
-            if self._closed:
-                raise SpoolError("this Publisher is closed")
-            # The I/O thread needs a wake-up only when there is something new for it to do:
-            # a first message starts its linger clock, a full batch or a blocking publish
-            # ends it. Waking it per message cost a syscall and a thread switch each.
-            wake = not self._queued
-            queue = self._groups.get(group)
-            if queue is None:
-                queue = self._groups[group] = deque()
-            queue.append(future)
-            self._queued += 1
-            self._outstanding += 1
-            # Nothing queued or in flight, and nothing to wait for (a blocking publish, or
-            # no linger): the caller sends it, without waking the I/O thread.
-            idle = (
-                (urgent or not self.linger)
-                and self._queued == 1
-                and not self._in_flight
-                and self._conn is not None
-            )
-            if not self._urgent and (urgent or len(queue) >= self.batch_size):
-                self._urgent = wake = True
-            if idle:
-                wake = False
-            if wake:
-                self._wake()
+            idle = self._add((level, topic, partition), [future], urgent)
         if idle and not self._send_from_caller():
             with self._cond:
                 self._wake()
         return future
+
+    def _enqueue_many(
+        self,
+        topic: str,
+        values: Iterable[Any],
+        options: PublishOptions,
+        acks: str | int | None,
+        *,
+        urgent: bool,
+    ) -> list[_PublishFuture]:
+        level = self.acks if acks is None else normalize_acks(acks)
+        if self._closed:
+            raise SpoolError("this Publisher is closed")
+        partition, encoded = encode_many(
+            topic, values, options, self._sequences, self.producer_id, self._partitions
+        )
+        deadline = time.monotonic() + self.delivery_timeout
+        futures = [_PublishFuture(sequence, body, deadline) for sequence, body in encoded]
+        group = (level, topic, partition)
+        # A frame's worth at a time, waiting for room in the buffer between them.
+        step = min(self.batch_size, self.max_buffered)
+        for start in range(0, len(futures), step):
+            with self._cond:
+                self._add(group, futures[start : start + step], urgent, alone=False)
+        return futures
+
+    def _add(
+        self, group: _Group, items: list[_PublishFuture], urgent: bool, *, alone: bool = True
+    ) -> bool:
+        """Queue ``items`` (of one frame group; the caller holds the condition), waking the
+        I/O thread if it has something new to do. True when the caller should send them
+        itself: one message (``alone``) with nothing else queued or in flight and nothing
+        to wait for (a blocking publish, or no linger)."""
+        if self._outstanding + len(items) > self.max_buffered:
+            self._wait_for_room(len(items))
+        if self._closed:
+            raise SpoolError("this Publisher is closed")
+        # The I/O thread needs a wake-up only when there is something new for it to do:
+        # a first message starts its linger clock, a full batch or a blocking publish
+        # ends it. Waking it per message cost a syscall and a thread switch each.
+        wake = not self._queued
+        queue = self._groups.get(group)
+        if queue is None:
+            queue = self._groups[group] = deque()
+        queue.extend(items)
+        self._queued += len(items)
+        self._outstanding += len(items)
+        idle = (
+            alone
+            and (urgent or not self.linger)
+            and self._queued == 1
+            and not self._in_flight
+            and self._conn is not None
+        )
+        if not self._urgent and (urgent or len(queue) >= self.batch_size):
+            self._urgent = wake = True
+        if idle:
+            wake = False
+        if wake:
+            self._wake()
+        return idle
 
     def set_next_sequence(self, sequence: int) -> None:
         """Give the next message published the idempotence sequence ``sequence`` (the
@@ -340,18 +409,19 @@ class Publisher:
             raise InvalidArgumentError(f"a sequence is an int >= 0, not {sequence!r}")
         self._sequences = itertools.count(sequence)
 
-    def _wait_for_room(self) -> None:
-        """Called with the condition held while the buffer is full: wait until answers
-        make room. Besides bounding memory, this keeps the objects a fast caller has
-        queued few, which is what the garbage collector walks (an unbounded queue made
-        it a fifth of a publishing process's CPU). Never waits in the I/O thread (a done
+    def _wait_for_room(self, count: int = 1) -> None:
+        """Called with the condition held while the buffer has no room for ``count`` more
+        messages (at most ``max_buffered``): wait until answers make room. Besides
+        bounding memory, this keeps the objects a fast caller has queued few, which is
+        what the garbage collector walks (an unbounded queue made it a fifth of a
+        publishing process's CPU). Never waits in the I/O thread (a done
         callback that publishes), which is what makes the room."""
         if threading.current_thread() is self._thread:
             return
         deadline = time.monotonic() + self.delivery_timeout
         self._urgent = True  # what is queued goes out now rather than after its linger
         self._wake()
-        while self._outstanding >= self.max_buffered and not self._closed:
+        while self._outstanding + count > self.max_buffered and not self._closed:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishTimeoutError(
