@@ -81,7 +81,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             publisher.flush()
         else:
             for values in _stdin_values():
-                futures = [publisher.publish_async(args.topic, v, **options) for v in values]
+                futures = publisher.publish_many_async(args.topic, values, **options)
                 publisher.flush()
                 _print_positions(futures)
     _say_if_created(args, args.topic, existed)
