@@ -172,6 +172,14 @@ def test_cancelled_before_it_was_sent_is_never_stored(
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            # A publish_many cancelled the same way: none of its messages is sent.
+            many = asyncio.create_task(pub.publish_many("cancel", [{"id": "m1"}, {"id": "m2"}]))
+            await asyncio.sleep(0)  # the task queues both messages and waits
+            queued = [item.body for queue in pub._groups.values() for item in queue]
+            assert sum(b'"m1"' in body or b'"m2"' in body for body in queued) == 2
+            many.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await many
             await pub.publish("cancel", {"id": "after"})
             await pub.flush()
             assert pub._outstanding == 0

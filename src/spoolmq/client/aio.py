@@ -253,17 +253,24 @@ class AsyncPublisher:
         with none of them published); they are queued a frame's worth at a time, waiting
         for room in the buffer as ``publish`` does. A message the broker refuses raises its
         error here once all are answered; the others may be stored
-        (``publish_many_nowait`` tells each one's fate)."""
+        (``publish_many_nowait`` tells each one's fate). Cancelled, it is as a cancelled
+        ``publish`` for each message: those not written yet are never sent."""
         group, items = self._encode_many(topic, values, options, acks)
         for start in range(0, len(items), self.batch_size):
             if self._outstanding >= self.max_buffered:
                 await self.wait_for_room()
             self._check_open()
             self._add(group, items[start : start + self.batch_size], True)
-        futures = [item.future for item in items]
-        if futures:
-            await asyncio.wait(futures)
-        return [future.result() for future in futures]
+        # Awaiting gather's future (not ``asyncio.wait``): cancelling this task cancels it,
+        # and with it every message's future at once, as a cancelled ``publish`` does, so
+        # what is not written yet is never sent.
+        answers = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
+        positions: list[Position] = []
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+            positions.append(answer)
+        return positions
 
     def publish_many_nowait(
         self,
