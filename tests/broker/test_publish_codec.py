@@ -15,6 +15,7 @@ from spoolmq.protocol.publish import (
     check_record,
     encode_publish_frame,
     encode_publish_message,
+    numbered,
 )
 from spoolmq.store.message import PublishOptions
 from spoolmq.store.record import decode_line, frame_record
@@ -255,3 +256,21 @@ def test_nan_and_infinity_fail_in_the_caller(value: Any, options: PublishOptions
     """orjson would write them as null: the client refuses them, keyless or not."""
     with pytest.raises(SerializationError, match="NaN or infinity"):
         encode_publish_message("t", value, options, sequence=0, producer_id="p")
+
+
+@pytest.mark.parametrize(
+    ("value", "options"),
+    [
+        ({"order": 1}, {}),
+        (b"\x00\xff", {}),
+        ("text", {"key": "k", "headers": {"h": "v"}, "tags": ["a"], "priority": 3}),
+        ([1, 2], {"partition": 2, "delay": 1.5, "ttl": 60}),
+    ],
+)
+def test_numbering_a_body_later_gives_the_bytes_of_numbering_it_first(
+    value: Any, options: Any
+) -> None:
+    """publish_many encodes every value first and numbers each frame as it queues it."""
+    late, _, _ = encode_publish_message("t", value, options, sequence=None)
+    first, _, _ = encode_publish_message("t", value, options, sequence=41, producer_id='p-"1')
+    assert numbered(late, 41, orjson.dumps('p-"1')) == first

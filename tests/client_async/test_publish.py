@@ -176,7 +176,8 @@ def test_cancelled_before_it_was_sent_is_never_stored(
             many = asyncio.create_task(pub.publish_many("cancel", [{"id": "m1"}, {"id": "m2"}]))
             await asyncio.sleep(0)  # the task queues both messages and waits
             queued = [item.body for queue in pub._groups.values() for item in queue]
-            assert sum(b'"m1"' in body or b'"m2"' in body for body in queued) == 2
+            ours = [body for body in queued if b'"m1"' in body or b'"m2"' in body]
+            assert len(ours) == 2
             many.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await many
@@ -319,3 +320,36 @@ def test_the_threaded_publish_many_against_a_broker(broker: BrokerProcess, data_
     offsets = [p.offset for p in positions] + [f.result(timeout=0).offset for f in futures]
     assert offsets == list(range(350))  # one key: one partition, in order
     assert stored_ids(data_dir, "many") == list(range(350))
+
+
+def test_publish_many_keeps_to_max_buffered_and_a_cancel_sends_nothing_unwritten(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """Waiting for room between frames, publish_many never has more than ``max_buffered``
+    out; cancelled there, what it queued and did not write is never sent."""
+    publisher_pid = broker.child_pids()["publisher"]
+
+    async def main() -> None:
+        settings = {"batch_size": 2, "max_buffered": 5, "max_in_flight": 1}
+        async with AsyncPublisher(data=data_dir, **settings) as pub:
+            await pub.publish("room", {"id": "before"})
+            os.kill(publisher_pid, signal.SIGSTOP)  # no answer can come
+            try:
+                values = [{"id": f"m{i}"} for i in range(8)]
+                task = asyncio.create_task(pub.publish_many("room", values))
+                # Frames of 2: the first written (1 in flight), the second queued behind
+                # it; a third would make 6 > 5, so the call waits for room.
+                await eventually(lambda: pub._in_flight and pub._queued == 2, 30, "2 frames")
+                await asyncio.sleep(0.2)  # a chance to go past max_buffered, which it must not
+                assert pub._outstanding == 4 and not task.done()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                os.kill(publisher_pid, signal.SIGCONT)
+            await pub.flush(60)
+            await pub.publish("room", {"id": "after"})
+
+    asyncio.run(main())
+    # The written frame cannot be called back: stored once; the queued one never sent.
+    assert stored_ids(data_dir, "room") == ["before", "m0", "m1", "after"]

@@ -44,6 +44,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
+import orjson
+
 from spoolmq import protocol
 from spoolmq.client.aio_connection import FrameStream, connect
 from spoolmq.client.common import (
@@ -58,6 +60,7 @@ from spoolmq.client.common import (
     encode_many,
     expired_error,
     handler_failure,
+    numbered_bodies,
     refusal_error,
     settle_frame,
     subscription_settings,
@@ -255,16 +258,26 @@ class AsyncPublisher:
         error here once all are answered; the others may be stored
         (``publish_many_nowait`` tells each one's fate). Cancelled, it is as a cancelled
         ``publish`` for each message: those not written yet are never sent."""
-        group, items = self._encode_many(topic, values, options, acks)
-        for start in range(0, len(items), self.batch_size):
-            if self._outstanding >= self.max_buffered:
-                await self.wait_for_room()
-            self._check_open()
-            self._add(group, items[start : start + self.batch_size], True)
-        # Awaiting gather's future (not ``asyncio.wait``): cancelling this task cancels it,
-        # and with it every message's future at once, as a cancelled ``publish`` does, so
-        # what is not written yet is never sent.
-        answers = await asyncio.gather(*(item.future for item in items), return_exceptions=True)
+        group, bodies = self._encode_many(topic, values, options, acks)
+        futures: list[asyncio.Future[Position]] = []
+        try:
+            step = min(self.batch_size, self.max_buffered)
+            for start in range(0, len(bodies), step):
+                chunk = bodies[start : start + step]
+                if self._outstanding + len(chunk) > self.max_buffered:
+                    await self._room_for(len(chunk))
+                self._check_open()
+                items = self._numbered(chunk)
+                self._add(group, items, True)
+                futures += [item.future for item in items]
+            # Awaiting gather's future (not ``asyncio.wait``): cancelling this task cancels
+            # it, and with it every message's future at once, as a cancelled ``publish``
+            # does, so what is not written yet is never sent.
+            answers = await asyncio.gather(*futures, return_exceptions=True)
+        except BaseException:
+            for future in futures:  # cancelled, timed out or closed while queueing: the same
+                future.cancel()
+            raise
         positions: list[Position] = []
         for answer in answers:
             if isinstance(answer, BaseException):
@@ -284,7 +297,8 @@ class AsyncPublisher:
         ``publish_nowait`` would one by one: a future per message, in order. Checked as
         ``publish_many``; like ``publish_nowait`` it does not wait for room (call
         ``wait_for_room`` now and then)."""
-        group, items = self._encode_many(topic, values, options, acks)
+        group, bodies = self._encode_many(topic, values, options, acks)
+        items = self._numbered(bodies)
         self._add(group, items, False)
         return [item.future for item in items]
 
@@ -367,24 +381,30 @@ class AsyncPublisher:
         values: Iterable[Any],
         options: PublishOptions,
         acks: str | int | None,
-    ) -> tuple[_Group, list[_Queued]]:
-        """A ``publish_many``'s frame group and its messages, encoded, not queued yet."""
+    ) -> tuple[_Group, list[bytes]]:
+        """A ``publish_many``'s frame group and its record bodies, not numbered yet."""
         self._check_open()
         level = self.acks if acks is None else normalize_acks(acks)
-        partition, encoded = encode_many(
-            topic, values, options, self._sequences, self.producer_id, self._partitions
-        )
+        partition, bodies = encode_many(topic, values, options, self._partitions)
+        return (level, topic, partition), bodies
+
+    def _numbered(self, bodies: Sequence[bytes]) -> list[_Queued]:
+        """Messages to queue now: the bodies with the next sequences, and their futures."""
         deadline = time.monotonic() + self.delivery_timeout
         loop = asyncio.get_running_loop()
-        items = [
-            _Queued(sequence, body, deadline, loop.create_future()) for sequence, body in encoded
+        return [
+            _Queued(sequence, body, deadline, loop.create_future())
+            for sequence, body in numbered_bodies(
+                bodies, self._sequences, orjson.dumps(self.producer_id)
+            )
         ]
-        return (level, topic, partition), items
 
     def _add(self, group: _Group, items: list[_Queued], urgent: bool) -> None:
         """Queue ``items`` of one frame group, waking the writer if it has something new
         to do: a first message starts its linger clock; a blocking publish or a full batch
         ends it."""
+        if not items:
+            return  # an empty deque left in ``_groups`` would break ``_oldest``
         queue = self._groups.get(group)
         if queue is None:
             queue = self._groups[group] = deque()
@@ -408,13 +428,17 @@ class AsyncPublisher:
         faster than the broker is slowed down; a loop of ``publish_nowait`` calls it now
         and then to bound its backlog the same way. With room it returns at once, but
         after one turn of the event loop, so the writer and reader tasks run."""
-        if self._outstanding < self.max_buffered:
+        await self._room_for(1)
+
+    async def _room_for(self, count: int) -> None:
+        """``wait_for_room`` for ``count`` messages (at most ``max_buffered``)."""
+        if self._outstanding + count <= self.max_buffered:
             await asyncio.sleep(0)
             return
         deadline = time.monotonic() + self.delivery_timeout
         self._urgent = True  # what is queued goes out now rather than after its linger
         self._wake.poke()
-        while self._outstanding >= self.max_buffered and not self._closed:
+        while self._outstanding + count > self.max_buffered and not self._closed:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishTimeoutError(

@@ -24,7 +24,7 @@ from spoolmq.errors import (
     TopicDeletedError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_message
+from spoolmq.protocol.publish import encode_publish_message, numbered
 from spoolmq.store.message import PublishOptions
 from spoolmq.store.partitioner import partition_for_key
 
@@ -44,35 +44,55 @@ def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: in
 
 
 def encode_many(
-    topic: str,
-    values: Iterable[Any],
-    options: PublishOptions,
-    sequences: Iterator[int],
-    producer_id: str,
-    partitions: Mapping[str, int],
-) -> tuple[int | None, list[tuple[int, bytes]]]:
-    """A ``publish_many``'s values as (sequence, record body) each, and the partition they
-    all go to (the same ``options`` for every one: the partition asked for, the key's when
-    the topic's partition count is known, else None: the broker's choice). Every value is
-    encoded before any is queued: one that cannot be sent raises ``SerializationError``
-    naming its index, and nothing is published."""
-    encoded: list[tuple[int, bytes]] = []
+    topic: str, values: Iterable[Any], options: PublishOptions, partitions: Mapping[str, int]
+) -> tuple[int | None, list[bytes]]:
+    """A ``publish_many``'s values as record bodies without their sequence (``numbered``
+    adds it as a frame's worth is queued, so the sequences go out in order however long the
+    queueing waits for room), and the partition they all go to (the same ``options`` for
+    every one: the partition asked for, the key's when the topic's partition count is
+    known, else None: the broker's choice). Every value is encoded before any is queued:
+    one that cannot be sent raises ``SerializationError`` naming its index, and nothing is
+    published."""
+    if isinstance(values, str | bytes | bytearray | memoryview | Mapping):
+        raise InvalidArgumentError(
+            f"values must be a list (or another iterable) of values, not a "
+            f"{type(values).__name__}: publish one value with publish()"
+        )
+    try:
+        values = iter(values)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"values must be a list (or another iterable) of values, not a {type(values).__name__}"
+        ) from None
+    # The topic and the options are checked (a null value encoded with them) even when
+    # there are no values.
+    encode_publish_message(topic, None, options, sequence=None)
+    bodies: list[bytes] = []
     partition: int | None = None
     key: Any = None
     for index, value in enumerate(values):
-        sequence = next(sequences)
         try:
-            body, key, partition = encode_publish_message(
-                topic, value, options, sequence=sequence, producer_id=producer_id
-            )
+            body, key, partition = encode_publish_message(topic, value, options, sequence=None)
         except SerializationError as exc:
             raise SerializationError(f"values[{index}]: {exc}") from None
-        encoded.append((sequence, body))
+        bodies.append(body)
     if partition is None and key is not None:
         count = partitions.get(topic)
         if count is not None:
             partition = partition_for_key(key, count)
-    return partition, encoded
+    return partition, bodies
+
+
+def numbered_bodies(
+    bodies: Sequence[bytes], sequences: Iterator[int], producer_id: bytes
+) -> list[tuple[int, bytes]]:
+    """``encode_many``'s bodies with the next sequences (and ``producer_id``, its JSON
+    string): (sequence, body) each, taken as they are queued."""
+    out = []
+    for body in bodies:
+        sequence = next(sequences)
+        out.append((sequence, numbered(body, sequence, producer_id)))
+    return out
 
 
 def consumer_topics(topics: str | Sequence[str]) -> list[str]:

@@ -18,10 +18,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures._base import FINISHED, PENDING
 from multiprocessing.connection import Connection
 from typing import Any, Unpack
+
+import orjson
 
 from spoolmq import protocol
 from spoolmq.client.common import (
@@ -29,6 +31,7 @@ from spoolmq.client.common import (
     check_publisher_limits,
     encode_many,
     expired_error,
+    numbered_bodies,
 )
 from spoolmq.client.connection import Address, Readiness, connect, resolve
 from spoolmq.config import known_settings
@@ -256,6 +259,7 @@ class Publisher:
         here once all are answered; the others may be stored (``publish_many_async``
         tells each one's fate)."""
         futures = self._enqueue_many(topic, values, options, acks, urgent=True)
+        wait(futures)  # every answer first: a failed message does not cut the wait short
         return [future.result() for future in futures]
 
     def publish_many_async(
@@ -350,17 +354,32 @@ class Publisher:
         level = self.acks if acks is None else normalize_acks(acks)
         if self._closed:
             raise SpoolError("this Publisher is closed")
-        partition, encoded = encode_many(
-            topic, values, options, self._sequences, self.producer_id, self._partitions
-        )
-        deadline = time.monotonic() + self.delivery_timeout
-        futures = [_PublishFuture(sequence, body, deadline) for sequence, body in encoded]
+        partition, bodies = encode_many(topic, values, options, self._partitions)
         group = (level, topic, partition)
-        # A frame's worth at a time, waiting for room in the buffer between them.
+        producer_id = orjson.dumps(self.producer_id)
+        futures: list[_PublishFuture] = []
+        # A frame's worth at a time, numbered as it is queued (so the sequences go out in
+        # order), waiting for room in the buffer between them.
         step = min(self.batch_size, self.max_buffered)
-        for start in range(0, len(futures), step):
-            with self._cond:
-                self._add(group, futures[start : start + step], urgent, alone=False)
+        for start in range(0, len(bodies), step):
+            deadline = time.monotonic() + self.delivery_timeout
+            chunk = [
+                _PublishFuture(sequence, body, deadline)
+                for sequence, body in numbered_bodies(
+                    bodies[start : start + step], self._sequences, producer_id
+                )
+            ]
+            try:
+                with self._cond:
+                    self._add(group, chunk, urgent, alone=False)
+            except SpoolError as exc:  # no room in time, or closed meanwhile
+                if not futures:
+                    raise
+                raise type(exc)(
+                    f"{exc} (the first {len(futures)} values were queued before it and are "
+                    "published)"
+                ) from None
+            futures += chunk
         return futures
 
     def _add(
