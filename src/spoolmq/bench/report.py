@@ -57,6 +57,7 @@ def consume_figures(
     }
     if first is not None:
         first_s, first_count = first
+        first_s = max(0.0, first_s)  # the start is read just after the consumers pass it
         figures["first_received_s"] = round(first_s, 4)
         rest = len(set(ids)) - first_count
         figures[AFTER_FIRST] = (
