@@ -185,3 +185,59 @@ def test_a_gap_wider_than_a_batch_can_say_starts_a_new_batch() -> None:
     ]
     assert [orjson.loads(r.value or b"") for b in batches for r in b.records] == offsets
     assert log.position == far + 2**33 + 1
+
+
+def test_a_long_poll_reads_each_record_once_however_often_it_wakes(
+    tmp_path: Any, verified_lines: list[bytes]
+) -> None:
+    """A Fetch whose ``min_bytes`` are not there yet waits, woken each time the partition
+    grows; each wake reads on from where the answer so far ends (the records read before
+    are kept, not read and verified again), and the answer holds every record once."""
+    import asyncio
+    import time
+
+    from spoolmq.kafka.api import RequestContext
+    from spoolmq.kafka.core import KafkaCore
+    from spoolmq.kafka.fetch import handle_fetch
+    from spoolmq.kafka.watch import GrowthWatcher
+    from spoolmq.kafka.wire import Reader, Writer
+
+    def request(min_bytes: int) -> Reader:
+        w = Writer().int32(-1).int32(20_000).int32(min_bytes).int32(1 << 20).int8(0)
+        w.int32(1).string("t").int32(1).int32(0).int64(0).int32(1 << 20)  # t/0 from 0
+        return Reader(w.getvalue())
+
+    async def main(store: Store) -> bytes:
+        watcher = GrowthWatcher()
+        watcher.start()
+        core = KafkaCore(store=store, link=None, watcher=watcher)  # type: ignore[arg-type]
+        ctx = RequestContext(data_dir=store.path, host="127.0.0.1", port=0)
+        ctx.shared["core"] = core
+        fetch = asyncio.create_task(handle_fetch(ctx, 4, request(min_bytes=5_000)))
+        for step in range(1, 6):  # four wakes short of min_bytes, then the fifth is enough
+            deadline = time.monotonic() + 30
+            while not watcher._waiters:  # the Fetch waits for the partition to grow
+                assert time.monotonic() < deadline and not fetch.done()
+                await asyncio.sleep(0.01)
+            store.append_batch("t", [Message(value={"n": n, "pad": "x" * 100}) for n in _ns(step)])
+        return await asyncio.wait_for(fetch, 30)
+
+    with Store(tmp_path / "data") as store:
+        store.append_batch("t", [Message(value={"n": n, "pad": "x" * 100}) for n in _ns(0)])
+        answer = asyncio.run(main(store))
+    r = Reader(answer)
+    r.int32()  # throttle
+    assert r.int32() == 1 and r.string() == "t" and r.int32() == 1
+    assert (r.int32(), r.int16()) == (0, 0)  # partition 0, no error
+    r.int64(), r.int64(), r.int32()  # high watermark, last stable offset, no aborted
+    records = _offsets_and_values(r.bytes_())
+    assert [offset for offset, _ in records] == list(range(len(records)))
+    assert [value["n"] for _, value in records] == [n for step in range(6) for n in _ns(step)]
+    # Every stored line verified once (each wake read on, with no seek back).
+    assert len(verified_lines) == len(records)
+
+
+def _ns(step: int) -> list[int]:
+    """The message numbers written at ``step``: 4 messages (~550 bytes in Kafka's form,
+    so steps 0-4 stay well below the long poll's 5,000), then 40 at step 5."""
+    return list(range(step * 4, step * 4 + (40 if step == 5 else 4)))

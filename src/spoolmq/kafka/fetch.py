@@ -37,11 +37,15 @@ _LATEST = -1
 
 
 class _Part:
-    __slots__ = ("data", "error", "high", "max_bytes", "offset", "partition", "start")
+    """One partition of a Fetch: what was asked, and the answer so far (a long poll adds
+    to ``data`` on each wake, reading on from ``next``)."""
+
+    __slots__ = ("data", "error", "high", "max_bytes", "next", "offset", "partition", "start")
 
     def __init__(self, partition: int, offset: int, max_bytes: int) -> None:
         self.partition = partition
         self.offset = offset
+        self.next = offset
         self.max_bytes = max_bytes
         self.error = int(ErrorCode.NONE)
         self.high = -1
@@ -76,10 +80,13 @@ async def handle_fetch(ctx: RequestContext, version: int, r: Reader) -> bytes:
     # A client's wait is bounded (clients use 500 ms by default) so that a hostile
     # max_wait_ms of days cannot park a connection's task that long.
     deadline = time.monotonic() + min(max(max_wait_ms, 0), MAX_WAIT_MS) / 1000
+    total = 0
     while True:
         dirs = [core.partition_dir(t, p.partition) for t, parts in topics for p in parts]
         armed = core.watcher.arm(dirs)
-        total = _read_all(core, readers, topics, max_bytes)
+        # Each wake reads on from where the answer so far ends: what was read before is
+        # kept, not read and verified again.
+        total = _read_all(core, readers, topics, max_bytes, total)
         errors = any(p.error for _, parts in topics for p in parts)
         left = deadline - time.monotonic()
         if total >= min_bytes or errors or left <= 0:
@@ -107,15 +114,24 @@ def _read_all(
     readers: dict[tuple[str, int], StoreReader],
     topics: list[tuple[str, list[_Part]]],
     max_bytes: int,
+    total: int,
 ) -> int:
-    total = 0
+    """Add to each partition's answer what fits after the ``total`` bytes of the answer so
+    far; the new total."""
     for topic, parts in topics:
         for p in parts:
-            budget = min(p.max_bytes, max_bytes - total)
+            if p.error != ErrorCode.NONE:
+                continue
+            budget = min(p.max_bytes - len(p.data), max_bytes - total)
             # KIP-74: the first non-empty partition gets at least one batch even
             # past the budget, so a record larger than the limits still goes out.
-            p.data = _read_partition(core, readers, topic, p, budget, force=total == 0)
-            total += len(p.data)
+            more = _read_partition(core, readers, topic, p, budget, force=total == 0)
+            if more is None:  # an error answers the partition with no records
+                total -= len(p.data)
+                p.data = b""
+                continue
+            p.data += more
+            total += len(more)
     return total
 
 
@@ -127,25 +143,29 @@ def _read_partition(
     budget: int,
     *,
     force: bool,
-) -> bytes:
+) -> bytes | None:
+    """More records of the partition from ``p.next``, in ``budget`` bytes; None when the
+    partition answers with an error (set in ``p.error``)."""
     try:
         log = core.store.partition_log(topic, p.partition)
         p.start, p.high = log.log_start_offset(), log.log_end_offset()
-        if not p.start <= p.offset <= p.high:
+        if not p.start <= p.next <= p.high:
             p.error = int(ErrorCode.OFFSET_OUT_OF_RANGE)
-            return b""
-        if p.offset == p.high or (budget <= 0 and not force):
+            return None
+        if p.next == p.high or (budget <= 0 and not force):
             return b""
         key = (topic, p.partition)
         reader = readers.get(key)
         if reader is None:
-            reader = readers[key] = core.store.reader(topic, p.partition, offset=p.offset)
-        elif reader.position != p.offset:
-            reader.seek(p.offset)
-        return _encode_entries(reader, budget, p, force=force)
+            reader = readers[key] = core.store.reader(topic, p.partition, offset=p.next)
+        elif reader.position != p.next:
+            reader.seek(p.next)
+        data = _encode_entries(reader, budget, p, force=force)
+        p.next = reader.position  # the first record not sent
+        return data
     except SpoolError as exc:
         p.error = error_code_of(exc)
-        return b""
+        return None
 
 
 def _encode_entries(reader: StoreReader, budget: int, p: _Part, *, force: bool) -> bytes:
