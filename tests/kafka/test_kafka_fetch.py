@@ -213,13 +213,24 @@ def test_a_long_poll_reads_each_record_once_however_often_it_wakes(
         core = KafkaCore(store=store, link=None, watcher=watcher)  # type: ignore[arg-type]
         ctx = RequestContext(data_dir=store.path, host="127.0.0.1", port=0)
         ctx.shared["core"] = core
-        fetch = asyncio.create_task(handle_fetch(ctx, 4, request(min_bytes=5_000)))
-        for step in range(1, 6):  # four wakes short of min_bytes, then the fifth is enough
+
+        def armed() -> set[Any]:
+            return {future for futures in watcher._waiters.values() for future in futures}
+
+        async def until(condition: Any) -> None:
             deadline = time.monotonic() + 30
-            while not watcher._waiters:  # the Fetch waits for the partition to grow
-                assert time.monotonic() < deadline and not fetch.done()
+            while not condition():
+                assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
+
+        fetch = asyncio.create_task(handle_fetch(ctx, 4, request(min_bytes=5_000)))
+        await until(armed)  # the Fetch waits for the partition to grow
+        for step in range(1, 6):  # four wakes short of min_bytes, then the fifth is enough
+            waiting = armed()
             store.append_batch("t", [Message(value={"n": n, "pad": "x" * 100}) for n in _ns(step)])
+            # Woken: it reads, then waits again (a new wait) or answers.
+            await until(lambda: fetch.done() or (armed() and not armed() & waiting))  # noqa: B023
+            assert fetch.done() == (step == 5), step
         return await asyncio.wait_for(fetch, 30)
 
     with Store(tmp_path / "data") as store:

@@ -256,8 +256,10 @@ class AsyncPublisher:
         with none of them published); they are queued a frame's worth at a time, waiting
         for room in the buffer as ``publish`` does. A message the broker refuses raises its
         error here once all are answered; the others may be stored
-        (``publish_many_nowait`` tells each one's fate). Cancelled, it is as a cancelled
-        ``publish`` for each message: those not written yet are never sent."""
+        (``publish_many_nowait`` tells each one's fate). Cancelled, or failing to find room
+        in time, it is as a cancelled ``publish`` for each message it queued: those not
+        written yet are never sent (unlike the threaded ``publish_many_async``, which
+        leaves them queued)."""
         group, bodies = self._encode_many(topic, values, options, acks)
         futures: list[asyncio.Future[Position]] = []
         try:

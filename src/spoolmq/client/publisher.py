@@ -272,7 +272,9 @@ class Publisher:
     ) -> list[Future[Position]]:
         """Queue every value of ``values`` (the same ``options`` for each), as
         ``publish_async`` would one by one, under one lock instead of one each: a future
-        per message, in order. Checked as ``publish_many``."""
+        per message, in order. Checked as ``publish_many``. If a frame finds no room in
+        time (or the Publisher closes), the error says how many values were queued before
+        it: those stay queued and may still be stored."""
         return list(self._enqueue_many(topic, values, options, acks, urgent=False))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -358,26 +360,28 @@ class Publisher:
         group = (level, topic, partition)
         producer_id = orjson.dumps(self.producer_id)
         futures: list[_PublishFuture] = []
-        # A frame's worth at a time, numbered as it is queued (so the sequences go out in
-        # order), waiting for room in the buffer between them.
+        # A frame's worth at a time: room for it first, then numbered and timed from the
+        # moment it is queued (so the sequences go out in order, and a wait for room does
+        # not eat into its delivery timeout).
         step = min(self.batch_size, self.max_buffered)
         for start in range(0, len(bodies), step):
-            deadline = time.monotonic() + self.delivery_timeout
-            chunk = [
-                _PublishFuture(sequence, body, deadline)
-                for sequence, body in numbered_bodies(
-                    bodies[start : start + step], self._sequences, producer_id
-                )
-            ]
+            frame = bodies[start : start + step]
             try:
                 with self._cond:
+                    if self._outstanding + len(frame) > self.max_buffered:
+                        self._wait_for_room(len(frame))
+                    deadline = time.monotonic() + self.delivery_timeout
+                    chunk = [
+                        _PublishFuture(sequence, body, deadline)
+                        for sequence, body in numbered_bodies(frame, self._sequences, producer_id)
+                    ]
                     self._add(group, chunk, urgent, alone=False)
             except SpoolError as exc:  # no room in time, or closed meanwhile
                 if not futures:
                     raise
                 raise type(exc)(
-                    f"{exc} (the first {len(futures)} values were queued before it and are "
-                    "published)"
+                    f"{exc} (the first {len(futures)} values were queued before it and may "
+                    "still be stored)"
                 ) from None
             futures += chunk
         return futures

@@ -50,7 +50,7 @@ class _Part:
         self.error = int(ErrorCode.NONE)
         self.high = -1
         self.start = -1
-        self.data = b""
+        self.data = bytearray()
 
 
 async def handle_fetch(ctx: RequestContext, version: int, r: Reader) -> bytes:
@@ -128,7 +128,7 @@ def _read_all(
             more = _read_partition(core, readers, topic, p, budget, force=total == 0)
             if more is None:  # an error answers the partition with no records
                 total -= len(p.data)
-                p.data = b""
+                p.data.clear()
                 continue
             p.data += more
             total += len(more)

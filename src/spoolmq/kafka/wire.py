@@ -308,7 +308,7 @@ class Writer:
     def nullable_string(self, v: str | None) -> Writer:
         return self.int16(-1) if v is None else self.string(v)
 
-    def bytes_(self, v: bytes) -> Writer:
+    def bytes_(self, v: bytes | bytearray | memoryview) -> Writer:
         return self.int32(len(v)).raw(v)
 
     def nullable_bytes(self, v: bytes | None) -> Writer:
