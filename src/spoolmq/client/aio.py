@@ -50,6 +50,7 @@ from spoolmq import protocol
 from spoolmq.client.aio_connection import FrameStream, connect
 from spoolmq.client.common import (
     ReconnectClock,
+    add_to_group,
     after_topic_deleted,
     answer_errors,
     answer_ranges,
@@ -59,6 +60,7 @@ from spoolmq.client.common import (
     delivery_entries,
     encode_many,
     expired_error,
+    frame_partition,
     handler_failure,
     numbered_bodies,
     refusal_error,
@@ -79,7 +81,6 @@ from spoolmq.errors import (
 )
 from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
-from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -368,10 +369,7 @@ class AsyncPublisher:
         body, key, partition = encode_publish_message(
             topic, value, options, sequence=sequence, producer_id=self.producer_id
         )
-        if partition is None and key is not None:
-            count = self._partitions.get(topic)
-            if count is not None:
-                partition = partition_for_key(key, count)
+        partition = frame_partition(topic, key, partition, self._partitions)
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.delivery_timeout
         self._add((level, topic, partition), [_Queued(sequence, body, deadline, future)], urgent)
@@ -407,10 +405,7 @@ class AsyncPublisher:
         ends it."""
         if not items:
             return  # an empty deque left in ``_groups`` would break ``_oldest``
-        queue = self._groups.get(group)
-        if queue is None:
-            queue = self._groups[group] = deque()
-        queue.extend(items)
+        queue = add_to_group(self._groups, group, items)
         self._queued += len(items)
         self._outstanding += len(items)
         if urgent or len(queue) >= self.batch_size:

@@ -36,6 +36,8 @@ class _OfTopic(Protocol):
 
 
 M = TypeVar("M", bound=_OfTopic)
+G = TypeVar("G")
+T = TypeVar("T")
 
 
 def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
@@ -76,11 +78,30 @@ def encode_many(
         except SerializationError as exc:
             raise SerializationError(f"values[{index}]: {exc}") from None
         bodies.append(body)
+    return frame_partition(topic, key, partition, partitions), bodies
+
+
+def frame_partition(
+    topic: str, key: Any, partition: int | None, partitions: Mapping[str, int]
+) -> int | None:
+    """The partition a message's frame goes to: the one asked for, else its key's when the
+    topic's partition count is known (from the broker's answers; the broker's murmur2), else
+    None: the broker's choice."""
     if partition is None and key is not None:
         count = partitions.get(topic)
         if count is not None:
-            partition = partition_for_key(key, count)
-    return partition, bodies
+            return partition_for_key(key, count)
+    return partition
+
+
+def add_to_group(groups: dict[G, deque[T]], group: G, items: Sequence[T]) -> deque[T]:
+    """Append ``items`` to the queue of frame group ``group`` (made if there is none), which
+    is returned: a publisher's queues of messages by (acks, topic, partition)."""
+    queue = groups.get(group)
+    if queue is None:
+        queue = groups[group] = deque()
+    queue.extend(items)
+    return queue
 
 
 def numbered_bodies(

@@ -27,10 +27,12 @@ import orjson
 
 from spoolmq import protocol
 from spoolmq.client.common import (
+    add_to_group,
     answer_errors,
     check_publisher_limits,
     encode_many,
     expired_error,
+    frame_partition,
     numbered_bodies,
 )
 from spoolmq.client.connection import Address, Readiness, connect, resolve
@@ -45,7 +47,6 @@ from spoolmq.errors import (
 )
 from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
-from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -332,10 +333,7 @@ class Publisher:
         body, key, partition = encode_publish_message(
             topic, value, options, sequence=sequence, producer_id=self.producer_id
         )
-        if partition is None and key is not None:
-            count = self._partitions.get(topic)
-            if count is not None:
-                partition = partition_for_key(key, count)
+        partition = frame_partition(topic, key, partition, self._partitions)
         future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout)
         with self._cond:
             idle = self._add((level, topic, partition), [future], urgent)
@@ -401,10 +399,7 @@ class Publisher:
         # a first message starts its linger clock, a full batch or a blocking publish
         # ends it. Waking it per message cost a syscall and a thread switch each.
         wake = not self._queued
-        queue = self._groups.get(group)
-        if queue is None:
-            queue = self._groups[group] = deque()
-        queue.extend(items)
+        queue = add_to_group(self._groups, group, items)
         self._queued += len(items)
         self._outstanding += len(items)
         idle = (
