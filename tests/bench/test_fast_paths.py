@@ -6,14 +6,23 @@ or checks that input the fast path must refuse still is refused.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import threading
+import uuid
 from concurrent.futures import FIRST_COMPLETED, as_completed, wait
+from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from json_strategies import JSON_VALUES
+from spoolmq.client.common import encode_many
 from spoolmq.client.publisher import _PublishFuture
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
+from spoolmq.protocol.publish import encode_publish_message, plain_body
 from spoolmq.store.message import Message, Position
 from spoolmq.store.names import check_topic
 from spoolmq.store.record import encode_message, message_fields
@@ -80,6 +89,83 @@ def test_publish_futures_work_with_concurrent_futures_wait_and_as_completed() ->
     assert done
     assert sorted(f.result().offset for f in as_completed(futures, timeout=30)) == [0, 1, 2]
     timer.join()
+
+
+def test_publish_future_resolved_before_anyone_waits_works_with_wait_and_as_completed() -> None:
+    """The waiter lists are made only when read: wait() and as_completed() on futures
+    resolved untouched (no Condition, no lists yet) still see them done."""
+    futures = [_PublishFuture() for _ in range(3)]
+    for offset, future in enumerate(futures):
+        future.resolve(Position("t", 0, offset, 1), None)
+    assert not any("_waiters" in future.__dict__ for future in futures)
+    done, not_done = wait(futures, timeout=0)
+    assert (len(done), not_done) == (3, set())
+    assert sorted(f.result().offset for f in as_completed(futures, timeout=0)) == [0, 1, 2]
+    assert all(future._waiters == [] for future in futures)  # made, used and emptied
+
+
+def test_publish_future_cancelled_untouched_runs_the_callbacks_added_after() -> None:
+    future = _PublishFuture()
+    assert future.cancel()
+    seen: list[bool] = []
+    future.add_done_callback(lambda f: seen.append(f.cancelled()))
+    assert seen == [True]
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+    y: float
+
+
+@given(value=JSON_VALUES, sequence=st.integers(0, 2**63 - 1), producer_id=st.text(min_size=1))
+def test_a_plain_value_encodes_like_the_record_dict_dumped(
+    value: Any, sequence: int, producer_id: str
+) -> None:
+    """A plain publish's record is the value's JSON written into a fixed frame: the same
+    bytes as orjson writing the whole record as a dict, numbered or not."""
+    record: dict[str, Any] = {"key": None, "value": value, "headers": []}
+    assert plain_body(value) == orjson.dumps(record)
+    assert encode_many("t", [value], {}, {}) == (None, [orjson.dumps(record)])
+    body, key, partition = encode_publish_message(
+        "t", value, {}, sequence=sequence, producer_id=producer_id
+    )
+    numbered = {**record, "sequence": sequence, "producer_id": producer_id}
+    assert (body, key, partition) == (orjson.dumps(numbered), None, None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime.datetime(2026, 11, 27, 13, 30, tzinfo=datetime.UTC),
+        uuid.UUID(int=7),
+        _Point(1, 2.5),
+        (1, "two", None),
+        {"nested": [{"deep": [1.5, None, True]}]},
+        2**64 - 1,
+    ],
+)
+def test_values_orjson_knows_beyond_plain_json_encode_alike(value: Any) -> None:
+    record = {"key": None, "value": value, "headers": []}
+    assert plain_body(value) == orjson.dumps(record)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({"a": [1, float("nan")], "b": None}, "NaN or infinity"),
+        ({1, 2}, "can't be sent as JSON"),
+        ({"when": object()}, "can't be sent as JSON"),
+        (2**64, "can't be sent as JSON"),
+    ],
+)
+def test_a_plain_value_that_cannot_be_sent_is_refused_naming_its_index(
+    value: Any, error: str
+) -> None:
+    with pytest.raises(SerializationError, match=error):
+        plain_body(value)
+    with pytest.raises(SerializationError, match=rf"^values\[2\]: .*{error}"):
+        encode_many("t", [1, b"\x00", value, 3], {}, {})
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from json_strategies import JSON_VALUES
 from spoolmq import Message, Store
 from spoolmq.kafka.core import fields_to_kafka
 from spoolmq.kafka.fetch import _encode_entries, _Part, stored_batch
@@ -34,18 +35,9 @@ def _offsets_and_values(data: bytes) -> list[tuple[int, Any]]:
     return out
 
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-    max_leaves=8,
-)
 STORED = st.builds(
     Message,
-    value=JSON | st.binary(max_size=200),
+    value=JSON_VALUES | st.binary(max_size=200),
     key=st.none() | st.text(max_size=20) | st.binary(max_size=20),
     headers=st.none()
     | st.lists(

@@ -13,18 +13,9 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from json_strategies import JSON_VALUES, TEXT
 from spoolmq.kafka.core import record_body
 
-TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)  # no lone surrogates
-JSON_VALUES = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | TEXT,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-    max_leaves=12,
-)
 VALUES = (
     st.none()
     | st.binary(max_size=200)

@@ -24,7 +24,7 @@ from spoolmq.errors import (
     TopicDeletedError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_message, numbered
+from spoolmq.protocol.publish import BINARY, encode_publish_message, numbered, plain_body
 from spoolmq.store.message import PublishOptions
 from spoolmq.store.partitioner import partition_for_key
 
@@ -72,12 +72,22 @@ def encode_many(
     bodies: list[bytes] = []
     partition: int | None = None
     key: Any = None
-    for index, value in enumerate(values):
-        try:
-            body, key, partition = encode_publish_message(topic, value, options, sequence=None)
-        except SerializationError as exc:
-            raise SerializationError(f"values[{index}]: {exc}") from None
-        bodies.append(body)
+    index = 0
+    try:
+        if options:
+            for index, value in enumerate(values):  # noqa: B007 - read in the except
+                body, key, partition = encode_publish_message(topic, value, options, sequence=None)
+                bodies.append(body)
+        else:
+            # No options: each value's record is its JSON in a fixed frame (plain_body);
+            # bytes go as base64 the usual way.
+            for index, value in enumerate(values):  # noqa: B007 - read in the except
+                if isinstance(value, BINARY):
+                    bodies.append(encode_publish_message(topic, value, options, sequence=None)[0])
+                else:
+                    bodies.append(plain_body(value))
+    except SerializationError as exc:
+        raise SerializationError(f"values[{index}]: {exc}") from None
     return frame_partition(topic, key, partition, partitions), bodies
 
 
@@ -109,11 +119,11 @@ def numbered_bodies(
 ) -> list[tuple[int, bytes]]:
     """``encode_many``'s bodies with the next sequences (and ``producer_id``, its JSON
     string): (sequence, body) each, taken as they are queued."""
-    out = []
-    for body in bodies:
-        sequence = next(sequences)
-        out.append((sequence, numbered(body, sequence, producer_id)))
-    return out
+    # ``bodies`` first: zip stops at their end without taking one more sequence.
+    return [
+        (sequence, numbered(body, sequence, producer_id))
+        for body, sequence in zip(bodies, sequences, strict=False)
+    ]
 
 
 def consumer_topics(topics: str | Sequence[str]) -> list[str]:

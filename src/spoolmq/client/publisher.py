@@ -58,6 +58,9 @@ _Group = tuple[str, str, int | None]
 
 # Guards the moment a _PublishFuture gets its Condition against the moment it is resolved.
 _CONDITION_LOCK = threading.Lock()
+# What Future.__init__ makes per instance and _PublishFuture makes only when read (every
+# Future method that touches one of them reads ``_condition`` first, or with it).
+_LAZY = frozenset(("_condition", "_waiters", "_done_callbacks"))
 
 
 class _PublishFuture(Future[Position]):
@@ -74,7 +77,7 @@ class _PublishFuture(Future[Position]):
     """
 
     def __init__(self, sequence: int = 0, body: bytes = b"", deadline: float = 0.0) -> None:
-        # Future.__init__ is skipped on purpose: no Condition yet.
+        # Future.__init__ is skipped on purpose: no Condition (nor waiter lists) yet.
         self._state = PENDING
         self._value: Position | None = None
         # Where a stored message is, until someone asks: (topic, partition, timestamp,
@@ -82,8 +85,7 @@ class _PublishFuture(Future[Position]):
         self._where: tuple[str, int, int, bool] | None = None
         self._offset = 0
         self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
+        # _condition, _waiters and _done_callbacks come together, when first read.
         # The message: its sequence, its record's bytes, when it times out (monotonic).
         self.sequence, self.body, self.deadline = sequence, body, deadline
 
@@ -99,13 +101,15 @@ class _PublishFuture(Future[Position]):
         self._value, self._where = value, None
 
     def __getattr__(self, name: str) -> Any:
-        if name != "_condition":
+        if name not in _LAZY:
             raise AttributeError(name)
         with _CONDITION_LOCK:
-            condition = self.__dict__.get("_condition")
-            if condition is None:
-                condition = self.__dict__["_condition"] = threading.Condition()
-        return condition
+            fields = self.__dict__
+            if "_condition" not in fields:
+                fields["_waiters"] = []
+                fields["_done_callbacks"] = []
+                fields["_condition"] = threading.Condition()
+        return fields[name]
 
     def resolve(self, result: Position | None, error: BaseException | None) -> None:
         with _CONDITION_LOCK:

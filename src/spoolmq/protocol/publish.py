@@ -76,6 +76,9 @@ _RANK = {name: rank for rank, name in enumerate(RECORD_FIELDS)}
 _COMMON = ("key", "value", "headers", "sequence", "producer_id")
 _COMMON_UNNUMBERED = ("key", "value", "headers")
 _KEYLESS = b'{"key":null,'
+# A value of one of these types is sent as bytes (``value_b64``).
+BINARY = (bytes, bytearray, memoryview)
+_NON_FINITE = "value contains NaN or infinity, which JSON can't represent"
 
 
 # -- the client's end ---------------------------------------------------------------------
@@ -93,19 +96,23 @@ def encode_publish_message(
     for (``options``' ``partition``), checked here so that bad input fails in the caller
     rather than in the broker. ``topic`` is checked here too; the frame carries it."""
     check_topic(topic)
+    if sequence is not None and not producer_id:
+        raise InvalidArgumentError("a numbered message needs a producer id")
+    if not options and not isinstance(value, BINARY):
+        # The common case, a plain value: its JSON put in a fixed record (plain_body).
+        body = plain_body(value)
+        if sequence is not None:
+            body = numbered(body, sequence, orjson.dumps(producer_id))
+        return body, None, None
     key: Any = None
     partition = None
     record: dict[str, Any]
     if options:
         check_options(options)
         record, key, partition = _encode_options(value, options)
-    elif isinstance(value, bytes | bytearray | memoryview):
-        record = {"key": None, "value_b64": to_base64(bytes(value)), "headers": []}
     else:
-        record = {"key": None, "value": value, "headers": []}
+        record = {"key": None, "value_b64": to_base64(bytes(value)), "headers": []}
     if sequence is not None:
-        if not producer_id:
-            raise InvalidArgumentError("a numbered message needs a producer id")
         record["sequence"] = sequence
         record["producer_id"] = producer_id
     try:
@@ -117,8 +124,27 @@ def encode_publish_message(
     # for each message was a third of a publisher's CPU).
     start = len(_KEYLESS) if body.startswith(_KEYLESS) else 0
     if body.find(b"null", start) >= 0 and has_non_finite(value):
-        raise SerializationError("value contains NaN or infinity, which JSON can't represent")
+        raise SerializationError(_NON_FINITE)
     return body, key, partition
+
+
+def plain_body(value: Any) -> bytes:
+    """The record of a value published with no options and not as bytes: the same bytes
+    as ``orjson.dumps({"key": None, "value": value, "headers": []})``, with the value
+    dumped alone and the rest written around it (half the cost of building and dumping
+    that dict, for every message a Publisher sends).
+
+    >>> plain_body({"id": 7})
+    b'{"key":null,"value":{"id":7},"headers":[]}'
+    """
+    try:
+        dumped = orjson.dumps(value)
+    except TypeError as exc:
+        raise SerializationError(f"value can't be sent as JSON: {exc}") from None
+    # orjson writes NaN and infinities as null: the value is walked only when one is there.
+    if b"null" in dumped and has_non_finite(value):
+        raise SerializationError(_NON_FINITE)
+    return b'{"key":null,"value":%s,"headers":[]}' % dumped
 
 
 def numbered(body: bytes, sequence: int, producer_id: bytes) -> bytes:
