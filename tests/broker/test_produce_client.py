@@ -346,3 +346,40 @@ def test_publish_many_checks_the_topic_and_options_even_with_no_values(publisher
         pub.publish_many_async("t", [], priority=12)
     assert pub.publish_many("t", []) == [] and pub.publish_many_async("t", iter(())) == []
     assert frames == []
+
+
+def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) -> None:
+    """A done callback runs in the I/O thread, which reads the answers: a blocking call
+    there would wait forever. It raises instead, and queueing from there still works: the
+    message goes out at once, not after its linger, since flush() is waiting for it."""
+    outcomes: dict[str, Any] = {}
+
+    def callback(_: Any) -> None:
+        outcomes["thread"] = threading.current_thread().name
+        for name, call in [
+            ("publish", lambda: pub.publish("t", "blocked")),
+            ("publish_many", lambda: pub.publish_many("t", ["blocked"])),
+            ("flush", pub.flush),
+            ("close", pub.close),
+        ]:
+            try:
+                outcomes[name] = call()
+            except InvalidArgumentError as exc:
+                outcomes[name] = exc
+        outcomes["queued"] = pub.publish_async("t", "from the callback")
+
+    # A long linger keeps the first message queued until flush(), so the callback is
+    # added before its answer and runs in the I/O thread when the answer comes.
+    with serving(tmp_path, linger_ms=60_000, producer_id="p") as (pub, frames):
+        first = pub.publish_async("t", "first")
+        first.add_done_callback(callback)
+        pub.flush()
+        assert outcomes["thread"] == "spoolmq-publisher"
+        for name in ("publish", "publish_many", "flush", "close"):
+            assert isinstance(outcomes[name], InvalidArgumentError), name
+            assert f"{name}()" in str(outcomes[name]) and "callback" in str(outcomes[name])
+        # Within 30 s: before the 60 s linger would have sent it.
+        assert outcomes["queued"].result(timeout=30) == Position("t", 0, 1, 1000)
+        assert pub.publish("t", "after") == Position("t", 0, 2, 1000)  # still usable
+    values = [record["value"] for frame in frames for record in frame["records"]]
+    assert values == ["first", "from the callback", "after"]

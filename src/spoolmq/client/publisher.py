@@ -201,6 +201,7 @@ class Publisher:
         # grouped by partition here (the broker's murmur2), so a frame has one partition.
         self._partitions: dict[str, int] = {}
         self._urgent = False
+        self._flushing = 0  # callers waiting in flush(): what is queued is urgent
         self._in_flight: dict[int, tuple[_Group, list[_PublishFuture]]] = {}
         # Taken around taking a frame from the queue and sending it, by the I/O thread or
         # by a caller that sends its own message while the I/O thread is idle: frames go
@@ -235,6 +236,7 @@ class Publisher:
         """Publish one message and wait for its ACK. ``options`` are the PublishOptions
         (``key``, ``headers``, ``tags``, ``partition``, ``delay``/``ttl`` in seconds,
         ``deliver_at`` in epoch ms, ``priority`` 0-9)."""
+        self._check_may_wait("publish")
         return self._enqueue(topic, value, options, acks, urgent=True).result()
 
     def publish_async(
@@ -263,6 +265,7 @@ class Publisher:
         index) with none of them published. A message the broker refuses raises its error
         here once all are answered; the others may be stored (``publish_many_async``
         tells each one's fate)."""
+        self._check_may_wait("publish_many")
         futures = self._enqueue_many(topic, values, options, acks, urgent=True)
         wait(futures)  # every answer first: a failed message does not cut the wait short
         return [future.result() for future in futures]
@@ -284,19 +287,29 @@ class Publisher:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued message is answered (or failed)."""
+        self._check_may_wait("flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._urgent = True
             self._wake()
-            while self._outstanding:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise PublishTimeoutError(f"{self._outstanding} message(s) still unanswered")
-                self._cond.wait(remaining if remaining is not None else 0.5)
+            # What is queued meanwhile (by another thread, or a done callback) goes out
+            # at once too, rather than after its linger: this waits for it.
+            self._flushing += 1
+            try:
+                while self._outstanding:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise PublishTimeoutError(
+                            f"{self._outstanding} message(s) still unanswered"
+                        )
+                    self._cond.wait(remaining if remaining is not None else 0.5)
+            finally:
+                self._flushing -= 1
 
     def close(self) -> None:
         if self._closed:
             return
+        self._check_may_wait("close")
         try:
             self.flush(self.delivery_timeout)
         finally:
@@ -316,6 +329,16 @@ class Publisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_may_wait(self, call: str) -> None:
+        """A call that waits for answers cannot be made from the I/O thread, which reads
+        them (a done callback runs there): it would wait forever. Raise instead."""
+        if threading.current_thread() is self._thread:
+            raise InvalidArgumentError(
+                f"{call}() waits for the broker's answers, which this thread reads: it is "
+                "the Publisher's I/O thread, running a done callback, and would wait "
+                "forever; in a callback use publish_async() or publish_many_async()"
+            )
 
     # -- queueing -----------------------------------------------------------------------
 
@@ -403,6 +426,7 @@ class Publisher:
         # a first message starts its linger clock, a full batch or a blocking publish
         # ends it. Waking it per message cost a syscall and a thread switch each.
         wake = not self._queued
+        urgent = urgent or self._flushing > 0
         queue = add_to_group(self._groups, group, items)
         self._queued += len(items)
         self._outstanding += len(items)
