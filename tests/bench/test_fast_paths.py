@@ -101,15 +101,22 @@ def test_publish_future_resolved_before_anyone_waits_works_with_wait_and_as_comp
     done, not_done = wait(futures, timeout=0)
     assert (len(done), not_done) == (3, set())
     assert sorted(f.result().offset for f in as_completed(futures, timeout=0)) == [0, 1, 2]
-    assert all(future._waiters == [] for future in futures)  # made, used and emptied
+    # wait() made each one's waiter list (with its Condition), used and emptied it.
+    assert all("_waiters" in future.__dict__ for future in futures)
+    assert all(future.__dict__["_waiters"] == [] for future in futures)
 
 
-def test_publish_future_cancelled_untouched_runs_the_callbacks_added_after() -> None:
+def test_publish_future_cannot_be_cancelled_and_resolves_as_answered() -> None:
+    """A queued message is sent whatever happens: cancel() says no, as for a running
+    future, and the future resolves with the answer and runs its callbacks."""
     future = _PublishFuture()
-    assert future.cancel()
-    seen: list[bool] = []
-    future.add_done_callback(lambda f: seen.append(f.cancelled()))
-    assert seen == [True]
+    seen: list[int] = []
+    future.add_done_callback(lambda f: seen.append(f.result().offset))
+    assert future.cancel() is False
+    assert not future.cancelled() and not future.done()
+    future.resolve(POSITION, None)
+    assert seen == [7]
+    assert future.cancel() is False and not future.cancelled()
 
 
 @dataclasses.dataclass
@@ -148,6 +155,28 @@ def test_a_plain_value_encodes_like_the_record_dict_dumped(
 def test_values_orjson_knows_beyond_plain_json_encode_alike(value: Any) -> None:
     record = {"key": None, "value": value, "headers": []}
     assert plain_body(value) == orjson.dumps(record)
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for level in range(levels):
+        value = [value] if level % 2 else {"a": value}
+    return value
+
+
+def test_a_value_as_deep_as_a_record_can_hold_is_checked_as_the_record() -> None:
+    """orjson dumps at most 254 levels: a value 254 deep passes alone and fails in its
+    record, which the broker writes; the client refuses it, as when it dumped the record,
+    and publish_many publishes none of the list."""
+    record = {"key": None, "value": _nested(253), "headers": []}
+    assert plain_body(_nested(253)) == orjson.dumps(record)
+    with pytest.raises(SerializationError, match="Recursion limit"):
+        plain_body(_nested(254))
+    with pytest.raises(SerializationError, match=r"^values\[1\]: .*Recursion limit"):
+        encode_many("t", ["ok", _nested(254), "ok"], {}, {})
+    # Brackets inside strings look deep and are not: the record dumped gives the same bytes.
+    text = "[{" * 400
+    assert plain_body(text) == orjson.dumps({"key": None, "value": text, "headers": []})
 
 
 @pytest.mark.parametrize(

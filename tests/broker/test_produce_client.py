@@ -181,9 +181,22 @@ def test_set_next_sequence_numbers_the_next_message(publisher: Any) -> None:
     pub.publish("t", "b")
     sent = [record["sequence"] for frame in frames for record in frame["records"]]
     assert sent[-2:] == [41, 42]
-    for bad in (-1, 1.5, True, "3"):
+    for bad in (-1, 1.5, True, "3", 2**63):  # past 2**63 - 1 readers could not hold it
         with pytest.raises(InvalidArgumentError):
             pub.set_next_sequence(bad)
+    pub.set_next_sequence(2**63 - 1)
+    pub.publish("t", "last")
+    assert frames[-1]["records"][-1]["sequence"] == 2**63 - 1
+
+
+@pytest.mark.parametrize("bad", ["", 7, b"p-1", "p-\ud800"])
+def test_a_producer_id_that_cannot_go_in_a_record_is_refused_at_once(
+    tmp_path: Path, bad: Any
+) -> None:
+    """Every numbered record carries the producer id as JSON text: one that is not a
+    non-empty str UTF-8 can hold is refused when the Publisher is made, not per message."""
+    with pytest.raises(InvalidArgumentError, match="producer_id"):
+        Publisher(address=str(tmp_path / "none.sock"), authkey=b"k" * 32, producer_id=bad)
 
 
 def _senders(pub: Any) -> list[str]:
@@ -373,13 +386,12 @@ def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) 
     with serving(tmp_path, linger_ms=60_000, producer_id="p") as (pub, frames):
         first = pub.publish_async("t", "first")
         first.add_done_callback(callback)
-        pub.flush()
+        pub.flush(timeout=30)  # well before the 60 s linger: flush() sends it at once
         assert outcomes["thread"] == "spoolmq-publisher"
         for name in ("publish", "publish_many", "flush", "close"):
             assert isinstance(outcomes[name], InvalidArgumentError), name
             assert f"{name}()" in str(outcomes[name]) and "callback" in str(outcomes[name])
-        # Within 30 s: before the 60 s linger would have sent it.
-        assert outcomes["queued"].result(timeout=30) == Position("t", 0, 1, 1000)
+        assert outcomes["queued"].result(timeout=0) == Position("t", 0, 1, 1000)
         assert pub.publish("t", "after") == Position("t", 0, 2, 1000)  # still usable
     values = [record["value"] for frame in frames for record in frame["records"]]
     assert values == ["first", "from the callback", "after"]

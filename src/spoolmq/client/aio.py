@@ -39,7 +39,6 @@ import itertools
 import logging
 import os
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
@@ -63,6 +62,7 @@ from spoolmq.client.common import (
     frame_partition,
     handler_failure,
     numbered_bodies,
+    producer_id_or_new,
     refusal_error,
     settle_frame,
     subscription_settings,
@@ -183,7 +183,7 @@ class AsyncPublisher:
         self.max_in_flight = max_in_flight
         self.max_buffered = max_buffered
         self.delivery_timeout = delivery_timeout
-        self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
+        self.producer_id = producer_id_or_new(producer_id)
         self.name = name
         self.client_id = ""
         self.reconnects = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -43,6 +44,38 @@ T = TypeVar("T")
 def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
     if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
         raise InvalidArgumentError("batch_size, max_in_flight and max_buffered must be at least 1")
+
+
+def producer_id_or_new(producer_id: str | None) -> str:
+    """A publisher's idempotence id: the one given (a non-empty str that UTF-8 can hold:
+    it goes into every numbered record), else a random one."""
+    if producer_id is None:
+        return f"p-{uuid.uuid4().hex}"
+    if not isinstance(producer_id, str) or not producer_id:
+        raise InvalidArgumentError(f"producer_id must be a non-empty str, not {producer_id!r}")
+    try:
+        producer_id.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"producer_id {producer_id!r} has characters UTF-8 cannot hold"
+        ) from None
+    return producer_id
+
+
+# The highest idempotence sequence: stored records are read as signed 64-bit numbers
+# (the Spark job among others).
+MAX_SEQUENCE = 2**63 - 1
+
+
+def check_next_sequence(sequence: int) -> int:
+    """A sequence a caller asks a publisher to number from (``set_next_sequence``)."""
+    if (
+        isinstance(sequence, bool)
+        or not isinstance(sequence, int)
+        or not 0 <= sequence <= MAX_SEQUENCE
+    ):
+        raise InvalidArgumentError(f"a sequence is an int from 0 to 2**63 - 1, not {sequence!r}")
+    return sequence
 
 
 def encode_many(

@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, wait
@@ -29,11 +28,13 @@ from spoolmq import protocol
 from spoolmq.client.common import (
     add_to_group,
     answer_errors,
+    check_next_sequence,
     check_publisher_limits,
     encode_many,
     expired_error,
     frame_partition,
     numbered_bodies,
+    producer_id_or_new,
 )
 from spoolmq.client.connection import Address, Readiness, connect, resolve
 from spoolmq.config import known_settings
@@ -110,6 +111,12 @@ class _PublishFuture(Future[Position]):
                 fields["_done_callbacks"] = []
                 fields["_condition"] = threading.Condition()
         return fields[name]
+
+    def cancel(self) -> bool:
+        """False, always: a message once queued is sent (it may be in a frame on the wire
+        already) and its future resolves with the broker's answer. A future cancelled
+        under the I/O thread as it resolved it would also stop that thread."""
+        return False
 
     def resolve(self, result: Position | None, error: BaseException | None) -> None:
         with _CONDITION_LOCK:
@@ -191,7 +198,7 @@ class Publisher:
         self.max_in_flight = max_in_flight
         self.max_buffered = max_buffered
         self.delivery_timeout = delivery_timeout
-        self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
+        self.producer_id = producer_id_or_new(producer_id)
         self.name = name
         self._sequences = itertools.count()
         # Queued messages by frame group, oldest group first; ``_queued`` counts them all.
@@ -451,9 +458,7 @@ class Publisher:
         under a fixed ``producer_id``, such as a periodic job whose tick number is the
         sequence: the broker then stores each number once, whichever process sends it and
         however often. Messages published after it continue from ``sequence + 1``."""
-        if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
-            raise InvalidArgumentError(f"a sequence is an int >= 0, not {sequence!r}")
-        self._sequences = itertools.count(sequence)
+        self._sequences = itertools.count(check_next_sequence(sequence))
 
     def _wait_for_room(self, count: int = 1) -> None:
         """Called with the condition held while the buffer has no room for ``count`` more
