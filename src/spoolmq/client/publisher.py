@@ -339,12 +339,13 @@ class Publisher:
 
     def _check_may_wait(self, call: str) -> None:
         """A call that waits for answers cannot be made from the I/O thread, which reads
-        them (a done callback runs there): it would wait forever. Raise instead."""
+        them (a done callback runs there): it would hold that thread until its timeout,
+        or for good. Raise instead."""
         if threading.current_thread() is self._thread:
             raise InvalidArgumentError(
                 f"{call}() waits for the broker's answers, which this thread reads: it is "
-                "the Publisher's I/O thread, running a done callback, and would wait "
-                "forever; in a callback use publish_async() or publish_many_async()"
+                "the Publisher's I/O thread, running a done callback, and would stop "
+                "reading them; in a callback use publish_async() or publish_many_async()"
             )
 
     # -- queueing -----------------------------------------------------------------------
