@@ -363,7 +363,8 @@ def test_publish_many_checks_the_topic_and_options_even_with_no_values(publisher
 
 def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) -> None:
     """A done callback runs in the I/O thread, which reads the answers: a blocking call
-    there would wait forever. It raises instead, and queueing from there still works: the
+    there would hold it (for good, or until a timeout). It raises instead, and queueing
+    from there still works: the
     message goes out at once, not after its linger, since flush() is waiting for it."""
     outcomes: dict[str, Any] = {}
 
