@@ -25,7 +25,7 @@ from spoolmq.errors import (
     TopicDeletedError,
     error_from_code,
 )
-from spoolmq.protocol.publish import BINARY, encode_publish_message, numbered, plain_body
+from spoolmq.protocol.publish import bare_body, encode_publish_message, numbered
 from spoolmq.store.message import PublishOptions
 from spoolmq.store.partitioner import partition_for_key
 
@@ -112,13 +112,9 @@ def encode_many(
                 body, key, partition = encode_publish_message(topic, value, options, sequence=None)
                 bodies.append(body)
         else:
-            # No options: each value's record is its JSON in a fixed frame (plain_body);
-            # bytes go as base64 the usual way.
+            # No options: each value's record alone (the topic was checked above).
             for index, value in enumerate(values):  # noqa: B007 - read in the except
-                if isinstance(value, BINARY):
-                    bodies.append(encode_publish_message(topic, value, options, sequence=None)[0])
-                else:
-                    bodies.append(plain_body(value))
+                bodies.append(bare_body(value))
     except SerializationError as exc:
         raise SerializationError(f"values[{index}]: {exc}") from None
     return frame_partition(topic, key, partition, partitions), bodies

@@ -77,7 +77,7 @@ _COMMON = ("key", "value", "headers", "sequence", "producer_id")
 _COMMON_UNNUMBERED = ("key", "value", "headers")
 _KEYLESS = b'{"key":null,'
 # A value of one of these types is sent as bytes (``value_b64``).
-BINARY = (bytes, bytearray, memoryview)
+_BINARY = (bytes, bytearray, memoryview)
 _NON_FINITE = "value contains NaN or infinity, which JSON can't represent"
 
 
@@ -98,20 +98,14 @@ def encode_publish_message(
     check_topic(topic)
     if sequence is not None and not producer_id:
         raise InvalidArgumentError("a numbered message needs a producer id")
-    if not options and not isinstance(value, BINARY):
-        # The common case, a plain value: its JSON put in a fixed record (plain_body).
-        body = plain_body(value)
+    if not options:
+        # The common case: a record of the value alone (bare_body), numbered last.
+        body = bare_body(value)
         if sequence is not None:
             body = numbered(body, sequence, orjson.dumps(producer_id))
         return body, None, None
-    key: Any = None
-    partition = None
-    record: dict[str, Any]
-    if options:
-        check_options(options)
-        record, key, partition = _encode_options(value, options)
-    else:
-        record = {"key": None, "value_b64": to_base64(bytes(value)), "headers": []}
+    check_options(options)
+    record, key, partition = _encode_options(value, options)
     if sequence is not None:
         record["sequence"] = sequence
         record["producer_id"] = producer_id
@@ -126,6 +120,14 @@ def encode_publish_message(
     if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError(_NON_FINITE)
     return body, key, partition
+
+
+def bare_body(value: Any) -> bytes:
+    """The record of a value published with no options, not numbered: ``plain_body``, or
+    for bytes their base64 (``value_b64``)."""
+    if isinstance(value, _BINARY):
+        return orjson.dumps({"key": None, "value_b64": to_base64(bytes(value)), "headers": []})
+    return plain_body(value)
 
 
 def plain_body(value: Any) -> bytes:
