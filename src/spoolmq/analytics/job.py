@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import datetime as dt
 import functools
 import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,20 @@ def _write_table(frame: DataFrame, out_dir: Path, name: str) -> None:
     """Write a table as Parquet without collecting it (the time series, which grow with
     the store's age, are only written)."""
     frame.coalesce(1).write.mode("overwrite").parquet(str(out_dir / "tables" / name))
+
+
+@contextlib.contextmanager
+def _pool(threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool for queries, shut down as the block ends. When the block fails (an
+    error, or Ctrl-C), the queries queued in it are dropped, not run first: what is
+    running stops with the session (``analyse`` stops it)."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -411,7 +426,7 @@ def run(
     # The rows are not persisted: they come from the cache's Parquet, which a query reads
     # (a few columns, vectorised) faster than Spark builds an in-memory copy of them
     # (measured on 1M records: a re-run took 95 s instead of 104 s).
-    with ThreadPoolExecutor(3, thread_name_prefix="spoolmq-parse") as pool:
+    with _pool(3, "spoolmq-parse") as pool:
         segments_parsed = pool.submit(parse_segments)
         events_parsed = pool.submit(_parse, spark, cache, "events", inputs.event_files)
         state_frames = pool.submit(extract.state_frames, spark, state)
@@ -430,314 +445,328 @@ def run(
     whole = not (segments_run.fragments or events_run.fragments)
     # The outcomes' counts, on a thread of their own: a chain of queries, each waiting for
     # the one before, beside the tables' pool.
-    outcome_pool = ThreadPoolExecutor(1, thread_name_prefix="spoolmq-outcomes")
-    counting = outcome_pool.submit(
-        _outcome_counts,
-        spark,
-        settled,
-        cache,
-        events_run,
-        events,
-        records,
-        visible,
-        {(g, t, p): c for g, t, p, c in state.group_offsets},
-        settle=whole,
-        keep=keep,
-    )
-    # The rows what is kept does not cover (all of them when nothing is).
-    if kept is not None and kept.holds():
-        new_records = kept.new_records(spark, records)
-        new_events_all = _new_events(spark, cache, kept, events_run)
-    else:
-        new_records, new_events_all, new_lines = records, events_all, lines_all
-    new_events = new_events_all.where("problem IS NULL")
-    cached: list[DataFrame] = []  # unpersisted once every table is written
-
-    def activity() -> DataFrame:
-        frame, spans = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
-        cached.append(spans)
-        return frame
-
-    def kept_or_all(
-        name: str,
-        partial: Callable[[DataFrame, DataFrame], DataFrame],
-        merge: Callable[[DataFrame], DataFrame],
-        *,
-        fresh: bool = False,
-    ) -> DataFrame:
-        """A table's merged partial aggregates (``partial`` of records and events): kept
-        ones plus the new rows' (kept.py; with ``fresh``, every row's and none kept), or
-        every row's when the job keeps nothing (a small store: one set of rows' partials
-        are merged already)."""
-        if kept is None:
-            return partial(records, events)
-        rows = (records, events) if fresh else (new_records, new_events)
-        return kept.keep(spark, name, partial(*rows), merge, advance=whole, fresh=fresh)
-
-    tell(f"computing the tables, {TABLE_THREADS} at a time")
-    tables: dict[str, list[dict[str, Any]]] = {}
-    task_tables = extract.read_tasks(data_dir)
-    small: dict[str, tuple[str, Callable[[], DataFrame]]] = {
-        "partitions": (
-            "partitions",
-            lambda: transform.partition_stats_from_counts(
-                kept_or_all(
-                    "partition_counts",
-                    lambda rows, _: transform.partition_counts(rows),
-                    transform.merge_partition_counts,
-                ),
-                topics,
-                state_partitions,
-            ),
-        ),
-        "lines": (
-            "lines",
-            lambda: transform.with_incomplete(
-                transform.line_counts(lines_all, events_all)
-                if kept is None
-                else kept.keep(
-                    spark,
-                    "line_counts",
-                    transform.line_counts(new_lines, new_events_all),
-                    transform.merge_line_counts,
-                    advance=whole,
-                ),
-                incomplete,
-            ),
-        ),
-        "processing": (
-            "processing_time",
-            lambda: transform.processing_from_counts(
-                kept_or_all(
-                    "processing_counts",
-                    lambda _, rows: transform.processing_counts(rows),
-                    transform.merge_processing_counts,
-                )
-            ),
-        ),
-        "failure_reasons": (
-            "failure_reasons",
-            lambda: kept_or_all(
-                "failure_reasons",
-                lambda _, rows: transform.failure_reasons(rows),
-                transform.merge_failure_reasons,
-            ),
-        ),
-        "consumers": (
-            "consumers",
-            lambda: transform.consumer_stats_from_counts(
-                kept_or_all(
-                    "consumer_counts",
-                    lambda _, rows: transform.consumer_counts(rows),
-                    transform.merge_consumer_counts,
-                )
-            ).join(activity(), ["group", "consumer"], "left"),
-        ),
-        "tasks": ("tasks", lambda: extract.local_frame(spark, task_tables.tasks, schemas.TASKS)),
-        "periodic": (
-            "periodic",
-            lambda: extract.local_frame(spark, task_tables.periodic, schemas.PERIODIC),
-        ),
-        "top_keys": (
-            "top_keys",
-            lambda: transform.top_keys_from_counts(
-                kept_or_all(
-                    "key_counts",
-                    lambda rows, _: transform.key_counts(rows),
-                    transform.merge_key_counts,
-                ),
-                TOP_KEYS,
-            ),
-        ),
-        "payload_sizes": (
-            "payload_sizes",
-            lambda: transform.payload_from_counts(
-                kept_or_all(
-                    "size_counts",
-                    lambda rows, _: transform.size_counts(rows),
-                    transform.merge_size_counts,
-                )
-            ),
-        ),
-    }
-    # The time series: per-minute table, what is kept of it, its keys, and its counts per
-    # bucket of some milliseconds from records and events.
-    series: dict[str, tuple[str, tuple[str, ...], Callable[[DataFrame, DataFrame, int], DataFrame]]]
-    series = {
-        "throughput_per_minute": (
-            "throughput",
-            ("topic",),
-            lambda r, e, ms: transform.throughput(r, e, ms),
-        ),
-        "throughput_by_group_per_minute": (
-            "throughput_by_group",
-            ("topic", "group"),
-            lambda _, e, ms: transform.worked_by(e, ms, "topic", "group"),
-        ),
-        "throughput_by_consumer_per_minute": (
-            "throughput_by_consumer",
-            ("group", "consumer"),
-            lambda _, e, ms: transform.worked_by(e, ms, "group", "consumer"),
-        ),
-    }
-    # Independent queries side by side: while one is planned on the driver (fixed costs
-    # that dominate a small store), another runs on the executors. The charts' queries are
-    # queued behind the tables, and the charts drawn here (the driver's Python) as their
-    # data comes, while the executors still compute the last tables.
-    with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="spoolmq-table") as pool:
-        span = pool.submit(
-            lambda: kept_or_all(
-                "event_span",
-                lambda _, rows: rows.agg(F.min("ts").alias("first"), F.max("ts").alias("last")),
-                lambda spans: spans.agg(F.min("first").alias("first"), F.max("last").alias("last")),
-            ).first()
+    with _pool(1, "spoolmq-outcomes") as outcome_pool:
+        counting = outcome_pool.submit(
+            _outcome_counts,
+            spark,
+            settled,
+            cache,
+            events_run,
+            events,
+            records,
+            visible,
+            {(g, t, p): c for g, t, p, c in state.group_offsets},
+            settle=whole,
+            keep=keep,
         )
-        saved = {
-            key: pool.submit(lambda name, build: _save(build(), out_dir, name), name, build)
-            for key, (name, build) in small.items()
-        }
-        written = {
-            "lag_over_time": pool.submit(
-                lambda: _write_table(
+        # The rows what is kept does not cover (all of them when nothing is).
+        if kept is not None and kept.holds():
+            new_records = kept.new_records(spark, records)
+            new_events_all = _new_events(spark, cache, kept, events_run)
+        else:
+            new_records, new_events_all, new_lines = records, events_all, lines_all
+        new_events = new_events_all.where("problem IS NULL")
+        cached: list[DataFrame] = []  # unpersisted once every table is written
+
+        def activity() -> DataFrame:
+            frame, spans = _consumer_activity(spark, kept, cache, events, new_events, advance=whole)
+            cached.append(spans)
+            return frame
+
+        def kept_or_all(
+            name: str,
+            partial: Callable[[DataFrame, DataFrame], DataFrame],
+            merge: Callable[[DataFrame], DataFrame],
+            *,
+            fresh: bool = False,
+        ) -> DataFrame:
+            """A table's merged partial aggregates (``partial`` of records and events): kept
+            ones plus the new rows' (kept.py; with ``fresh``, every row's and none kept), or
+            every row's when the job keeps nothing (a small store: one set of rows' partials
+            are merged already)."""
+            if kept is None:
+                return partial(records, events)
+            rows = (records, events) if fresh else (new_records, new_events)
+            return kept.keep(spark, name, partial(*rows), merge, advance=whole, fresh=fresh)
+
+        tell(f"computing the tables, {TABLE_THREADS} at a time")
+        tables: dict[str, list[dict[str, Any]]] = {}
+        task_tables = extract.read_tasks(data_dir)
+        small: dict[str, tuple[str, Callable[[], DataFrame]]] = {
+            "partitions": (
+                "partitions",
+                lambda: transform.partition_stats_from_counts(
                     kept_or_all(
+                        "partition_counts",
+                        lambda rows, _: transform.partition_counts(rows),
+                        transform.merge_partition_counts,
+                    ),
+                    topics,
+                    state_partitions,
+                ),
+            ),
+            "lines": (
+                "lines",
+                lambda: transform.with_incomplete(
+                    transform.line_counts(lines_all, events_all)
+                    if kept is None
+                    else kept.keep(
+                        spark,
+                        "line_counts",
+                        transform.line_counts(new_lines, new_events_all),
+                        transform.merge_line_counts,
+                        advance=whole,
+                    ),
+                    incomplete,
+                ),
+            ),
+            "processing": (
+                "processing_time",
+                lambda: transform.processing_from_counts(
+                    kept_or_all(
+                        "processing_counts",
+                        lambda _, rows: transform.processing_counts(rows),
+                        transform.merge_processing_counts,
+                    )
+                ),
+            ),
+            "failure_reasons": (
+                "failure_reasons",
+                lambda: kept_or_all(
+                    "failure_reasons",
+                    lambda _, rows: transform.failure_reasons(rows),
+                    transform.merge_failure_reasons,
+                ),
+            ),
+            "consumers": (
+                "consumers",
+                lambda: transform.consumer_stats_from_counts(
+                    kept_or_all(
+                        "consumer_counts",
+                        lambda _, rows: transform.consumer_counts(rows),
+                        transform.merge_consumer_counts,
+                    )
+                ).join(activity(), ["group", "consumer"], "left"),
+            ),
+            "tasks": (
+                "tasks",
+                lambda: extract.local_frame(spark, task_tables.tasks, schemas.TASKS),
+            ),
+            "periodic": (
+                "periodic",
+                lambda: extract.local_frame(spark, task_tables.periodic, schemas.PERIODIC),
+            ),
+            "top_keys": (
+                "top_keys",
+                lambda: transform.top_keys_from_counts(
+                    kept_or_all(
+                        "key_counts",
+                        lambda rows, _: transform.key_counts(rows),
+                        transform.merge_key_counts,
+                    ),
+                    TOP_KEYS,
+                ),
+            ),
+            "payload_sizes": (
+                "payload_sizes",
+                lambda: transform.payload_from_counts(
+                    kept_or_all(
+                        "size_counts",
+                        lambda rows, _: transform.size_counts(rows),
+                        transform.merge_size_counts,
+                    )
+                ),
+            ),
+        }
+        # The time series: per-minute table, what is kept of it, its keys, and its counts per
+        # bucket of some milliseconds from records and events.
+        series: dict[
+            str, tuple[str, tuple[str, ...], Callable[[DataFrame, DataFrame, int], DataFrame]]
+        ]
+        series = {
+            "throughput_per_minute": (
+                "throughput",
+                ("topic",),
+                lambda r, e, ms: transform.throughput(r, e, ms),
+            ),
+            "throughput_by_group_per_minute": (
+                "throughput_by_group",
+                ("topic", "group"),
+                lambda _, e, ms: transform.worked_by(e, ms, "topic", "group"),
+            ),
+            "throughput_by_consumer_per_minute": (
+                "throughput_by_consumer",
+                ("group", "consumer"),
+                lambda _, e, ms: transform.worked_by(e, ms, "group", "consumer"),
+            ),
+        }
+        # Independent queries side by side: while one is planned on the driver (fixed costs
+        # that dominate a small store), another runs on the executors. The charts' queries are
+        # queued behind the tables, and the charts drawn here (the driver's Python) as their
+        # data comes, while the executors still compute the last tables.
+        with _pool(TABLE_THREADS, "spoolmq-table") as pool:
+            span = pool.submit(
+                lambda: kept_or_all(
+                    "event_span",
+                    lambda _, rows: rows.agg(F.min("ts").alias("first"), F.max("ts").alias("last")),
+                    lambda spans: spans.agg(
+                        F.min("first").alias("first"), F.max("last").alias("last")
+                    ),
+                ).first()
+            )
+            saved = {
+                key: pool.submit(lambda name, build: _save(build(), out_dir, name), name, build)
+                for key, (name, build) in small.items()
+            }
+            written = {
+                "lag_over_time": pool.submit(
+                    lambda: _write_table(
+                        kept_or_all(
+                            "lag_over_time",
+                            lambda _, rows: transform.lag_over_time(rows),
+                            lambda rows: rows,
+                        ),
+                        out_dir,
                         "lag_over_time",
-                        lambda _, rows: transform.lag_over_time(rows),
-                        lambda rows: rows,
-                    ),
-                    out_dir,
-                    "lag_over_time",
+                    )
                 )
-            )
-        }
-        # The kept time series: counted in the resolution the last run asked for (the span
-        # only grows, so this one's can only be as coarse or coarser), before the bucket is
-        # known, beside the other tables.
-        counted: dict[str, Future[DataFrame]] = {}
+            }
+            # The kept time series: counted in the resolution the last run asked for (the span
+            # only grows, so this one's can only be as coarse or coarser), before the bucket is
+            # known, beside the other tables.
+            counted: dict[str, Future[DataFrame]] = {}
 
-        def count_series(resolution: int, *, fresh: bool = False) -> None:
-            for name, (kept_name, keys, partial) in series.items():
-                counted[name] = pool.submit(
-                    lambda kept_name, keys, partial: kept_or_all(
+            def count_series(resolution: int, *, fresh: bool = False) -> None:
+                for name, (kept_name, keys, partial) in series.items():
+                    counted[name] = pool.submit(
+                        lambda kept_name, keys, partial: kept_or_all(
+                            kept_name,
+                            lambda rows, events: partial(rows, events, resolution),
+                            lambda table: transform.rebucket(table, resolution, keys),
+                            fresh=fresh,
+                        ),
                         kept_name,
-                        lambda rows, events: partial(rows, events, resolution),
-                        lambda table: transform.rebucket(table, resolution, keys),
-                        fresh=fresh,
-                    ),
-                    kept_name,
-                    keys,
-                    partial,
-                )
-                written[name] = pool.submit(
-                    lambda name, keys: _write_table(
-                        transform.rebucket(counted[name].result(), MINUTE_MS, keys), out_dir, name
-                    ),
+                        keys,
+                        partial,
+                    )
+                    written[name] = pool.submit(
+                        lambda name, keys: _write_table(
+                            transform.rebucket(counted[name].result(), MINUTE_MS, keys),
+                            out_dir,
+                            name,
+                        ),
+                        name,
+                        keys,
+                    )
+
+            early = kept.resolution if kept is not None and kept.holds() else None
+            if early is not None:
+                count_series(early)
+            if kept is None:  # every row, per minute: needs no bucket (written early)
+                for name, (_, _, partial) in series.items():
+                    written[name] = pool.submit(
+                        lambda name, partial: _write_table(
+                            partial(records, events, MINUTE_MS), out_dir, name
+                        ),
+                        name,
+                        partial,
+                    )
+            from_counts = {
+                "latency": ("latency", transform.latency_from_counts),
+                "attempts": ("delivery_attempts", transform.attempts_from_counts),
+                "outcomes": ("outcomes", transform.rates_from_counts),
+            }
+            for key, (name, query) in from_counts.items():
+                saved[key] = pool.submit(
+                    lambda name, query: _save(query(counting.result()[0]), out_dir, name),
                     name,
-                    keys,
+                    query,
                 )
-
-        early = kept.resolution if kept is not None and kept.holds() else None
-        if early is not None:
-            count_series(early)
-        if kept is None:  # every row, per minute: needs no bucket (written early)
-            for name, (_, _, partial) in series.items():
-                written[name] = pool.submit(
-                    lambda name, partial: _write_table(
-                        partial(records, events, MINUTE_MS), out_dir, name
-                    ),
-                    name,
-                    partial,
+            report.pyplot()  # the driver's Python is idle until the first tables come
+            partitions = saved["partitions"].result()  # lag_now reads its log end offsets
+            saved["lag_now"] = pool.submit(
+                lambda: _save(
+                    transform.lag_now(group_offsets, _table(spark, out_dir, "partitions")),
+                    out_dir,
+                    "lag_now",
                 )
-        from_counts = {
-            "latency": ("latency", transform.latency_from_counts),
-            "attempts": ("delivery_attempts", transform.attempts_from_counts),
-            "outcomes": ("outcomes", transform.rates_from_counts),
-        }
-        for key, (name, query) in from_counts.items():
-            saved[key] = pool.submit(
-                lambda name, query: _save(query(counting.result()[0]), out_dir, name), name, query
             )
-        report.pyplot()  # the driver's Python is idle until the first tables come
-        partitions = saved["partitions"].result()  # lag_now reads its log end offsets
-        saved["lag_now"] = pool.submit(
-            lambda: _save(
-                transform.lag_now(group_offsets, _table(spark, out_dir, "partitions")),
-                out_dir,
-                "lag_now",
+
+            # One bucket size for the whole time span (records and events), so that no chart
+            # has more than a few hundred points however long the store's history is.
+            stamps = [
+                stamp
+                for row in partitions
+                for stamp in (row["first_timestamp"], row["last_timestamp"])
+                if stamp is not None
+            ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
+            bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
+            lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
+            # Kept time series are counted per second, or per minute once the charts' buckets
+            # are whole minutes; the per-minute tables and the charts sum those.
+            resolution = MINUTE_MS if bucket % MINUTE_MS == 0 else SECOND_MS
+            if kept is not None and early is None:
+                # Kept per minute, wanted per second (cannot be: the span only grows): count again.
+                count_series(resolution, fresh=(kept.resolution or 0) > resolution)
+            # What the charts' buckets are summed from: the counts above, or (kept per minute,
+            # wanted per second, as above, keeping the coarser counts) the rows' own. A dict of
+            # its own: the per-minute writes queued above wait for ``counted``'s futures.
+            charted = dict(counted)
+            if early is not None and early > resolution:
+                for name, (_, _, partial) in series.items():
+                    charted[name] = pool.submit(partial, records, events, resolution)
+
+            def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
+                """The rows of ``query`` over a table this run writes, once it is written (the
+                pool starts tasks in order: the write is under way or done)."""
+
+                def rows() -> Rows:
+                    written[name].result()
+                    return _rows(query(_table(spark, out_dir, name)))
+
+                return pool.submit(rows)
+
+            def per_bucket(name: str) -> Future[Rows]:
+                _, keys, partial = series[name]
+                if kept is not None:
+                    return pool.submit(
+                        lambda: _rows(transform.rebucket(charted[name].result(), bucket, keys))
+                    )
+                if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
+                    return from_table(name, lambda table: transform.rebucket(table, bucket, keys))
+                return pool.submit(lambda: _rows(partial(records, events, bucket)))
+
+            throughput = per_bucket("throughput_per_minute")
+            by_group = per_bucket("throughput_by_group_per_minute")
+            by_consumer = per_bucket("throughput_by_consumer_per_minute")
+            lag = from_table(
+                "lag_over_time", lambda table: transform.lag_by_bucket(table, lag_bucket)
             )
-        )
 
-        # One bucket size for the whole time span (records and events), so that no chart
-        # has more than a few hundred points however long the store's history is.
-        stamps = [
-            stamp
-            for row in partitions
-            for stamp in (row["first_timestamp"], row["last_timestamp"])
-            if stamp is not None
-        ] + [stamp for stamp in (span.result() or {}) if stamp is not None]
-        bucket = chart_bucket_ms(max(stamps) - min(stamps) if stamps else 0)
-        lag_bucket = max(bucket, 5_000)  # the broker snapshots lag every 5 s
-        # Kept time series are counted per second, or per minute once the charts' buckets
-        # are whole minutes; the per-minute tables and the charts sum those.
-        resolution = MINUTE_MS if bucket % MINUTE_MS == 0 else SECOND_MS
-        if kept is not None and early is None:
-            # Kept per minute, wanted per second (cannot be: the span only grows): count again.
-            count_series(resolution, fresh=(kept.resolution or 0) > resolution)
-        # What the charts' buckets are summed from: the counts above, or (kept per minute,
-        # wanted per second, as above, keeping the coarser counts) the rows' own. A dict of
-        # its own: the per-minute writes queued above wait for ``counted``'s futures.
-        charted = dict(counted)
-        if early is not None and early > resolution:
-            for name, (_, _, partial) in series.items():
-                charted[name] = pool.submit(partial, records, events, resolution)
-
-        def from_table(name: str, query: Callable[[DataFrame], DataFrame]) -> Future[Rows]:
-            """The rows of ``query`` over a table this run writes, once it is written (the
-            pool starts tasks in order: the write is under way or done)."""
-
-            def rows() -> Rows:
-                written[name].result()
-                return _rows(query(_table(spark, out_dir, name)))
-
-            return pool.submit(rows)
-
-        def per_bucket(name: str) -> Future[Rows]:
-            _, keys, partial = series[name]
-            if kept is not None:
-                return pool.submit(
-                    lambda: _rows(transform.rebucket(charted[name].result(), bucket, keys))
-                )
-            if bucket % MINUTE_MS == 0:  # whole minutes: from the per-minute table
-                return from_table(name, lambda table: transform.rebucket(table, bucket, keys))
-            return pool.submit(lambda: _rows(partial(records, events, bucket)))
-
-        throughput = per_bucket("throughput_per_minute")
-        by_group = per_bucket("throughput_by_group_per_minute")
-        by_consumer = per_bucket("throughput_by_consumer_per_minute")
-        lag = from_table("lag_over_time", lambda table: transform.lag_by_bucket(table, lag_bucket))
-
-        tell("charts")  # in the order their data comes: the lag's query is queued last
-        chart_dir = out_dir / "charts"
-        charts = {
-            "attempts": report.attempts_chart(
-                saved["attempts"].result(), chart_dir / "attempts.png"
-            ),
-            "latency": report.latency_chart(saved["latency"].result(), chart_dir / "latency.png"),
-            "throughput": report.throughput_chart(
-                throughput.result(), by_group.result(), bucket, chart_dir / "throughput.png"
-            ),
-            "consumers": report.consumers_chart(
-                by_consumer.result(), bucket, chart_dir / "consumers.png"
-            ),
-        }
-        lag_buckets = lag.result()
-        charts["lag"] = report.lag_chart(lag_buckets, lag_bucket, chart_dir / "lag.png")
-        tables.update({key: future.result() for key, future in saved.items()})
-        for future in written.values():
-            future.result()
-    counting.result()[1].unpersist()
-    for frame in cached:
-        frame.unpersist()
-    outcome_pool.shutdown()
+            tell("charts")  # in the order their data comes: the lag's query is queued last
+            chart_dir = out_dir / "charts"
+            charts = {
+                "attempts": report.attempts_chart(
+                    saved["attempts"].result(), chart_dir / "attempts.png"
+                ),
+                "latency": report.latency_chart(
+                    saved["latency"].result(), chart_dir / "latency.png"
+                ),
+                "throughput": report.throughput_chart(
+                    throughput.result(), by_group.result(), bucket, chart_dir / "throughput.png"
+                ),
+                "consumers": report.consumers_chart(
+                    by_consumer.result(), bucket, chart_dir / "consumers.png"
+                ),
+            }
+            lag_buckets = lag.result()
+            charts["lag"] = report.lag_chart(lag_buckets, lag_bucket, chart_dir / "lag.png")
+            tables.update({key: future.result() for key, future in saved.items()})
+            for future in written.values():
+                future.result()
+        counting.result()[1].unpersist()
+        for frame in cached:
+            frame.unpersist()
     if keep:
         settled.save()
     if kept is not None:
@@ -894,6 +923,11 @@ def analyse(
         )
         try:
             result = run(spark, data_dir, out, step, full=full, keep=not small)
+        except BaseException:
+            # The queries still running fail as the session stops (an error, or Ctrl-C):
+            # Spark's log of each cancelled job would say nothing the exception does not.
+            spark.sparkContext.setLogLevel("OFF")
+            raise
         finally:
             gateway = spark.sparkContext._gateway
             spark.stop()
