@@ -19,6 +19,7 @@ import argparse
 import os
 import platform
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -213,10 +214,40 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return total
 
 
+def _thread_cpu(pid: int, seen: dict[int, tuple[str, float]]) -> None:
+    """Record the CPU seconds so far of each thread of process ``pid`` in ``seen`` (by
+    thread id: a thread that ends keeps its last figure), named as the kernel shows it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        seen[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+
+
+def thread_kinds(seen: dict[int, tuple[str, float]]) -> list[tuple[str, float]]:
+    """CPU seconds by kind of thread (numbers in names dropped: "C2 CompilerThre0" and
+    "C1 CompilerThre1" are one kind, "CN CompilerThre"), the largest first."""
+    kinds: dict[str, float] = {}
+    for name, seconds in seen.values():
+        kind = re.sub(r"\d+", "N", name)
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+    return sorted(kinds.items(), key=lambda item: -item[1])
+
+
 def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[str, Any]:
     """Run the job as a new process: its wall time, CPU time, the driver's peak RSS, and
     wall and CPU time per step (the job names each step on stderr as it starts it; a
-    step's figures run to the next step's line). ``full``: ``--full`` (no parse cache)."""
+    step's figures run to the next step's line), and the JVM's CPU by kind of thread
+    (task threads, the JIT's compiler threads, the GC's, the driver's). ``full``:
+    ``--full`` (no parse cache)."""
     command = [
         sys.executable,
         "-m",
@@ -249,6 +280,7 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
     peak_total = peak_python = peak_jvm = peak_anonymous = 0
     cpu_seconds: dict[int, float] = {}  # last seen per process: CPU is a figure less
     # disturbed than wall time by other work on a shared machine
+    threads: dict[int, tuple[str, float]] = {}  # the JVM's, last seen per thread
     while process.poll() is None:
         try:
             children = process.children(recursive=True)
@@ -264,6 +296,8 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
             for each in (process, *children):
                 times = each.cpu_times()
                 cpu_seconds[each.pid] = times.user + times.system
+            for jvm in process.children(recursive=False):
+                _thread_cpu(jvm.pid, threads)
         except psutil.Error:
             python_rss = jvm_rss = 0
         peak_python = max(peak_python, python_rss)
@@ -290,6 +324,7 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
         "rss_python_mib": peak_python / 2**20,
         "rss_jvm_mib": peak_jvm / 2**20,
         "steps": steps,
+        "jvm_threads": thread_kinds(threads),
     }
 
 
@@ -318,7 +353,11 @@ def grow(
             raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
         figures["run"] = summary["run"]
         rows.append((label, before["inputs"]["event_lines"] + written["events"], size, figures))
-        print(label, {k: v for k, v in figures.items() if k != "steps"}, flush=True)
+        print(
+            label,
+            {k: v for k, v in figures.items() if k not in ("steps", "jvm_threads")},
+            flush=True,
+        )
     re_run, cold = (orjson.loads((root / name / "summary.json").read_bytes())
                     for name in ("analytics_out", "analytics_cold"))  # fmt: skip
     if _figures_of(re_run) != _figures_of(cold):
@@ -372,7 +411,9 @@ def main() -> None:
             if summary["topics"][TOPIC]["messages"] != count:
                 raise SystemExit(f"the job counted {summary['topics'][TOPIC]['messages']}")
             rows.append((f"{count:,}", written["events"], size, figures))
-            print({k: v for k, v in figures.items() if k != "steps"}, flush=True)
+            print(
+                {k: v for k, v in figures.items() if k not in ("steps", "jvm_threads")}, flush=True
+            )
             if args.grow > 0:
                 rows += grow(root, count, args, summary)
         finally:
@@ -402,6 +443,11 @@ def main() -> None:
         print("| step | wall | CPU |\n|---|---|---|")
         for name, wall, cpu in f["steps"]:
             print(f"| {name} | {wall:.1f} s | {cpu:.1f} s |")
+        print(f"\nthe JVM's CPU by thread, {count} messages (sampled every 0.1 s):\n")
+        print("| threads | CPU |\n|---|---|")
+        for kind, seconds in f["jvm_threads"]:
+            if seconds >= 0.5:
+                print(f"| {kind} | {seconds:.1f} s |")
 
 
 if __name__ == "__main__":
