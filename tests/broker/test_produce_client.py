@@ -363,13 +363,15 @@ def test_publish_many_checks_the_topic_and_options_even_with_no_values(publisher
 
 def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) -> None:
     """A done callback runs in the I/O thread, which reads the answers: a blocking call
-    there would hold it (for good, or until a timeout). It raises instead, and queueing
-    from there still works: the
-    message goes out at once, not after its linger, since flush() is waiting for it."""
+    there would hold it (for good, or until a timeout), and so would waiting for a future
+    not answered yet. They raise instead; the callback's own future (done) gives its
+    result, and queueing from there still works: the message goes out at once, not after
+    its linger, since flush() is waiting for it."""
     outcomes: dict[str, Any] = {}
 
-    def callback(_: Any) -> None:
+    def callback(done: Any) -> None:
         outcomes["thread"] = threading.current_thread().name
+        outcomes["own"] = done.result(timeout=0)
         for name, call in [
             ("publish", lambda: pub.publish("t", "blocked")),
             ("publish_many", lambda: pub.publish_many("t", ["blocked"])),
@@ -380,7 +382,13 @@ def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) 
                 outcomes[name] = call()
             except InvalidArgumentError as exc:
                 outcomes[name] = exc
-        outcomes["queued"] = pub.publish_async("t", "from the callback")
+        outcomes["queued"] = queued = pub.publish_async("t", "from the callback")
+        # Before, each waited out its timeout (the answer could not be read meanwhile).
+        for name, wait in [("result", queued.result), ("exception", queued.exception)]:
+            try:
+                outcomes[name] = wait(timeout=20)
+            except (InvalidArgumentError, TimeoutError) as exc:
+                outcomes[name] = exc
 
     # A long linger keeps the first message queued until flush(), so the callback is
     # added before its answer and runs in the I/O thread when the answer comes.
@@ -389,7 +397,8 @@ def test_a_done_callback_that_would_wait_for_answers_is_refused(tmp_path: Path) 
         first.add_done_callback(callback)
         pub.flush(timeout=30)  # well before the 60 s linger: flush() sends it at once
         assert outcomes["thread"] == "spoolmq-publisher"
-        for name in ("publish", "publish_many", "flush", "close"):
+        assert outcomes["own"] == Position("t", 0, 0, 1000)
+        for name in ("publish", "publish_many", "flush", "close", "result", "exception"):
             assert isinstance(outcomes[name], InvalidArgumentError), name
             assert f"{name}()" in str(outcomes[name]) and "callback" in str(outcomes[name])
         assert outcomes["queued"].result(timeout=0) == Position("t", 0, 1, 1000)

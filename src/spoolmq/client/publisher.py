@@ -62,6 +62,20 @@ _CONDITION_LOCK = threading.Lock()
 # What Future.__init__ makes per instance and _PublishFuture makes only when read (every
 # Future method that touches one of them reads ``_condition`` first, or with it).
 _LAZY = frozenset(("_condition", "_waiters", "_done_callbacks"))
+# ``reads`` is True in a Publisher's I/O thread, which reads the answers and runs the done
+# callbacks: a wait there for a future not answered yet would never end (or only at its
+# timeout), since the thread that would answer it is the one waiting.
+_IO_THREAD = threading.local()
+
+
+def _check_not_waiting_in_io_thread(call: str) -> None:
+    if getattr(_IO_THREAD, "reads", False):
+        raise InvalidArgumentError(
+            f"{call} of a message not answered yet waits for the broker's answer, which "
+            "this thread reads: it is a Publisher's I/O thread, running a done callback, "
+            "and would wait for good; in a callback, add a done callback to that future "
+            "instead"
+        )
 
 
 class _PublishFuture(Future[Position]):
@@ -111,6 +125,16 @@ class _PublishFuture(Future[Position]):
                 fields["_done_callbacks"] = []
                 fields["_condition"] = threading.Condition()
         return fields[name]
+
+    def result(self, timeout: float | None = None) -> Position:
+        if self._state == PENDING:
+            _check_not_waiting_in_io_thread("result()")
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == PENDING:
+            _check_not_waiting_in_io_thread("exception()")
+        return super().exception(timeout)
 
     def cancel(self) -> bool:
         """False, always: a message once queued is sent (it may be in a frame on the wire
@@ -510,6 +534,7 @@ class Publisher:
     # -- the I/O thread -----------------------------------------------------------------------
 
     def _io_loop(self) -> None:
+        _IO_THREAD.reads = True
         while True:
             with self._cond:
                 if self._closed and not self._outstanding:
