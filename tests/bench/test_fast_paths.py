@@ -44,6 +44,23 @@ def test_publish_future_resolved_with_an_error_raises_it() -> None:
     future.resolve(None, ValueError("refused"))
     with pytest.raises(ValueError, match="refused"):
         future.result(timeout=0)
+    assert isinstance(future.exception(timeout=0), ValueError)
+
+
+def test_an_answered_publish_future_is_read_without_a_condition() -> None:
+    """result() and exception() of an answered future read it as Future's own would, but
+    make no Condition (publish_many reads a frame's futures so: 9 -> 3 µs a message)."""
+    stored, refused, watched = _PublishFuture(), _PublishFuture(), _PublishFuture()
+    watched.add_done_callback(lambda _: None)  # this one made its Condition
+    stored.resolve(POSITION, None)
+    refused.resolve(None, ValueError("refused"))
+    watched.resolve(POSITION, None)
+    assert stored.exception() is None and watched.exception() is None
+    assert isinstance(refused.exception(), ValueError)
+    assert stored.result() == POSITION and watched.result() == POSITION
+    with pytest.raises(ValueError, match="refused"):
+        refused.result()
+    assert "_condition" not in stored.__dict__ and "_condition" not in refused.__dict__
 
 
 def test_publish_future_wakes_a_thread_already_waiting() -> None:

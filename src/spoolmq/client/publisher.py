@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
 from multiprocessing.connection import Connection
 from typing import Any, Unpack
@@ -127,11 +127,18 @@ class _PublishFuture(Future[Position]):
         return fields[name]
 
     def result(self, timeout: float | None = None) -> Position:
-        if self._state == PENDING:
+        state = self._state
+        if state == FINISHED:  # answered, for good: no Condition to make or take
+            if self._exception is not None:
+                raise self._exception
+            return self._result  # type: ignore[return-value]
+        if state == PENDING:
             _check_not_waiting_in_io_thread("result()")
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
         if self._state == PENDING:
             _check_not_waiting_in_io_thread("exception()")
         return super().exception(timeout)
@@ -298,7 +305,12 @@ class Publisher:
         tells each one's fate)."""
         self._check_may_wait("publish_many")
         futures = self._enqueue_many(topic, values, options, acks, urgent=True)
-        wait(futures)  # every answer first: a failed message does not cut the wait short
+        # Every answer first (a failed message does not cut the wait short), one future at
+        # a time: once one is answered its frame's are too, and an answered future is read
+        # without a Condition, where concurrent.futures.wait() made one per future and
+        # hung a waiter on each (publish_many cost 9 µs a message, against 2.5 µs async).
+        for future in futures:
+            future.exception()
         return [future.result() for future in futures]
 
     def publish_many_async(
