@@ -281,64 +281,49 @@ def parse_events(lines: DataFrame) -> DataFrame:
     )
     checked = arrays.select("*", problem.alias("problem"))
 
-    # Expanded in two steps that Spark compiles (a generator of an array, twice): a row
-    # per run, then a row per offset of the run. (One array of every message built with
-    # nested lambdas, which Spark interprets element by element, took a third longer.)
-    # A line that is not a whole frame is one run of one message: its own fields.
-    expand = framed & F.col("problem").isNull()
-    in_frame = F.transform(
-        runs,
-        lambda run, index: F.struct(
-            run["topic"].alias("topic"),
-            run["partition"].alias("partition"),
-            run["first"].alias("first"),
-            run["count"].alias("count"),
-            run["attempt"].alias("attempt"),
-            # Where the run's messages start in the frame (and in processing_ms).
-            F.aggregate(
-                F.slice(runs, 1, index), F.lit(0).cast("long"), lambda sum_, r: sum_ + r["count"]
-            ).alias("before"),
-        ),
-    )
-    alone = F.array(
-        F.struct(
-            "topic",
-            "partition",
-            F.col("offset").alias("first"),
-            F.lit(1).cast("long").alias("count"),
-            "attempt",
-            F.lit(0).cast("long").alias("before"),
+    # The frame's messages in the order of its runs, which is the order of processing_ms.
+    offsets = F.flatten(
+        F.transform(
+            runs,
+            lambda run: F.transform(
+                F.sequence(F.lit(0).cast("long"), run["count"] - 1),
+                lambda step: F.struct(
+                    run["topic"].alias("topic"),
+                    run["partition"].alias("partition"),
+                    (run["first"] + step).alias("offset"),
+                    run["attempt"].alias("attempt"),
+                ),
+            ),
         )
-    )
-    by_run = checked.select(
-        "*", F.posexplode(F.when(expand, in_frame).otherwise(alone)).alias("_run_index", "_run")
-    )
-    run = F.col("_run")
-    by_message = by_run.select(
-        "*",
-        F.posexplode(F.sequence(F.lit(0).cast("long"), run["count"] - 1)).alias("_step", "_at"),
     )
     auto_ack = F.when(
         (F.col("type") == EventType.ACKED) & (F.col("reason") == "auto_ack"), F.lit(0.0)
     )
-    # The frame's processing_ms in the order of its runs' messages (0 for an auto-ACK).
-    in_times = F.try_element_at(times, (run["before"] + F.col("_at") + 1).cast("int"))
-    per_message = {
-        "topic": run["topic"],
-        "partition": run["partition"],
-        "offset": run["first"] + F.col("_at"),
-        "attempt": run["attempt"],
-        "processing_ms": F.when(expand, F.coalesce(in_times, auto_ack)).otherwise(
-            F.col("processing_ms")
+    in_frame = F.transform(
+        offsets,
+        lambda message, index: F.struct(
+            message["topic"].alias("topic"),
+            message["partition"].alias("partition"),
+            message["offset"].alias("offset"),
+            message["attempt"].alias("attempt"),
+            F.coalesce(F.try_element_at(times, index + 1), auto_ack).alias("processing_ms"),
         ),
-    }
-    return by_message.select(
+    )
+    alone = F.array(
+        F.struct(
+            *(F.col(name) for name in ("topic", "partition", "offset", "attempt", "processing_ms"))
+        )
+    )
+    # Only a whole frame is expanded (a count is bounded before it sizes an array).
+    messages = F.when(framed & F.col("problem").isNull(), in_frame).otherwise(alone)
+    exploded = checked.select("*", F.posexplode(messages).alias("_index", "_message"))
+    return exploded.select(
         *(
-            per_message[f.name].alias(f.name) if f.name in _PER_MESSAGE else F.col(f.name)
+            F.col(f"_message.{f.name}").alias(f.name) if f.name in _PER_MESSAGE else F.col(f.name)
             for f in schemas.EVENT_LINE.fields
         ),
         "problem",
-        ((F.col("_run_index") == 0) & (F.col("_step") == 0)).alias("first_in_line"),
+        (F.col("_index") == 0).alias("first_in_line"),
         *passed,
     )
 
