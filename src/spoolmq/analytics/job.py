@@ -92,15 +92,22 @@ def _write_table(frame: DataFrame, out_dir: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def _pool(threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
+def _pool(spark: SparkSession, threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
     """A thread pool for queries, shut down as the block ends. When the block fails (an
-    error, or Ctrl-C), the queries queued in it are dropped, not run first: what is
-    running stops with the session (``analyse`` stops it)."""
+    error, or Ctrl-C), the queries queued in it are dropped, not run first, the session's
+    Spark jobs are cancelled, and the failure goes on once the running queries have ended
+    (a query between two jobs as they were cancelled runs its next one to the end).
+    Spark's log is turned off then: the failure says what happened."""
     pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     try:
         yield pool
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):  # a JVM that is gone has no jobs left
+            # Spark's log of each cancelled job would say nothing the failure does not.
+            spark.sparkContext.setLogLevel("OFF")
+            spark.sparkContext.cancelAllJobs()
+        pool.shutdown(wait=True)
         raise
     pool.shutdown()
 
@@ -426,7 +433,7 @@ def run(
     # The rows are not persisted: they come from the cache's Parquet, which a query reads
     # (a few columns, vectorised) faster than Spark builds an in-memory copy of them
     # (measured on 1M records: a re-run took 95 s instead of 104 s).
-    with _pool(3, "spoolmq-parse") as pool:
+    with _pool(spark, 3, "spoolmq-parse") as pool:
         segments_parsed = pool.submit(parse_segments)
         events_parsed = pool.submit(_parse, spark, cache, "events", inputs.event_files)
         state_frames = pool.submit(extract.state_frames, spark, state)
@@ -445,7 +452,7 @@ def run(
     whole = not (segments_run.fragments or events_run.fragments)
     # The outcomes' counts, on a thread of their own: a chain of queries, each waiting for
     # the one before, beside the tables' pool.
-    with _pool(1, "spoolmq-outcomes") as outcome_pool:
+    with _pool(spark, 1, "spoolmq-outcomes") as outcome_pool:
         counting = outcome_pool.submit(
             _outcome_counts,
             spark,
@@ -604,7 +611,7 @@ def run(
         # that dominate a small store), another runs on the executors. The charts' queries are
         # queued behind the tables, and the charts drawn here (the driver's Python) as their
         # data comes, while the executors still compute the last tables.
-        with _pool(TABLE_THREADS, "spoolmq-table") as pool:
+        with _pool(spark, TABLE_THREADS, "spoolmq-table") as pool:
             span = pool.submit(
                 lambda: kept_or_all(
                     "event_span",
@@ -923,11 +930,6 @@ def analyse(
         )
         try:
             result = run(spark, data_dir, out, step, full=full, keep=not small)
-        except BaseException:
-            # The queries still running fail as the session stops (an error, or Ctrl-C):
-            # Spark's log of each cancelled job would say nothing the exception does not.
-            spark.sparkContext.setLogLevel("OFF")
-            raise
         finally:
             gateway = spark.sparkContext._gateway
             spark.stop()
