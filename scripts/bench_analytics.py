@@ -214,9 +214,10 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return total
 
 
-def _thread_cpu(pid: int, seen: dict[int, tuple[str, float]]) -> None:
+def _thread_cpu(pid: int, seen: dict[tuple[int, int], tuple[str, float]]) -> None:
     """Record the CPU seconds so far of each thread of process ``pid`` in ``seen`` (by
-    thread id: a thread that ends keeps its last figure), named as the kernel shows it."""
+    thread id and start time, as ids are reused: a thread that ends keeps its last figure),
+    named as the kernel shows it."""
     tick = os.sysconf("SC_CLK_TCK")
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -225,21 +226,27 @@ def _thread_cpu(pid: int, seen: dict[int, tuple[str, float]]) -> None:
     for tid in tids:
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            seen[int(tid), int(fields[19])] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, ValueError, IndexError):  # gone, or read as it ended
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        seen[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
 
 
-def thread_kinds(seen: dict[int, tuple[str, float]]) -> list[tuple[str, float]]:
+def thread_kinds(
+    seen: dict[tuple[int, int], tuple[str, float]], jvm_cpu: float
+) -> list[tuple[str, float]]:
     """CPU seconds by kind of thread (numbers in names dropped: "C2 CompilerThre0" and
-    "C1 CompilerThre1" are one kind, "CN CompilerThre"), the largest first."""
+    "C1 CompilerThre1" are one kind, "CN CompilerThre"), the largest first, and what the
+    samples missed of the JVM's ``jvm_cpu``: threads that lived less than a sample apart,
+    and the last part of those that ended between two (the JIT starts and stops compiler
+    threads as it goes)."""
     kinds: dict[str, float] = {}
     for name, seconds in seen.values():
         kind = re.sub(r"\d+", "N", name)
         kinds[kind] = kinds.get(kind, 0.0) + seconds
-    return sorted(kinds.items(), key=lambda item: -item[1])
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])
+    return [*ranked, ("(not seen by a sample)", max(0.0, jvm_cpu - sum(kinds.values())))]
 
 
 def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[str, Any]:
@@ -280,7 +287,8 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
     peak_total = peak_python = peak_jvm = peak_anonymous = 0
     cpu_seconds: dict[int, float] = {}  # last seen per process: CPU is a figure less
     # disturbed than wall time by other work on a shared machine
-    threads: dict[int, tuple[str, float]] = {}  # the JVM's, last seen per thread
+    threads: dict[tuple[int, int], tuple[str, float]] = {}  # the JVM's, last seen per thread
+    jvm_pids: set[int] = set()
     while process.poll() is None:
         try:
             children = process.children(recursive=True)
@@ -297,6 +305,7 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
                 times = each.cpu_times()
                 cpu_seconds[each.pid] = times.user + times.system
             for jvm in process.children(recursive=False):
+                jvm_pids.add(jvm.pid)
                 _thread_cpu(jvm.pid, threads)
         except psutil.Error:
             python_rss = jvm_rss = 0
@@ -324,7 +333,7 @@ def run_job(data: Path, out: Path, master: str, *, full: bool = False) -> dict[s
         "rss_python_mib": peak_python / 2**20,
         "rss_jvm_mib": peak_jvm / 2**20,
         "steps": steps,
-        "jvm_threads": thread_kinds(threads),
+        "jvm_threads": thread_kinds(threads, sum(cpu_seconds.get(pid, 0.0) for pid in jvm_pids)),
     }
 
 
