@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import threading
 import uuid
+import weakref
 from concurrent.futures import FIRST_COMPLETED, as_completed, wait
 from typing import Any
 
@@ -45,6 +47,26 @@ def test_publish_future_resolved_with_an_error_raises_it() -> None:
     with pytest.raises(ValueError, match="refused"):
         future.result(timeout=0)
     assert isinstance(future.exception(timeout=0), ValueError)
+
+
+def test_a_publish_future_that_raised_is_freed_at_once() -> None:
+    """result() raising a future's error leaves no cycle (the traceback's frame holding
+    the future, which holds the error): the future and its message's bytes go when the
+    last reference does, not at the next collection, as with Future's own result()."""
+    gc.disable()
+    try:
+        for watched in (False, True):
+            future = _PublishFuture(body=b"x" * 1000)
+            if watched:
+                future.add_done_callback(lambda _: None)
+            future.resolve(None, ValueError("refused"))
+            with pytest.raises(ValueError, match="refused"):
+                future.result()
+            gone = weakref.ref(future)
+            del future
+            assert gone() is None, watched
+    finally:
+        gc.enable()
 
 
 def test_an_answered_publish_future_is_read_without_a_condition() -> None:

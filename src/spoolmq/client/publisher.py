@@ -62,20 +62,10 @@ _CONDITION_LOCK = threading.Lock()
 # What Future.__init__ makes per instance and _PublishFuture makes only when read (every
 # Future method that touches one of them reads ``_condition`` first, or with it).
 _LAZY = frozenset(("_condition", "_waiters", "_done_callbacks"))
-# ``reads`` is True in a Publisher's I/O thread, which reads the answers and runs the done
-# callbacks: a wait there for a future not answered yet would never end (or only at its
-# timeout), since the thread that would answer it is the one waiting.
+# ``publisher`` is set in a Publisher's I/O thread, which reads that Publisher's answers
+# and runs the done callbacks: a wait there for one of its futures not answered yet would
+# never end (or only at its timeout), since the thread that would answer it is waiting.
 _IO_THREAD = threading.local()
-
-
-def _check_not_waiting_in_io_thread(call: str) -> None:
-    if getattr(_IO_THREAD, "reads", False):
-        raise InvalidArgumentError(
-            f"{call} of a message not answered yet waits for the broker's answer, which "
-            "this thread reads: it is a Publisher's I/O thread, running a done callback, "
-            "and would wait for good; in a callback, add a done callback to that future "
-            "instead"
-        )
 
 
 class _PublishFuture(Future[Position]):
@@ -91,7 +81,9 @@ class _PublishFuture(Future[Position]):
     are in (``_where``), from which ``_result`` builds the Position when it is asked for.
     """
 
-    def __init__(self, sequence: int = 0, body: bytes = b"", deadline: float = 0.0) -> None:
+    def __init__(
+        self, sequence: int = 0, body: bytes = b"", deadline: float = 0.0, owner: Any = None
+    ) -> None:
         # Future.__init__ is skipped on purpose: no Condition (nor waiter lists) yet.
         self._state = PENDING
         self._value: Position | None = None
@@ -103,6 +95,7 @@ class _PublishFuture(Future[Position]):
         # _condition, _waiters and _done_callbacks come together, when first read.
         # The message: its sequence, its record's bytes, when it times out (monotonic).
         self.sequence, self.body, self.deadline = sequence, body, deadline
+        self.owner = owner  # the Publisher whose I/O thread answers it
 
     @property
     def _result(self) -> Position | None:  # what Future.result() returns
@@ -127,21 +120,41 @@ class _PublishFuture(Future[Position]):
         return fields[name]
 
     def result(self, timeout: float | None = None) -> Position:
-        state = self._state
-        if state == FINISHED:  # answered, for good: no Condition to make or take
-            if self._exception is not None:
-                raise self._exception
-            return self._result  # type: ignore[return-value]
-        if state == PENDING:
-            _check_not_waiting_in_io_thread("result()")
-        return super().result(timeout)
+        try:
+            if self._state == FINISHED:  # answered, for good: no Condition to make or take
+                if self._exception is not None:
+                    raise self._exception
+                return self._result  # type: ignore[return-value]
+            self._check_may_wait("result()", timeout)
+            return super().result(timeout)
+        finally:
+            # As Future.result: the traceback of a raised error holds this frame, and so
+            # this future, which holds the error (a cycle, and the message's bytes kept
+            # until the next collection).
+            self = None  # type: ignore[assignment]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._state == FINISHED:
             return self._exception
-        if self._state == PENDING:
-            _check_not_waiting_in_io_thread("exception()")
+        self._check_may_wait("exception()", timeout)
         return super().exception(timeout)
+
+    def _check_may_wait(self, call: str, timeout: float | None) -> None:
+        """Refuse to wait for this future in its Publisher's I/O thread (a done callback
+        runs there), which is the thread that would answer it. A look with no wait
+        (``timeout=0``) is fine: it raises TimeoutError at once, as Future's does."""
+        if (
+            (timeout is None or timeout > 0)
+            and self.owner is not None
+            and getattr(_IO_THREAD, "publisher", None) is self.owner
+            and not self.done()
+        ):
+            raise InvalidArgumentError(
+                f"{call} of a message not answered yet waits for the broker's answer, which "
+                "this thread reads: it is the Publisher's I/O thread, running a done "
+                "callback, and would wait for good; in a callback, add a done callback to "
+                "that future instead"
+            )
 
     def cancel(self) -> bool:
         """False, always: a message once queued is sent (it may be in a frame on the wire
@@ -405,7 +418,7 @@ class Publisher:
             topic, value, options, sequence=sequence, producer_id=self.producer_id
         )
         partition = frame_partition(topic, key, partition, self._partitions)
-        future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout)
+        future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout, self)
         with self._cond:
             idle = self._add((level, topic, partition), [future], urgent)
         if idle and not self._send_from_caller():
@@ -441,7 +454,7 @@ class Publisher:
                         self._wait_for_room(len(frame))
                     deadline = time.monotonic() + self.delivery_timeout
                     chunk = [
-                        _PublishFuture(sequence, body, deadline)
+                        _PublishFuture(sequence, body, deadline, self)
                         for sequence, body in numbered_bodies(frame, self._sequences, producer_id)
                     ]
                     self._add(group, chunk, urgent, alone=False)
@@ -546,7 +559,7 @@ class Publisher:
     # -- the I/O thread -----------------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        _IO_THREAD.reads = True
+        _IO_THREAD.publisher = self
         while True:
             with self._cond:
                 if self._closed and not self._outstanding:
