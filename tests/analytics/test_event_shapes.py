@@ -103,6 +103,9 @@ def test_a_frame_line_is_one_row_per_offset_of_its_runs(spark: SparkSession) -> 
         # a count no frame has, which would otherwise be expanded into a huge array
         {"runs": [["t", 0, 0, transform.MAX_MESSAGES_PER_LINE + 1, 1]]},
         {"runs": [["t", 0, 0, transform.MAX_MESSAGES_PER_LINE, 1]] * 2},
+        # offsets past the largest a log can hold (2**63 - 1), which no sum may overflow
+        {"runs": [["t", 0, 2**63 - 2, 5, 1]]},
+        {"runs": [["t", 0, 0, 2**62, 1]] * 2},
         # cut mid-write
         '{"ts":1,"type":"acked","group":"g","consumer":"c","runs":[["t",0,5,2,1]],"proc',
     ],

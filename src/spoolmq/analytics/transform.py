@@ -219,6 +219,9 @@ def _whole_run(run: Column) -> Column:
         & (run["partition"] >= 0)
         & (run["first"] >= 0)
         & run["count"].between(1, MAX_MESSAGES_PER_LINE)
+        # Offsets past a long's range (damage): expanding them would overflow, and with
+        # ANSI arithmetic fail the whole job.
+        & F.try_add(run["first"], run["count"]).isNotNull()
         & run["attempt"].isNotNull(),
         F.lit(False),
     )
@@ -243,8 +246,9 @@ def parse_events(lines: DataFrame) -> DataFrame:
     ``problem`` is ``unparsable`` when a line is not an event (a torn last line, damage):
     no ``ts``, ``type`` or ``group``; per message, no ``topic`` or ``partition``; per frame,
     an ``offset`` too, a run that is not five fields with a count from 1 to
-    MAX_MESSAGES_PER_LINE (in all), or a ``processing_ms`` array of another length. Such a
-    line is one row. Columns of ``lines`` other than ``line`` are passed through.
+    MAX_MESSAGES_PER_LINE (in all) and offsets a long holds, or a ``processing_ms`` array
+    of another length. Such a line is one row. Columns of ``lines`` other than ``line``
+    are passed through.
     """
     passed = [c for c in lines.columns if c != "line"]
     parsed = _parse_json_lines(lines, passed, schemas.EVENT_LINE, text=("runs", "processing_ms"))
