@@ -97,7 +97,8 @@ def _pool(spark: SparkSession, threads: int, name: str) -> Iterator[ThreadPoolEx
     error, or Ctrl-C), the queries queued in it are dropped, not run first, the session's
     Spark jobs are cancelled, and the failure goes on once the running queries have ended
     (a query between two jobs as they were cancelled runs its next one to the end).
-    Spark's log is turned off then: the failure says what happened."""
+    Spark's log is turned off then, and left off (the CLI stops the session next): the
+    failure says what happened."""
     pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     try:
         yield pool
