@@ -62,10 +62,6 @@ _CONDITION_LOCK = threading.Lock()
 # What Future.__init__ makes per instance and _PublishFuture makes only when read (every
 # Future method that touches one of them reads ``_condition`` first, or with it).
 _LAZY = frozenset(("_condition", "_waiters", "_done_callbacks"))
-# ``publisher`` is set in a Publisher's I/O thread, which reads that Publisher's answers
-# and runs the done callbacks: a wait there for one of its futures not answered yet would
-# never end (or only at its timeout), since the thread that would answer it is waiting.
-_IO_THREAD = threading.local()
 
 
 class _PublishFuture(Future[Position]):
@@ -82,7 +78,11 @@ class _PublishFuture(Future[Position]):
     """
 
     def __init__(
-        self, sequence: int = 0, body: bytes = b"", deadline: float = 0.0, owner: Any = None
+        self,
+        sequence: int = 0,
+        body: bytes = b"",
+        deadline: float = 0.0,
+        reader: threading.Thread | None = None,
     ) -> None:
         # Future.__init__ is skipped on purpose: no Condition (nor waiter lists) yet.
         self._state = PENDING
@@ -95,7 +95,8 @@ class _PublishFuture(Future[Position]):
         # _condition, _waiters and _done_callbacks come together, when first read.
         # The message: its sequence, its record's bytes, when it times out (monotonic).
         self.sequence, self.body, self.deadline = sequence, body, deadline
-        self.owner = owner  # the Publisher whose I/O thread answers it
+        # The Publisher's I/O thread, which reads the answer and runs the done callbacks.
+        self.reader = reader
 
     @property
     def _result(self) -> Position | None:  # what Future.result() returns
@@ -141,12 +142,12 @@ class _PublishFuture(Future[Position]):
 
     def _check_may_wait(self, call: str, timeout: float | None) -> None:
         """Refuse to wait for this future in its Publisher's I/O thread (a done callback
-        runs there), which is the thread that would answer it. A look with no wait
-        (``timeout=0``) is fine: it raises TimeoutError at once, as Future's does."""
+        runs there), which is the thread that would answer it: the wait would never end, or
+        only at its timeout. A look with no wait (``timeout=0``) is fine: it raises
+        TimeoutError at once, as Future's does."""
         if (
             (timeout is None or timeout > 0)
-            and self.owner is not None
-            and getattr(_IO_THREAD, "publisher", None) is self.owner
+            and self.reader is threading.current_thread()
             and not self.done()
         ):
             raise InvalidArgumentError(
@@ -418,7 +419,9 @@ class Publisher:
             topic, value, options, sequence=sequence, producer_id=self.producer_id
         )
         partition = frame_partition(topic, key, partition, self._partitions)
-        future = _PublishFuture(sequence, body, time.monotonic() + self.delivery_timeout, self)
+        future = _PublishFuture(
+            sequence, body, time.monotonic() + self.delivery_timeout, self._thread
+        )
         with self._cond:
             idle = self._add((level, topic, partition), [future], urgent)
         if idle and not self._send_from_caller():
@@ -454,7 +457,7 @@ class Publisher:
                         self._wait_for_room(len(frame))
                     deadline = time.monotonic() + self.delivery_timeout
                     chunk = [
-                        _PublishFuture(sequence, body, deadline, self)
+                        _PublishFuture(sequence, body, deadline, self._thread)
                         for sequence, body in numbered_bodies(frame, self._sequences, producer_id)
                     ]
                     self._add(group, chunk, urgent, alone=False)
@@ -559,7 +562,6 @@ class Publisher:
     # -- the I/O thread -----------------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        _IO_THREAD.publisher = self
         while True:
             with self._cond:
                 if self._closed and not self._outstanding:
