@@ -14,7 +14,8 @@ def serve_one_publisher(
     listener: Listener, answer: Callable[[dict[str, Any]], dict[str, Any] | None]
 ) -> None:
     """Welcome one publisher and send ``answer(frame)`` for each publish frame (nothing
-    when it returns None), until the publisher goes."""
+    when it returns None), until the publisher goes, whether it goes between frames or
+    before an answer is sent."""
     with listener.accept() as conn:
         assert protocol.receive(conn)["op"] == "hello"
         protocol.send(conn, {"op": "welcome", "client_id": "fake"})
@@ -26,5 +27,9 @@ def serve_one_publisher(
             if frame.get("op") != "publish":
                 continue
             reply = answer(frame)
-            if reply is not None:
+            if reply is None:
+                continue
+            try:
                 protocol.send(conn, reply)
+            except OSError:  # BrokenPipeError: the publisher left before the answer
+                return
