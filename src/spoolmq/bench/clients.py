@@ -6,6 +6,7 @@ process, and its paced publisher (run in the bench's own process)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,16 @@ CLIENTS: dict[str, Client] = {
             kafka.kafka_consumer,
             kafka.kafka_latency_consumer,
             kafka.kafka_latency_publisher,
+            broker_args=("--kafka", "127.0.0.1:0"),
+            needs="confluent_kafka",
+        ),
+        Client(
+            "kafka-defaults",
+            "confluent-kafka, idempotence off (librdkafka's default)",
+            functools.partial(kafka.kafka_producer, idempotent=False),
+            kafka.kafka_consumer,
+            kafka.kafka_latency_consumer,
+            functools.partial(kafka.kafka_latency_publisher, idempotent=False),
             broker_args=("--kafka", "127.0.0.1:0"),
             needs="confluent_kafka",
         ),

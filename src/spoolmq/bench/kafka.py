@@ -4,13 +4,20 @@ with confluent-kafka (librdkafka) against the broker's Kafka listener, which the
 starts with ``--kafka 127.0.0.1:0`` when this client is chosen. Module level: spawned
 processes import them.
 
-What "the same work" means for a Kafka client: the producer uses ``acks=all`` with
-idempotence (so each answer waits for the fsync, as spoolmq's ``acks=all``), a linger of
-5 ms and librdkafka's own batch limits (``batch.num.messages`` 10,000, ``batch.size`` 1 MB),
-which is what a user gets; the consumer is in a consumer group and commits its
-offsets asynchronously after each batch it takes (up to 500 records), which is how Kafka
-consumers settle work. That is coarser than spoolmq's consumers, which ACK each message;
-the difference is part of what the comparison shows.
+What "the same work" means for a Kafka client: the producer uses ``acks=all`` (so each
+answer waits for the fsync, as spoolmq's ``acks=all``) with idempotence (a retried batch
+is stored once, as a spoolmq Publisher's retries are), a linger of 5 ms and librdkafka's
+own batch limits (``batch.num.messages`` 10,000, ``batch.size`` 1 MB), which is what a
+user gets; the consumer is in a consumer group and commits its offsets asynchronously
+after each batch it takes (up to 500 records), which is how Kafka consumers settle work.
+That is coarser than spoolmq's consumers, which ACK each message; the difference is part
+of what the comparison shows.
+
+``--client kafka-defaults`` runs the same work with the producer's idempotence at
+librdkafka's default, off: ``acks=all`` still, but a batch retried after a lost answer may
+be stored twice. An idempotent librdkafka producer keeps one request in flight and polls
+without sleeping while it waits (BENCHMARKS.md, "Kafka clients"); this variant shows what
+the broker's Kafka front does without that, beside it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ def kafka_address(data: str | Path) -> str:
     return f"{listen[0]}:{listen[1]}"
 
 
-def _producer(data: str | Path, linger_ms: int) -> Any:
+def _producer(data: str | Path, linger_ms: int, *, idempotent: bool) -> Any:
     """A confluent-kafka producer as the bench uses it. Its batch limits are librdkafka's
     defaults: an idempotent librdkafka producer has one Produce request at a time in flight
     per partition (its limit of five in flight is compared with the messages in flight, not
@@ -48,7 +55,7 @@ def _producer(data: str | Path, linger_ms: int) -> Any:
         {
             "bootstrap.servers": kafka_address(data),
             "acks": "all",
-            "enable.idempotence": True,
+            "enable.idempotence": idempotent,
             "linger.ms": linger_ms,
             "queue.buffering.max.messages": 100_000,
         }
@@ -86,12 +93,20 @@ def _warm_up(producer: Any, message_id: int, filler: str, on_delivery: Any) -> N
 
 
 def kafka_producer(
-    data: str, first: int, count: int, size: int, acks: str, barrier: Any, cpu: Any
+    data: str,
+    first: int,
+    count: int,
+    size: int,
+    acks: str,
+    barrier: Any,
+    cpu: Any,
+    *,
+    idempotent: bool = True,
 ) -> None:
     filler = payload(size)
     errors: list[Any] = []
     on_delivery = _checked(errors)
-    producer = _producer(data, linger_ms=5)
+    producer = _producer(data, linger_ms=5, idempotent=idempotent)
     _warm_up(producer, -1 - first, filler, on_delivery)
     barrier.wait()
     started = time.process_time()  # librdkafka's threads are this process's too
@@ -175,7 +190,14 @@ def kafka_latency_consumer(data: str, out: str, ready: Any, stop: Any, cpu: Any)
 
 
 def kafka_latency_publisher(
-    data: Path, acks: str, total: int, rate: int, size: int, progress: Progress
+    data: Path,
+    acks: str,
+    total: int,
+    rate: int,
+    size: int,
+    progress: Progress,
+    *,
+    idempotent: bool = True,
 ) -> tuple[float, float]:
     """Publish ``total`` messages at ``rate`` msg/s; returns the seconds until all were
     answered and this process's CPU seconds meanwhile."""
@@ -183,7 +205,7 @@ def kafka_latency_publisher(
     filler = payload(size - 20)
     errors: list[Any] = []
     on_delivery = _checked(errors)
-    producer = _producer(data, linger_ms=0)
+    producer = _producer(data, linger_ms=0, idempotent=idempotent)
     _warm_up(producer, -1, filler, on_delivery)
     cpu_before = time.process_time()
     started = time.perf_counter()
