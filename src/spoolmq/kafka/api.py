@@ -149,6 +149,12 @@ class ApiHandler:
     ``flexible_from`` is the first version using the flexible (tagged-field)
     encoding and request header v2, or None when no advertised version is
     flexible (the case for the whole 2.0 table we advertise).
+
+    ``pipelined``: the connection may read and start the next request before this
+    one is answered (the answers still leave in request order). The handler then keeps
+    its effects in request order itself (Produce: its turn to send, produce.py); any
+    other request waits until every request before it is answered, and is answered
+    before the next is started.
     """
 
     api_key: int
@@ -157,6 +163,7 @@ class ApiHandler:
     handle: Handle
     flexible_from: int | None = None
     name: str = ""
+    pipelined: bool = False
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version

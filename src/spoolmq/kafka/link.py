@@ -122,6 +122,15 @@ class PublisherLink:
 
     async def publish(self, frame_id: int, frame: bytes, *, answer: bool) -> dict[str, Any] | None:
         """Send one encoded publish frame; its answer (``None`` when ``answer`` is False)."""
+        future = await self.send(frame_id, frame, answer=answer)
+        return None if future is None else await future
+
+    async def send(
+        self, frame_id: int, frame: bytes, *, answer: bool
+    ) -> asyncio.Future[dict[str, Any]] | None:
+        """Send one encoded publish frame (once connected, without giving way to another
+        task: frames sent one after the other reach the PublisherBroker in that order);
+        the future of its answer, or None when ``answer`` is False."""
         conn = await self._ensure()
         future: asyncio.Future[dict[str, Any]] | None = None
         if answer:
@@ -134,9 +143,7 @@ class PublisherLink:
             self._waiting.pop(frame_id, None)
             self._lost(conn)
             raise BrokerUnavailableError(f"could not send to the publisher broker: {exc}") from None
-        if future is None:
-            return None
-        return await future
+        return future
 
     def close(self) -> None:
         self.closed = True

@@ -92,12 +92,12 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
             for p, _ in parts
         }
     else:
-        jobs = [
-            _produce_partition(core, topic, partition, data, acks, timeout_ms)
+        prepared = [
+            _prepare(core, topic, partition, data)
             for topic, parts in topics
             for partition, data in parts
         ]
-        done = await asyncio.gather(*jobs)
+        done = await _send_in_turn(ctx, core, prepared, acks, timeout_ms)
         keys = [(t, p) for t, parts in topics for p, _ in parts]
         results = dict(zip(keys, done, strict=True))
     if acks == 0:
@@ -115,9 +115,20 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
     return w.getvalue()
 
 
-async def _produce_partition(
-    core: KafkaCore, topic: str, partition: int, data: bytes | None, acks: int, timeout_ms: int
-) -> _PartitionResult:
+class _Frames:
+    """One partition's record set, checked and made into publish frames (one per batch)."""
+
+    __slots__ = ("frames", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int, frames: list[tuple[str, list[bytes]]]) -> None:
+        self.topic, self.partition, self.frames = topic, partition, frames
+
+
+def _prepare(
+    core: KafkaCore, topic: str, partition: int, data: bytes | None
+) -> _Frames | _PartitionResult:
+    """Decode and check one partition's record set: its frames, or the error it gets
+    (nothing of it is stored then)."""
     store = core.store
     try:
         config = store.topic_config(topic)
@@ -142,26 +153,114 @@ async def _produce_partition(
         if isinstance(built, int):
             return _PartitionResult(built)
         frames.append(built)
+    return _Frames(topic, partition, frames)
+
+
+# A connection's requests are read and started without waiting for the answers before
+# them (server.py pipelines Produce), but must reach the PublisherBroker in the order they
+# came: each Produce request sends its frames once the one before it has sent all of its
+# own, then waits for its answers beside the later requests. The connection's scratch
+# space holds the last request's "all sent" future under this key.
+_SENT = "produce_sent"
+
+
+async def _send_in_turn(
+    ctx: RequestContext,
+    core: KafkaCore,
+    prepared: list[_Frames | _PartitionResult],
+    acks: int,
+    timeout_ms: int,
+) -> list[_PartitionResult]:
+    """Send the frames of ``prepared`` in this connection's turn, then wait for their
+    answers: one result per partition."""
+    # Taken before the first await: the server starts a connection's requests in the order
+    # they came, and each runs to here before another runs at all.
+    before: asyncio.Future[None] | None = ctx.conn.get(_SENT)
+    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ctx.conn[_SENT] = sent
+    timeout = max(timeout_ms, 1000) / 1000 + 30
+    waits: list[
+        _PartitionResult
+        | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
+    ] = []
+    try:
+        if before is not None:
+            await before  # only ever given a result, in a finally
+        for item in prepared:
+            waits.append(
+                item
+                if isinstance(item, _PartitionResult)
+                else await _send(core, item, acks, timeout)
+            )
+    finally:
+        sent.set_result(None)
+        if ctx.conn.get(_SENT) is sent:
+            del ctx.conn[_SENT]
+    # The partitions' answers, waited for together (each frame has its own timeout).
+    answers = iter(
+        await asyncio.gather(
+            *(_answered(core, *item, timeout) for item in waits if isinstance(item, tuple))
+        )
+    )
+    return [next(answers) if isinstance(item, tuple) else item for item in waits]
+
+
+async def _send(
+    core: KafkaCore, item: _Frames, acks: int, timeout: float
+) -> (
+    _PartitionResult
+    | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
+):
+    """Send one partition's frames: all but the last answered first (a batch after one
+    that failed is not stored), the last one only sent. Its error, or what to wait for:
+    the last frame's answer (None with ``acks=0``) and the first frame's result when
+    there were several."""
     first: _PartitionResult | None = None
-    for producer_id, records in frames:
+    for index, (producer_id, records) in enumerate(item.frames):
         frame_id = core.link.next_id()
         frame = encode_publish_frame(
-            frame_id, "all" if acks == -1 else str(acks), producer_id, topic, partition, records
+            frame_id,
+            "all" if acks == -1 else str(acks),
+            producer_id,
+            item.topic,
+            item.partition,
+            records,
         )
         try:
-            answer = await asyncio.wait_for(
-                core.link.publish(frame_id, frame, answer=acks != 0),
-                timeout=max(timeout_ms, 1000) / 1000 + 30,
-            )
-        except (BrokerUnavailableError, TimeoutError):
+            future = await core.link.send(frame_id, frame, answer=acks != 0)
+        except BrokerUnavailableError:
             return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
-        core.count("produced_records", len(records))
-        result = _PartitionResult(ErrorCode.NONE) if answer is None else _result_of(answer)
+        if index == len(item.frames) - 1:
+            return future, item, first
+        result = await _answered(core, future, item, None, timeout, records=len(records))
         if result.error != ErrorCode.NONE:
             return result
-        if first is None:
-            first = result
-    return first if first is not None else _PartitionResult(ErrorCode.NONE)
+        first = first or result
+    raise AssertionError("a partition's frames are never empty")  # pragma: no cover
+
+
+async def _answered(
+    core: KafkaCore,
+    future: asyncio.Future[dict[str, Any]] | None,
+    item: _Frames,
+    first: _PartitionResult | None,
+    timeout: float,
+    *,
+    records: int | None = None,
+) -> _PartitionResult:
+    """The result of a sent frame (of ``item``'s last one unless ``records`` says how many
+    records it held), or ``first``'s when it is good and there was an earlier frame."""
+    answer = None
+    if future is not None:
+        try:
+            answer = await asyncio.wait_for(future, timeout=timeout)
+        except (BrokerUnavailableError, TimeoutError):
+            return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
+    core.count("produced_records", len(item.frames[-1][1]) if records is None else records)
+    result = _PartitionResult(ErrorCode.NONE) if answer is None else _result_of(answer)
+    if result.error != ErrorCode.NONE or first is None:
+        return result
+    return first
 
 
 def _frame_records(
@@ -225,6 +324,6 @@ async def handle_init_producer_id(ctx: RequestContext, version: int, r: Reader) 
 
 
 APIS = [
-    ApiHandler(ApiKey.PRODUCE, 3, 6, handle_produce, name="Produce"),
+    ApiHandler(ApiKey.PRODUCE, 3, 6, handle_produce, name="Produce", pipelined=True),
     ApiHandler(ApiKey.INIT_PRODUCER_ID, 0, 1, handle_init_producer_id, name="InitProducerId"),
 ]

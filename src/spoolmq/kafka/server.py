@@ -1,9 +1,16 @@
 """The asyncio listener of the Kafka front: frames in, dispatch, frames out.
 
-One connection is served in request order, as a Kafka broker does (it mutes a
-channel while a request is in flight), so responses leave in the order their
-requests arrived and Produce batches of one connection reach the
-PublisherBroker in order, which idempotent sequence numbers rely on.
+One connection is answered in request order, as a Kafka broker answers it, and
+its Produce batches reach the PublisherBroker in request order, which idempotent
+sequence numbers rely on. A Kafka broker serves one request of a connection at a
+time, which costs it little: it answers ``acks=all`` before any disk sync. Here
+every ``acks=all`` answer waits for an ``fdatasync``, so Produce requests are
+pipelined: the next ones (up to ``MAX_PIPELINED``) are read, checked and sent to
+the PublisherBroker while the earlier ones wait for their answers, and share its
+group commits (a producer without idempotence keeps many requests in flight; one
+sync per request held it to a few hundred requests a second). Any other request
+waits until every request before it is answered, and is answered before the next
+one is started, so it sees their effects as it would on a Kafka broker.
 
 Hostile input stays on its connection: the size prefix is checked against
 ``max_request_bytes`` before the frame is read, the body is parsed by the
@@ -40,6 +47,16 @@ _HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
+# Pipelined requests of one connection started and not answered yet: beyond this the
+# connection is not read until the oldest is answered (a librdkafka producer without
+# idempotence may keep a million requests in flight).
+MAX_PIPELINED = 16
+
+# What the reading side of a connection hands to the answering side, in request order:
+# a started pipelined request, a request to serve alone (and the future that lets the
+# reading go on once it is answered), the end of the connection (None), or the error
+# that ended its reading.
+_Request = asyncio.Task[bytes | None] | tuple[bytes, asyncio.Future[None]] | BaseException | None
 
 
 class CloseConnection(Exception):
@@ -127,17 +144,28 @@ class KafkaServer:
             self._connections.add(task)
         peername = writer.get_extra_info("peername")
         ctx = self.new_context(str(peername))
+        requests: asyncio.Queue[_Request] = asyncio.Queue(MAX_PIPELINED)
+        started: set[asyncio.Task[bytes | None]] = set()
+        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, started))
         try:
             while True:
-                frame = await self._read_frame(reader)
-                if frame is None:
-                    return
-                response = await self.handle_frame(ctx, frame)
+                request = await requests.get()
+                if request is None:
+                    return  # a clean close between requests
+                if isinstance(request, BaseException):
+                    raise request
+                if isinstance(request, asyncio.Task):
+                    response = await request
+                else:
+                    frame, answered = request
+                    response = await self.handle_frame(ctx, frame)
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
                 if ctx.close_after_response:
                     return
+                if not isinstance(request, asyncio.Task):
+                    answered.set_result(None)
         except (CloseConnection, KafkaDecodeError) as exc:
             log.info("kafka: closing %s: %s", ctx.peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
@@ -150,11 +178,49 @@ class KafkaServer:
             # A bug in a handler must cost one connection, never the child.
             log.exception("kafka: request from %s failed; closing the connection", ctx.peer)
         finally:
+            # Requests started and not answered go with the connection: what they sent is
+            # stored or not, as when a connection drops while its answer is on the way.
+            for ending in (reading, *started):
+                ending.cancel()
+            await asyncio.gather(reading, *started, return_exceptions=True)
             if task is not None:
                 self._connections.discard(task)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
                 await writer.wait_closed()
+
+    async def _read_requests(
+        self,
+        ctx: RequestContext,
+        reader: asyncio.StreamReader,
+        requests: asyncio.Queue[_Request],
+        started: set[asyncio.Task[bytes | None]],
+    ) -> None:
+        """Read a connection's requests into ``requests``, in order: a pipelined one is
+        started at once (up to the queue's size ahead of the answers); after any other
+        one, reading waits until it is answered."""
+        try:
+            while True:
+                frame = await self._read_frame(reader)
+                if frame is None:
+                    await requests.put(None)
+                    return
+                if self._pipelined(frame):
+                    request = asyncio.create_task(self.handle_frame(ctx, frame))
+                    started.add(request)
+                    request.add_done_callback(started.discard)
+                    await requests.put(request)
+                else:
+                    answered = asyncio.get_running_loop().create_future()
+                    await requests.put((frame, answered))
+                    await answered
+        except Exception as exc:  # answered in its turn: after the requests before it
+            await requests.put(exc)
+
+    def _pipelined(self, frame: bytes) -> bool:
+        api_key, version = struct.unpack_from(">hh", frame)
+        handler = self.dispatcher.get(api_key)
+        return handler is not None and handler.pipelined and handler.supports(version)
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
         try:
