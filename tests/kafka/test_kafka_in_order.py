@@ -65,7 +65,8 @@ def test_back_to_back_requests_are_answered_and_stored_in_order(tmp_path: Path) 
             else:
                 record_set = _batch(77, sequence, values)
                 if i == 8:
-                    # Two batches for one partition: served on its own, after the others.
+                    # Two batches for one partition: the second is sent after the first
+                    # is answered, and the later requests send theirs after it.
                     more = [b"r%d-more" % i]
                     record_set += _batch(77, sequence + 3, more)
                     values += more

@@ -1,21 +1,25 @@
 """The Kafka listener's pipelining, with stand-in handlers in one event loop: a pipelined
 request (Produce) is started before the requests ahead of it are answered, the answers
 leave in request order, any other request waits until every request before it is
-answered and is answered before the next one starts, and one connection has a bounded
-number of requests started ahead of its answers."""
+answered and is answered before the next one starts, one connection has a bounded
+number (and size) of requests started ahead of its answers, and a connection that ends
+with requests under way leaves no error uncollected."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
 from kafka_helpers import request_frame
 
+from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka.api import ApiHandler, ApiKey, RequestContext
 from spoolmq.kafka.dispatch import Dispatcher
-from spoolmq.kafka.server import MAX_PIPELINED, KafkaServer
+from spoolmq.kafka.server import MAX_PIPELINED, MAX_PIPELINED_BYTES, KafkaServer
 from spoolmq.kafka.wire import Reader
 
 PIPELINED, ALONE = ApiKey.PRODUCE, ApiKey.METADATA
@@ -25,7 +29,8 @@ class Handlers:
     """A pipelined handler that holds each request until its gate opens, and one that is
     not pipelined; both answer with the number the request carries, and log what they do."""
 
-    def __init__(self) -> None:
+    def __init__(self, failing: frozenset[int] = frozenset()) -> None:
+        self.failing = failing  # these raise at once, as a request that does not parse
         self.log: list[tuple[str, int]] = []
         self.gates: dict[int, asyncio.Event] = {}
         self.running = 0
@@ -37,6 +42,8 @@ class Handlers:
     async def held(self, ctx: RequestContext, version: int, r: Reader) -> bytes:
         n = r.int32()
         self.log.append(("start", n))
+        if n in self.failing:
+            raise KafkaDecodeError(f"request {n} does not parse")
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         await self.gate(n).wait()
@@ -80,6 +87,8 @@ def _serve(
     test: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
 ) -> None:
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: uncollected.append(context["message"]))
         server = KafkaServer(tmp_path, "127.0.0.1", 0, dispatcher=handlers.dispatcher())
         await server.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -88,12 +97,15 @@ def _serve(
         finally:
             writer.close()
             await server.close()
+        gc.collect()  # a task or future dropped with an error unread says so here
 
+    uncollected: list[str] = []
     asyncio.run(main())
+    assert uncollected == []
 
 
-def _request(api: int, n: int) -> bytes:
-    return request_frame(api, 1, n, struct.pack(">i", n))
+def _request(api: int, n: int, padding: int = 0) -> bytes:
+    return request_frame(api, 1, n, struct.pack(">i", n) + bytes(padding))
 
 
 def test_pipelined_requests_start_before_the_answers_and_are_answered_in_order(
@@ -128,19 +140,44 @@ def test_pipelined_requests_start_before_the_answers_and_are_answered_in_order(
     _serve(tmp_path, handlers, test)
 
 
-def test_a_connection_starts_a_bounded_number_of_requests_ahead(tmp_path: Path) -> None:
+@pytest.mark.parametrize("padding", [0, 3 * 1024 * 1024], ids=["small", "3 MiB each"])
+def test_a_connection_starts_a_bounded_number_of_requests_ahead(
+    tmp_path: Path, padding: int
+) -> None:
     handlers = Handlers()
-    count = MAX_PIPELINED * 3
+    size = len(_request(PIPELINED, 0, padding)) - 4  # the frame after its size prefix
+    bound = min(MAX_PIPELINED, MAX_PIPELINED_BYTES // size)
+    count = bound * 2
 
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"".join(_request(PIPELINED, n) for n in range(count)))
-        await writer.drain()
-        # One being answered, the queue's worth behind it, and one read and waiting for
-        # room in the queue.
-        await _until(lambda: handlers.running == MAX_PIPELINED + 2, "the queue fills up")
+        # Written without waiting for the server to read it: it stops reading.
+        writer.write(b"".join(_request(PIPELINED, n, padding) for n in range(count)))
+        await _until(lambda: handlers.running == bound, "the connection's room fills up")
         for n in range(count):
             handlers.gate(n).set()
             assert await _answer(reader) == (n, n)
-        assert handlers.most_running <= MAX_PIPELINED + 2
+        assert handlers.most_running == bound
+
+    _serve(tmp_path, handlers, test)
+
+
+@pytest.mark.parametrize("ending", ["a later request fails", "the server closes"])
+def test_a_connection_that_ends_with_requests_under_way_collects_them(
+    tmp_path: Path, ending: str
+) -> None:
+    handlers = Handlers(
+        failing=frozenset({1, 2}) if ending == "a later request fails" else frozenset()
+    )
+
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"".join(_request(PIPELINED, n) for n in range(3)))
+        await writer.drain()
+        await _until(lambda: ("start", 2) in handlers.log, "all three start")
+        if ending == "a later request fails":
+            handlers.gate(0).set()
+            assert await _answer(reader) == (0, 0)  # answered before the failure ...
+            # ... which closes the connection, with the third request's error collected.
+            assert await asyncio.wait_for(reader.read(), 30) == b""
+        # Otherwise the server closes with all three under way (``_serve`` closes it).
 
     _serve(tmp_path, handlers, test)

@@ -126,12 +126,20 @@ class PublisherLink:
         return None if future is None else await future
 
     async def send(
-        self, frame_id: int, frame: bytes, *, answer: bool
+        self,
+        frame_id: int,
+        frame: bytes,
+        *,
+        answer: bool,
+        connect_timeout: float | None = None,
     ) -> asyncio.Future[dict[str, Any]] | None:
         """Send one encoded publish frame (once connected, without giving way to another
         task: frames sent one after the other reach the PublisherBroker in that order);
-        the future of its answer, or None when ``answer`` is False."""
-        conn = await self._ensure()
+        the future of its answer, or None when ``answer`` is False. Connecting first takes
+        ``connect_timeout`` seconds at most (TimeoutError)."""
+        conn = self._conn
+        if conn is None:
+            conn = await asyncio.wait_for(self._ensure(), connect_timeout)
         future: asyncio.Future[dict[str, Any]] | None = None
         if answer:
             future = asyncio.get_running_loop().create_future()

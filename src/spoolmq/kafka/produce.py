@@ -184,24 +184,35 @@ async def _send_in_turn(
         | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
     ] = []
     try:
-        if before is not None:
-            await before  # only ever given a result, in a finally
-        for item in prepared:
-            waits.append(
-                item
-                if isinstance(item, _PartitionResult)
-                else await _send(core, item, acks, timeout)
+        try:
+            if before is not None:
+                # Shielded: this request cancelled (its connection ending) must not cancel
+                # the one before it.
+                await asyncio.shield(before)
+            for item in prepared:
+                waits.append(
+                    item
+                    if isinstance(item, _PartitionResult)
+                    else await _send(core, item, acks, timeout)
+                )
+        finally:
+            if not sent.done():
+                sent.set_result(None)
+            if ctx.conn.get(_SENT) is sent:
+                del ctx.conn[_SENT]
+        # The partitions' answers, waited for together (each frame has its own timeout).
+        answers = iter(
+            await asyncio.gather(
+                *(_answered(core, *item, timeout) for item in waits if isinstance(item, tuple))
             )
-    finally:
-        sent.set_result(None)
-        if ctx.conn.get(_SENT) is sent:
-            del ctx.conn[_SENT]
-    # The partitions' answers, waited for together (each frame has its own timeout).
-    answers = iter(
-        await asyncio.gather(
-            *(_answered(core, *item, timeout) for item in waits if isinstance(item, tuple))
         )
-    )
+    except BaseException:
+        # Cancelled (the connection ended): the answers are not waited for. Cancelled,
+        # their futures log nothing when the link is lost later and fails what waits.
+        for waiting in waits:
+            if isinstance(waiting, tuple) and waiting[0] is not None:
+                waiting[0].cancel()
+        raise
     return [next(answers) if isinstance(item, tuple) else item for item in waits]
 
 
@@ -227,8 +238,10 @@ async def _send(
             records,
         )
         try:
-            future = await core.link.send(frame_id, frame, answer=acks != 0)
-        except BrokerUnavailableError:
+            future = await core.link.send(
+                frame_id, frame, answer=acks != 0, connect_timeout=timeout
+            )
+        except (BrokerUnavailableError, TimeoutError):
             return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
         if index == len(item.frames) - 1:
             return future, item, first

@@ -5,7 +5,8 @@ its Produce batches reach the PublisherBroker in request order, which idempotent
 sequence numbers rely on. A Kafka broker serves one request of a connection at a
 time, which costs it little: it answers ``acks=all`` before any disk sync. Here
 every ``acks=all`` answer waits for an ``fdatasync``, so Produce requests are
-pipelined: the next ones (up to ``MAX_PIPELINED``) are read, checked and sent to
+pipelined: the next ones (up to ``MAX_PIPELINED`` requests and
+``MAX_PIPELINED_BYTES``) are read, checked and sent to
 the PublisherBroker while the earlier ones wait for their answers, and share its
 group commits (a producer without idempotence keeps many requests in flight; one
 sync per request held it to a few hundred requests a second). Any other request
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import ssl
@@ -47,10 +49,12 @@ _HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
-# Pipelined requests of one connection started and not answered yet: beyond this the
-# connection is not read until the oldest is answered (a librdkafka producer without
-# idempotence may keep a million requests in flight).
+# Pipelined requests of one connection started and not answered yet, and their frames'
+# bytes: at this many (or when the next would pass the bytes), the connection is not read
+# until the oldest is answered (a librdkafka producer without idempotence may keep a
+# million requests in flight). A request alone may be as large as max_request_bytes.
 MAX_PIPELINED = 16
+MAX_PIPELINED_BYTES = 32 * 1024 * 1024
 
 # What the reading side of a connection hands to the answering side, in request order:
 # a started pipelined request, a request to serve alone (and the future that lets the
@@ -144,9 +148,12 @@ class KafkaServer:
             self._connections.add(task)
         peername = writer.get_extra_info("peername")
         ctx = self.new_context(str(peername))
-        requests: asyncio.Queue[_Request] = asyncio.Queue(MAX_PIPELINED)
-        started: set[asyncio.Task[bytes | None]] = set()
-        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, started))
+        requests: asyncio.Queue[_Request] = asyncio.Queue()
+        # Pipelined requests started and not answered yet, with their frames' sizes: the
+        # reading waits for room among them, and the end of the connection collects them.
+        started: dict[asyncio.Task[bytes | None], int] = {}
+        room = asyncio.Condition()
+        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, started, room))
         try:
             while True:
                 request = await requests.get()
@@ -164,7 +171,11 @@ class KafkaServer:
                     await writer.drain()
                 if ctx.close_after_response:
                     return
-                if not isinstance(request, asyncio.Task):
+                if isinstance(request, asyncio.Task):
+                    del started[request]
+                    async with room:
+                        room.notify()
+                else:
                     answered.set_result(None)
         except (CloseConnection, KafkaDecodeError) as exc:
             log.info("kafka: closing %s: %s", ctx.peer, exc)
@@ -180,42 +191,48 @@ class KafkaServer:
         finally:
             # Requests started and not answered go with the connection: what they sent is
             # stored or not, as when a connection drops while its answer is on the way.
-            for ending in (reading, *started):
-                ending.cancel()
-            await asyncio.gather(reading, *started, return_exceptions=True)
+            # Those that ended already are collected too (their errors are not logged).
+            ending = [reading, *started]
+            for each in ending:
+                each.cancel()
             if task is not None:
                 self._connections.discard(task)
             writer.close()
-            with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
-                await writer.wait_closed()
+            with contextlib.suppress(asyncio.CancelledError):  # close() while ending
+                await asyncio.gather(*ending, return_exceptions=True)
+                with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+                    await writer.wait_closed()
 
     async def _read_requests(
         self,
         ctx: RequestContext,
         reader: asyncio.StreamReader,
         requests: asyncio.Queue[_Request],
-        started: set[asyncio.Task[bytes | None]],
+        started: dict[asyncio.Task[bytes | None], int],
+        room: asyncio.Condition,
     ) -> None:
         """Read a connection's requests into ``requests``, in order: a pipelined one is
-        started at once (up to the queue's size ahead of the answers); after any other
-        one, reading waits until it is answered."""
+        started once there is room for it among those ``started`` and not answered
+        (``MAX_PIPELINED``, ``MAX_PIPELINED_BYTES``); after any other one, reading waits
+        until it is answered."""
         try:
             while True:
                 frame = await self._read_frame(reader)
                 if frame is None:
-                    await requests.put(None)
+                    requests.put_nowait(None)
                     return
                 if self._pipelined(frame):
+                    async with room:
+                        await room.wait_for(functools.partial(_has_room, started, len(frame)))
                     request = asyncio.create_task(self.handle_frame(ctx, frame))
-                    started.add(request)
-                    request.add_done_callback(started.discard)
-                    await requests.put(request)
+                    started[request] = len(frame)
+                    requests.put_nowait(request)
                 else:
                     answered = asyncio.get_running_loop().create_future()
-                    await requests.put((frame, answered))
+                    requests.put_nowait((frame, answered))
                     await answered
         except Exception as exc:  # answered in its turn: after the requests before it
-            await requests.put(exc)
+            requests.put_nowait(exc)
 
     def _pipelined(self, frame: bytes) -> bool:
         api_key, version = struct.unpack_from(">hh", frame)
@@ -260,6 +277,13 @@ class KafkaServer:
         if body is None:
             return None
         return _frame(correlation_id, body)
+
+
+def _has_room(started: dict[asyncio.Task[bytes | None], int], size: int) -> bool:
+    """Whether a pipelined request of ``size`` bytes may start beside ``started``."""
+    return not started or (
+        len(started) < MAX_PIPELINED and sum(started.values()) + size <= MAX_PIPELINED_BYTES
+    )
 
 
 def _frame(correlation_id: int, body: bytes) -> bytes:
