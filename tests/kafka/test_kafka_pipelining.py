@@ -17,6 +17,7 @@ import pytest
 from kafka_helpers import request_frame
 
 from spoolmq.errors import KafkaDecodeError
+from spoolmq.kafka import server as server_module
 from spoolmq.kafka.api import ApiHandler, ApiKey, RequestContext
 from spoolmq.kafka.dispatch import Dispatcher
 from spoolmq.kafka.server import MAX_PIPELINED, MAX_PIPELINED_BYTES, KafkaServer
@@ -142,17 +143,30 @@ def test_pipelined_requests_start_before_the_answers_and_are_answered_in_order(
 
 @pytest.mark.parametrize("padding", [0, 3 * 1024 * 1024], ids=["small", "3 MiB each"])
 def test_a_connection_starts_a_bounded_number_of_requests_ahead(
-    tmp_path: Path, padding: int
+    tmp_path: Path, padding: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handlers = Handlers()
     size = len(_request(PIPELINED, 0, padding)) - 4  # the frame after its size prefix
     bound = min(MAX_PIPELINED, MAX_PIPELINED_BYTES // size)
     count = bound * 2
+    refused: list[int] = []  # how many were started when the reading was refused room
+    has_room = server_module._has_room
+
+    def recorded(started: dict[asyncio.Task[bytes | None], int], size: int) -> bool:
+        room = has_room(started, size)
+        if not room:
+            refused.append(len(started))
+        return room
+
+    monkeypatch.setattr(server_module, "_has_room", recorded)
 
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Written without waiting for the server to read it: it stops reading.
         writer.write(b"".join(_request(PIPELINED, n, padding) for n in range(count)))
-        await _until(lambda: handlers.running == bound, "the connection's room fills up")
+        await _until(
+            lambda: bool(refused) and handlers.running == bound, "the connection's room fills up"
+        )
+        assert refused[0] == bound
         for n in range(count):
             handlers.gate(n).set()
             assert await _answer(reader) == (n, n)
@@ -181,3 +195,61 @@ def test_a_connection_that_ends_with_requests_under_way_collects_them(
         # Otherwise the server closes with all three under way (``_serve`` closes it).
 
     _serve(tmp_path, handlers, test)
+
+
+class _Wire:
+    """A PublisherBroker connection that keeps what is sent (the link's answers come from
+    the test)."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send_bytes(self, frame: bytes) -> None:
+        self.sent.append(frame)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
+    tmp_path: Path,
+) -> None:
+    """Three Produce requests of one connection: A sends two batches (the second after the
+    first's answer), B is cancelled while it waits for A, and C sends only once A has sent
+    both, so the store gets A's batches together."""
+    from types import SimpleNamespace
+
+    from spoolmq.kafka.link import PublisherLink
+    from spoolmq.kafka.produce import _Frames, _send_in_turn
+
+    def frames(tag: str, count: int) -> _Frames:
+        return _Frames("t", 0, [("p", [b'{"v":"%s%d"}' % (tag.encode(), i)]) for i in range(count)])
+
+    async def main() -> None:
+        link = PublisherLink(tmp_path)
+        wire = _Wire()
+        link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
+        core = SimpleNamespace(link=link, count=lambda *_: None)
+        ctx = SimpleNamespace(conn={})
+
+        def answer_all() -> None:
+            for frame_id in list(link._waiting):
+                link._resolve(frame_id, {"op": "ok", "r": [[0, 7, 1000]]})
+
+        def tags() -> list[bytes]:
+            return [frame.rsplit(b'"v":"', 1)[1][:2] for frame in wire.sent]
+
+        a, b, c = (
+            asyncio.create_task(_send_in_turn(ctx, core, [frames(tag, n)], -1, 1000))  # type: ignore[arg-type]
+            for tag, n in (("a", 2), ("b", 1), ("c", 1))
+        )
+        await _until(lambda: len(wire.sent) == 1, "A sends its first batch")
+        b.cancel()
+        await _until(b.done, "B ends")
+        answer_all()  # A's first batch: A sends its second
+        await _until(lambda: len(wire.sent) == 3, "A's second batch and C's are sent")
+        assert tags() == [b"a0", b"a1", b"c0"]
+        answer_all()
+        assert [r.error for r in await a] == [0] and [r.error for r in await c] == [0]
+
+    asyncio.run(main())

@@ -22,6 +22,7 @@ carries that time in ``log_append_time`` and Fetch returns it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from typing import Any
 
@@ -179,6 +180,7 @@ async def _send_in_turn(
     sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ctx.conn[_SENT] = sent
     timeout = max(timeout_ms, 1000) / 1000 + 30
+    deadline = asyncio.get_running_loop().time() + timeout  # for connecting and sending
     waits: list[
         _PartitionResult
         | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
@@ -193,10 +195,14 @@ async def _send_in_turn(
                 waits.append(
                     item
                     if isinstance(item, _PartitionResult)
-                    else await _send(core, item, acks, timeout)
+                    else await _send(core, item, acks, deadline)
                 )
         finally:
-            if not sent.done():
+            if before is not None and not before.done():
+                # Cancelled while the one before is still sending: the turn passes on once
+                # that one has sent, never earlier.
+                before.add_done_callback(functools.partial(_pass_turn, sent))
+            elif not sent.done():
                 sent.set_result(None)
             if ctx.conn.get(_SENT) is sent:
                 del ctx.conn[_SENT]
@@ -216,8 +222,13 @@ async def _send_in_turn(
     return [next(answers) if isinstance(item, tuple) else item for item in waits]
 
 
+def _pass_turn(sent: asyncio.Future[None], _: object) -> None:
+    if not sent.done():
+        sent.set_result(None)
+
+
 async def _send(
-    core: KafkaCore, item: _Frames, acks: int, timeout: float
+    core: KafkaCore, item: _Frames, acks: int, deadline: float
 ) -> (
     _PartitionResult
     | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
@@ -225,7 +236,9 @@ async def _send(
     """Send one partition's frames: all but the last answered first (a batch after one
     that failed is not stored), the last one only sent. Its error, or what to wait for:
     the last frame's answer (None with ``acks=0``) and the first frame's result when
-    there were several."""
+    there were several. Connecting, and the answers of all but the last frame, take until
+    the request's ``deadline`` (the event loop's clock) at most."""
+    loop = asyncio.get_running_loop()
     first: _PartitionResult | None = None
     for index, (producer_id, records) in enumerate(item.frames):
         frame_id = core.link.next_id()
@@ -239,13 +252,18 @@ async def _send(
         )
         try:
             future = await core.link.send(
-                frame_id, frame, answer=acks != 0, connect_timeout=timeout
+                frame_id,
+                frame,
+                answer=acks != 0,
+                connect_timeout=max(deadline - loop.time(), 0.001),
             )
         except (BrokerUnavailableError, TimeoutError):
             return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
         if index == len(item.frames) - 1:
             return future, item, first
-        result = await _answered(core, future, item, None, timeout, records=len(records))
+        result = await _answered(
+            core, future, item, None, max(deadline - loop.time(), 0.001), records=len(records)
+        )
         if result.error != ErrorCode.NONE:
             return result
         first = first or result

@@ -195,13 +195,15 @@ class KafkaServer:
             ending = [reading, *started]
             for each in ending:
                 each.cancel()
-            if task is not None:
-                self._connections.discard(task)
             writer.close()
-            with contextlib.suppress(asyncio.CancelledError):  # close() while ending
-                await asyncio.gather(*ending, return_exceptions=True)
-                with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
-                    await writer.wait_closed()
+            try:
+                with contextlib.suppress(asyncio.CancelledError):  # close() while ending
+                    await asyncio.gather(*ending, return_exceptions=True)
+                    with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+                        await writer.wait_closed()
+            finally:
+                if task is not None:  # counted, and waited for by close(), until here
+                    self._connections.discard(task)
 
     async def _read_requests(
         self,
