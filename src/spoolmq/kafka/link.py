@@ -120,11 +120,6 @@ class PublisherLink:
                     BrokerUnavailableError("the publisher broker went away before answering")
                 )
 
-    async def publish(self, frame_id: int, frame: bytes, *, answer: bool) -> dict[str, Any] | None:
-        """Send one encoded publish frame; its answer (``None`` when ``answer`` is False)."""
-        future = await self.send(frame_id, frame, answer=answer)
-        return None if future is None else await future
-
     async def send(
         self,
         frame_id: int,

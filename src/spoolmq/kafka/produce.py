@@ -163,6 +163,9 @@ def _prepare(
 # own, then waits for its answers beside the later requests. The connection's scratch
 # space holds the last request's "all sent" future under this key.
 _SENT = "produce_sent"
+# A partition's frames once sent: the last one's answer to come (None with acks=0), the
+# partition, and the first frame's result when there were several.
+_Sent = tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
 
 
 async def _send_in_turn(
@@ -181,10 +184,7 @@ async def _send_in_turn(
     ctx.conn[_SENT] = sent
     timeout = max(timeout_ms, 1000) / 1000 + 30
     deadline = asyncio.get_running_loop().time() + timeout  # for connecting and sending
-    waits: list[
-        _PartitionResult
-        | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
-    ] = []
+    waits: list[_PartitionResult | _Sent] = []
     try:
         try:
             if before is not None:
@@ -202,8 +202,8 @@ async def _send_in_turn(
                 # Cancelled while the one before is still sending: the turn passes on once
                 # that one has sent, never earlier.
                 before.add_done_callback(functools.partial(_pass_turn, sent))
-            elif not sent.done():
-                sent.set_result(None)
+            else:
+                _pass_turn(sent)
             if ctx.conn.get(_SENT) is sent:
                 del ctx.conn[_SENT]
         # The partitions' answers, waited for together (each frame has its own timeout).
@@ -222,17 +222,14 @@ async def _send_in_turn(
     return [next(answers) if isinstance(item, tuple) else item for item in waits]
 
 
-def _pass_turn(sent: asyncio.Future[None], _: object) -> None:
+def _pass_turn(sent: asyncio.Future[None], _: object = None) -> None:
     if not sent.done():
         sent.set_result(None)
 
 
 async def _send(
     core: KafkaCore, item: _Frames, acks: int, deadline: float
-) -> (
-    _PartitionResult
-    | tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
-):
+) -> _PartitionResult | _Sent:
     """Send one partition's frames: all but the last answered first (a batch after one
     that failed is not stored), the last one only sent. Its error, or what to wait for:
     the last frame's answer (None with ``acks=0``) and the first frame's result when
