@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ from hypothesis import strategies as st
 
 from spoolmq import Message, Store
 from spoolmq.errors import CorruptRecordError
-from spoolmq.store.record import check_line, decode_line, encode_message, frame_record
+from spoolmq.store.record import (
+    check_line,
+    decode_line,
+    encode_message,
+    frame_record,
+    verified_fields,
+)
 
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
 json_scalars = (
@@ -118,3 +125,28 @@ def test_a_changed_byte_fails_the_checksum(position: int) -> None:
     damaged[position] = ord("7") if damaged[position] != ord("7") else ord("8")
     with pytest.raises(CorruptRecordError, match="checksum"):
         check_line(bytes(damaged))
+
+
+def test_the_fast_check_takes_only_whole_good_lines() -> None:
+    """``verified_fields`` (the readers' and the consumers' check) gives the fields of a
+    line as the writer framed it, and None for any line cut or changed at its end, where
+    the checksum is: never the fields of a line that is not whole."""
+    line = frame_record(3, 1000, encode_message(Message(value={"a": 1}, key="k")).body)
+    assert line.endswith(b"}\n")
+    fields = verified_fields(line)
+    assert fields is not None
+    assert (fields["offset"], fields["key"], fields["value"]) == (3, "k", {"a": 1})
+    crc = line[line.rindex(b":") + 1 : -2]
+    assert int(crc) == zlib.crc32(line[: line.rindex(b',"crc":')])  # the framing tested
+    bad = [
+        line[:-1],  # no newline: a torn last line
+        line[:-2] + b"\n",  # no closing brace
+        line[:-3] + b"}\n",  # the checksum's last digit cut
+        line.replace(b',"crc":', b',"cr":'),  # no checksum field
+        line.replace(b'"k"', b'"K"'),  # a changed byte under the checksum
+        b"\n",
+        b"",
+        b'[1,"crc":0}\n',
+    ]
+    for damaged in bad:
+        assert verified_fields(damaged) is None, damaged

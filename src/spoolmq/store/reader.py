@@ -369,14 +369,20 @@ class Reader:
         is known to be durable); records read past it wait for a later call."""
         if not self._pending:
             self._fill()
-        taken: list[tuple[dict[str, Any], bytes]] = []
         pending = self._pending
-        while pending and len(taken) < max_records:
-            if end is not None and pending[0][0]["offset"] >= end:
-                break
-            taken.append(pending.popleft())
-        if taken:
-            self.position = taken[-1][0]["offset"] + 1
+        count = min(max_records, len(pending))
+        if count and end is not None and pending[count - 1][0]["offset"] >= end:
+            # In offset order: those below ``end`` are a prefix.
+            count = bisect.bisect_left(pending, end, hi=count, key=_entry_offset)
+        if not count:
+            return []
+        if count == len(pending):
+            taken = list(pending)
+            pending.clear()
+        else:
+            popleft = pending.popleft
+            taken = [popleft() for _ in range(count)]
+        self.position = taken[-1][0]["offset"] + 1
         return taken
 
     def unread(self, entries: list[tuple[dict[str, Any], bytes]]) -> None:
@@ -454,21 +460,20 @@ class Reader:
         pending = self._pending
         wanted = self.position
         whole_until = self._whole_until - self._byte_position
-        find = data.find
+        # One split for the chunk instead of a find and a slice per line; the part after
+        # the last newline is not a whole line. (JSON may hold a raw \r as whitespace; it
+        # never holds a raw \n.)
+        parts = data.split(b"\n")
+        last = len(parts) - 2  # the index of the last whole line
+        verify = verified_fields
         position = consumed = 0
         remaining = 0
         batch: list[tuple[dict[str, Any], bytes]] = []
-        while True:
-            end = find(b"\n", position)
-            if end < 0:
-                return consumed
-            line = data[position : end + 1]
-            fields = verified_fields(line)
+        for index in range(last + 1):
+            line = parts[index] + b"\n"
+            fields = verify(line)
             if fields is None:
-                if (
-                    find(b"\n", end + 1) < 0
-                    and os.fstat(self._fd).st_size == len(data) + self._byte_position
-                ):
+                if index == last and os.fstat(self._fd).st_size == len(data) + self._byte_position:
                     # The last line of the file: a writer may be mid-write or crashed
                     # mid-write (recovery will move it aside). Not returned, not skipped.
                     return consumed
@@ -478,26 +483,36 @@ class Reader:
                 raise CorruptRecordError(  # pragma: no cover - check_line raised already
                     f"bad record in {path}", path=path, position=self._byte_position + position
                 )
-            position = end + 1
-            if not remaining:
-                count = fields.get("batch_records", 1) if consumed >= whole_until else 1
-                if count == 1:
-                    if fields["offset"] >= wanted:
-                        pending.append((fields, line))
+            position += len(line)
+            if remaining:
+                batch.append((fields, line))
+                remaining -= 1
+                if not remaining:
+                    if batch[0][0]["offset"] >= wanted:  # offsets grow within a batch
+                        pending.extend(batch)
+                    else:
+                        pending.extend(entry for entry in batch if entry[0]["offset"] >= wanted)
+                    batch = []
                     consumed = position
-                    continue
-                if data.count(b"\n", position) < count - 1:
-                    return consumed  # the rest of the batch is not in ``data`` yet
-                remaining = count
-            batch.append((fields, line))
-            remaining -= 1
-            if not remaining:
-                pending.extend(entry for entry in batch if entry[0]["offset"] >= wanted)
-                batch = []
+                continue
+            count = fields.get("batch_records", 1) if consumed >= whole_until else 1
+            if count == 1:
+                if fields["offset"] >= wanted:
+                    pending.append((fields, line))
                 consumed = position
+                continue
+            if last - index < count - 1:
+                return consumed  # the rest of the batch is not in ``data`` yet
+            remaining = count - 1
+            batch = [(fields, line)]
+        return consumed
 
 
 _CRC_MARK = b',"crc":'
+
+
+def _entry_offset(entry: tuple[dict[str, Any], bytes]) -> int:
+    return entry[0]["offset"]  # type: ignore[no-any-return]
 
 
 def fresh_lines(data: bytes, count: int, first: int) -> list[bytes] | None:

@@ -355,11 +355,12 @@ def record_offset_and_timestamp(line: bytes) -> tuple[int, int]:
 def verified_fields(line: bytes) -> dict[str, Any] | None:
     """The fields of a record line whose checksum and JSON are good, else None: the
     readers' fast path (``check_line`` says what is wrong)."""
-    mark = line.rfind(_CRC_MARK)
-    if mark < 0 or not line.endswith(b"}\n"):
-        return None
+    # rpartition, not rfind and two slices: one call with a single argument, and the
+    # head it gives is what the CRC covers. Past the newline check, a line that does not
+    # end in `}\n` is not a JSON object and fails the parse.
+    head, mark, tail = line.rpartition(_CRC_MARK)
     try:
-        if zlib.crc32(line[:mark]) != int(line[mark + 7 : -2]):
+        if not mark or tail[-1:] != b"\n" or zlib.crc32(head) != int(tail[:-2]):
             return None
         data = orjson.loads(line)
     except ValueError:  # an unreadable checksum, or bad JSON (JSONDecodeError)
