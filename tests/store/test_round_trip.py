@@ -146,7 +146,14 @@ def test_the_fast_check_takes_only_whole_good_lines() -> None:
         line.replace(b'"k"', b'"K"'),  # a changed byte under the checksum
         b"\n",
         b"",
-        b'[1,"crc":0}\n',
     ]
+    # Whole lines with a good checksum over everything before it, refused by the newline
+    # check or by the parse (not the checksum): what follows the checksum is not `}\n`.
+    head = line[: line.rindex(b',"crc":')]
+    crc = b',"crc":%d' % zlib.crc32(head)
+    bad += [head + crc + end for end in (b"} ", b"}\r", b"}\t", b"}", b" \n", b"\n")]
+    # A good checksum, but not a record: not JSON, an offset that is not an integer, none.
+    for text in (b'[1,"x"', b'{"offset":"3"', b'{"timestamp":1'):
+        bad.append(text + b',"crc":%d}\n' % zlib.crc32(text))
     for damaged in bad:
         assert verified_fields(damaged) is None, damaged

@@ -371,7 +371,9 @@ class Reader:
             self._fill()
         pending = self._pending
         count = min(max_records, len(pending))
-        if count and end is not None and pending[count - 1][0]["offset"] >= end:
+        if count <= 0:
+            return []
+        if end is not None and pending[count - 1][0]["offset"] >= end:
             # In offset order: those below ``end`` are a prefix.
             count = bisect.bisect_left(pending, end, hi=count, key=_entry_offset)
         if not count:
@@ -530,8 +532,8 @@ def fresh_lines(data: bytes, count: int, first: int) -> list[bytes] | None:
     crc32 = zlib.crc32
     try:
         for line in lines:
-            mark = line.rfind(_CRC_MARK)
-            if mark < 0 or crc32(line[:mark]) != int(line[mark + 7 : -2]):
+            head, mark, tail = line.rpartition(_CRC_MARK)  # as verified_fields does
+            if not mark or crc32(head) != int(tail[:-2]):
                 return None
         if record_offset(lines[0]) != first or record_offset(lines[-1]) != first + count - 1:
             return None

@@ -356,8 +356,9 @@ def verified_fields(line: bytes) -> dict[str, Any] | None:
     """The fields of a record line whose checksum and JSON are good, else None: the
     readers' fast path (``check_line`` says what is wrong)."""
     # rpartition, not rfind and two slices: one call with a single argument, and the
-    # head it gives is what the CRC covers. Past the newline check, a line that does not
-    # end in `}\n` is not a JSON object and fails the parse.
+    # head it gives is what the CRC covers. Past the newline check, the checksum's digits
+    # end two bytes before the end: a line whose object is not closed right there fails
+    # the parse, so a line taken ends in `}\n` as the writer framed it.
     head, mark, tail = line.rpartition(_CRC_MARK)
     try:
         if not mark or tail[-1:] != b"\n" or zlib.crc32(head) != int(tail[:-2]):
