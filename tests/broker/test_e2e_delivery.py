@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from event_shapes import events_of, per_message
 from spoolmq import Admin, Consumer, Publisher, Store, protocol
+from spoolmq.errors import InvalidArgumentError, UnknownDeliveryError
 from spoolmq.testing import BrokerProcess, wait_until
 
 
@@ -363,3 +365,54 @@ def event_lines(data_dir: Path) -> list[dict[str, Any]]:
         for path in sorted((data_dir / "events").glob("date=*/*.jsonl"))
         for line in path.read_bytes().splitlines()
     ]
+
+
+def test_acks_without_waiting_are_acks_and_a_second_settle_is_refused(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """``ack(wait=False)`` (ACKs sent 100 to a frame, or when the consumer waits) commits
+    every message it settles; settling one of them again is refused, by either call, and
+    one from a lost connection is not taken as an ACK."""
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish_many("quick", list(range(250)))
+    seen: list[int] = []
+    with Consumer("quick", group="g", data=data_dir, prefetch=100) as consumer:
+        first = None
+        while len(seen) < 250:
+            message = consumer.receive(timeout=30)
+            assert message is not None, f"only {len(seen)} of 250 arrived"
+            seen.append(message.value)
+            message.ack(wait=False)
+            first = first or message
+        assert first is not None
+        with pytest.raises(InvalidArgumentError, match="already acknowledged"):
+            first.ack(wait=False)
+        with pytest.raises(InvalidArgumentError, match="already acknowledged"):
+            first.ack()
+    assert sorted(seen) == list(range(250))
+
+    def settled() -> bool:
+        with Admin(data_dir) as admin:
+            (row,) = admin.describe_groups()["g"]["partitions"]
+        return (row["committed"], row["lag"], row["in_flight"]) == (250, 0, 0)
+
+    wait_until(settled, timeout=30, what="the 250 ACKs sent without waiting to be committed")
+
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("quick", "after")
+    with Consumer("quick", group="g", data=data_dir) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None and message.value == "after"
+        consumer._drop()  # as if the broker went away: the next receive reconnects
+        with pytest.raises(UnknownDeliveryError, match="connection this message came on"):
+            message.ack(wait=False)
+        again = consumer.receive(timeout=30)  # redelivered on the new connection
+        assert again is not None and again.value == "after" and again.attempt == 2
+        with pytest.raises(UnknownDeliveryError, match="connection this message came on"):
+            message.ack(wait=False)  # connected again, but not the connection it came on
+        again.ack()
+    with Consumer("quick", group="auto", data=data_dir, auto_ack=True) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None
+        with pytest.raises(InvalidArgumentError, match="auto_ack"):
+            message.ack(wait=False)

@@ -640,21 +640,8 @@ class AsyncReceivedMessage(DeliveredRecord):
     """A message an AsyncConsumer received; settle it with ``await msg.ack()``,
     ``await msg.nack(...)``, and keep it longer with ``await msg.extend_lease(s)``."""
 
-    __slots__ = ("_consumer",)
-
-    def __init__(
-        self,
-        consumer: AsyncConsumer,
-        generation: int,
-        topic: str,
-        partition: int,
-        offset: int,
-        tag: int,
-        attempt: int,
-        line: bytes,
-    ) -> None:
-        self._consumer = consumer
-        super().__init__(generation, topic, partition, offset, tag, attempt, line)
+    __slots__ = ()
+    _consumer: AsyncConsumer
 
     async def ack(self, *, wait: bool = True) -> None:
         """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer

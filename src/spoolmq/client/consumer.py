@@ -48,26 +48,15 @@ logger = logging.getLogger("spoolmq.client")
 class ReceivedMessage(DeliveredRecord):
     """A delivered message (see DeliveredRecord) and the Consumer that settles it."""
 
-    __slots__ = ("_consumer",)
-
-    def __init__(
-        self,
-        consumer: Consumer,
-        generation: int,
-        topic: str,
-        partition: int,
-        offset: int,
-        tag: int,
-        attempt: int,
-        line: bytes,
-    ) -> None:
-        self._consumer = consumer
-        super().__init__(generation, topic, partition, offset, tag, attempt, line)
+    __slots__ = ()
+    _consumer: Consumer
 
     def ack(self, *, wait: bool = True) -> None:
         """Acknowledge: the message is done. With ``wait`` (the default) the broker's answer
         is awaited and a refused ACK (lease expired) raises LeaseExpiredError."""
-        self._consumer._settle(self, "ack", wait=wait)
+        consumer = self._consumer
+        if wait or not consumer._try_ack_later(self):
+            consumer._settle(self, "ack", wait=wait)
 
     def nack(
         self, delay: float | None = None, reason: str | None = None, *, wait: bool = True
@@ -279,27 +268,28 @@ class Consumer:
         spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this Consumer is closed")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._buffer:
-            check_topics_left(self.topics, self.deleted_topics)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            if self._conn is None:
-                self._reconnect(deadline)  # BrokerUnavailableError (an OSError) goes up
-            else:
-                try:
-                    self._flush_acks()  # about to wait: the broker may be waiting for these
-                    self._flush_credit()
-                    if self._wait(remaining if remaining is not None else 1.0):
-                        self._read_frame()
-                except (EOFError, OSError) as exc:
-                    logger.warning("lost the broker (%s); reconnecting", exc)
-                    self._drop()
-            if self._woken:
-                self._woken = False
-                if not self._buffer:
+        if not self._buffer:  # (a buffered message is handed out with no clock read)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._buffer:
+                check_topics_left(self.topics, self.deleted_topics)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
                     return None
+                if self._conn is None:
+                    self._reconnect(deadline)  # BrokerUnavailableError (an OSError) goes up
+                else:
+                    try:
+                        self._flush_acks()  # about to wait: the broker may be waiting for these
+                        self._flush_credit()
+                        if self._wait(remaining if remaining is not None else 1.0):
+                            self._read_frame()
+                    except (EOFError, OSError) as exc:
+                        logger.warning("lost the broker (%s); reconnecting", exc)
+                        self._drop()
+                if self._woken:
+                    self._woken = False
+                    if not self._buffer:
+                        return None
         message = self._buffer.popleft()
         if not self.auto_ack:
             self._unsettled.add(message.tag)
@@ -386,6 +376,29 @@ class Consumer:
 
     # -- settling --------------------------------------------------------------------------------
 
+    def _try_ack_later(self, message: ReceivedMessage) -> bool:
+        """``ack(wait=False)`` in the common case, kept short: the tag joins the next ACK
+        frame's runs. False for any other case, which ``_settle`` deals with."""
+        if (
+            message.settled
+            or self.auto_ack
+            or message._generation != self._generation
+            or self._conn is None
+            or self.deleted_topics
+        ):
+            return False
+        self._acks.append(message.tag)
+        message.settled = True
+        self._unsettled.discard(message.tag)
+        if len(self._acks) >= 100:
+            try:
+                self._flush_acks()
+            except (EOFError, OSError):
+                raise UnknownDeliveryError(
+                    "lost the broker before it confirmed; the message will be redelivered"
+                ) from None
+        return True
+
     def _settle(
         self,
         message: ReceivedMessage,
@@ -395,27 +408,6 @@ class Consumer:
         delay: float | None = None,
         reason: str | None = None,
     ) -> None:
-        if (
-            op == "ack"
-            and not wait
-            and not message.settled
-            and not self.auto_ack
-            and message._generation == self._generation
-            and self._conn is not None
-            and not self.deleted_topics
-        ):
-            # The common case, kept short: the tag joins the next ACK frame's runs.
-            self._acks.append(message.tag)
-            message.settled = True
-            self._unsettled.discard(message.tag)
-            if len(self._acks) >= 100:
-                try:
-                    self._flush_acks()
-                except (EOFError, OSError):
-                    raise UnknownDeliveryError(
-                        "lost the broker before it confirmed; the message will be redelivered"
-                    ) from None
-            return
         if self.auto_ack:
             raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
         if message.settled:

@@ -1,6 +1,7 @@
-"""A delivered message's record and delivery, without the way to settle it: the base of
-the threaded ``ReceivedMessage`` (client/consumer.py) and the asyncio
-``AsyncReceivedMessage`` (client/aio.py), which add ``ack``/``nack``/``extend_lease``."""
+"""A delivered message's record and delivery, and the consumer it came through: the base
+of the threaded ``ReceivedMessage`` (client/consumer.py) and the asyncio
+``AsyncReceivedMessage`` (client/aio.py), which add ``ack``/``nack``/``extend_lease``
+through that consumer."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class DeliveredRecord:
     """
 
     __slots__ = (
+        "_consumer",
         "_generation",
         "_line",
         "_parsed",
@@ -35,6 +37,7 @@ class DeliveredRecord:
 
     def __init__(
         self,
+        consumer: Any,
         generation: int,
         topic: str,
         partition: int,
@@ -43,6 +46,7 @@ class DeliveredRecord:
         attempt: int,
         line: bytes,
     ) -> None:
+        self._consumer = consumer  # the subclass's consumer, which settles the message
         self._generation = generation
         self.topic = topic
         self.partition = partition
