@@ -371,12 +371,10 @@ class Reader:
             self._fill()
         pending = self._pending
         count = min(max_records, len(pending))
-        if count <= 0:
-            return []
-        if end is not None and pending[count - 1][0]["offset"] >= end:
+        if count > 0 and end is not None and pending[count - 1][0]["offset"] >= end:
             # In offset order: those below ``end`` are a prefix.
             count = bisect.bisect_left(pending, end, hi=count, key=_entry_offset)
-        if not count:
+        if count <= 0:
             return []
         if count == len(pending):
             taken = list(pending)
