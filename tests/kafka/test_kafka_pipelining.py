@@ -229,12 +229,13 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
         link = PublisherLink(tmp_path)
         wire = _Wire()
         link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
+        link._waiting[wire] = {}  # type: ignore[index]
         core = SimpleNamespace(link=link, count=lambda *_: None)
         ctx = SimpleNamespace(conn={})
 
         def answer_all() -> None:
-            for frame_id in list(link._waiting):
-                link._resolve(frame_id, {"op": "ok", "r": [[0, 7, 1000]]})
+            for frame_id in list(link._waiting[wire]):  # type: ignore[index]
+                link._resolve(wire, frame_id, {"op": "ok", "r": [[0, 7, 1000]]})  # type: ignore[arg-type]
 
         def tags() -> list[bytes]:
             return [frame.rsplit(b'"v":"', 1)[1][:2] for frame in wire.sent]

@@ -149,13 +149,6 @@ def check_data_dir(path: Path) -> None:
         )
 
 
-def _cut_off(conn: Connection) -> None:
-    """End a handshake that took too long. ``close()`` alone would not wake the thread
-    blocked reading it, and the client would hold the connection (and a thread) forever."""
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
-
-
 #: How long a starting broker waits for the lock. A probe (:func:`broker_running`, which
 #: the console, ``topics delete`` and the operations run) holds it for microseconds: a
 #: broker started in that instant waits the probe out instead of being refused, while one
@@ -515,7 +508,7 @@ class BrokerManager:
 
     def _handshake(self, conn: Connection) -> None:
         """Authenticate, read hello, then hand the socket to a child (or serve admin)."""
-        timer = threading.Timer(self.settings.handshake_timeout_s, _cut_off, args=(conn,))
+        timer = threading.Timer(self.settings.handshake_timeout_s, protocol.cut_off, args=(conn,))
         timer.start()
         try:
             try:

@@ -41,8 +41,10 @@ class PublisherLink:
         self.name = name
         self._conn: Connection | None = None
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._connecting: asyncio.Lock | None = None
+        # The answers awaited on each connection, by frame id: a connection that ends fails
+        # its own, not those of the connection made after it.
+        self._waiting: dict[Connection, dict[int, asyncio.Future[dict[str, Any]]]] = {}
+        self._connecting: asyncio.Future[Connection] | None = None
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -50,20 +52,33 @@ class PublisherLink:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def _ensure(self) -> Connection:
-        if self._conn is not None:
-            return self._conn
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._conn is None:
-                self._loop = asyncio.get_running_loop()
-                conn = await asyncio.to_thread(self._connect)
-                self._conn = conn
-                threading.Thread(
-                    target=self._read_answers, args=(conn,), name="kafka-link", daemon=True
-                ).start()
-            return self._conn
+    def _attempt(self) -> asyncio.Future[Connection]:
+        """The connect attempt in progress, or a new one. There is one at a time, shared by
+        every request that needs the connection, and a request that stops waiting (its
+        timeout) does not cancel it: a late connection is kept for the next request, not
+        dropped, and a PublisherBroker slow to answer is not met with a new thread per
+        request."""
+        attempt = self._connecting
+        if attempt is None or attempt.done():
+            self._loop = asyncio.get_running_loop()
+            attempt = self._connecting = self._loop.create_task(self._open())
+            # Every request may have stopped waiting for it: its error is seen here, not
+            # logged as never retrieved (the next request makes a new attempt).
+            attempt.add_done_callback(_seen)
+        return attempt
+
+    async def _open(self) -> Connection:
+        conn = await asyncio.to_thread(self._connect)
+        if self.closed:  # closed while connecting: say goodbye to the late connection
+            self._bye(conn)
+            conn.close()
+            raise BrokerUnavailableError("the Kafka front is closing")
+        self._conn = conn
+        self._waiting[conn] = {}
+        threading.Thread(
+            target=self._read_answers, args=(conn,), name="kafka-link", daemon=True
+        ).start()
+        return conn
 
     def _connect(self) -> Connection:
         path = str(self.data_dir / protocol.SOCKET_FILE)
@@ -93,27 +108,33 @@ class PublisherLink:
                 frame = protocol.receive(conn)
                 frame_id = frame.get("id")
                 if isinstance(frame_id, int):
-                    loop.call_soon_threadsafe(self._resolve, frame_id, frame)
+                    loop.call_soon_threadsafe(self._resolve, conn, frame_id, frame)
         except EOFError:
             # The PublisherBroker closed it: it stops (with the broker, or to be restarted,
-            # which the manager reports). The next Produce connects again.
-            log.info("kafka: the publisher broker closed the connection")
+            # which the manager reports). The next Produce connects again. Or close() ended it.
+            if not self.closed:
+                log.info("kafka: the publisher broker closed the connection")
         except Exception as exc:  # OSError, ProtocolError: the link is gone
-            log.warning("kafka: the publisher connection closed: %r", exc)
-        with contextlib.suppress(RuntimeError):  # the loop may be closed at shutdown
+            if not self.closed:
+                log.warning("kafka: the publisher connection closed: %r", exc)
+        try:
             loop.call_soon_threadsafe(self._lost, conn)
+        except RuntimeError:  # the loop is closed (shutdown)
+            conn.close()
 
-    def _resolve(self, frame_id: int, frame: dict[str, Any]) -> None:
-        future = self._waiting.pop(frame_id, None)
+    def _resolve(self, conn: Connection, frame_id: int, frame: dict[str, Any]) -> None:
+        future = self._waiting[conn].pop(frame_id, None)
         if future is not None and not future.done():
             future.set_result(frame)
 
     def _lost(self, conn: Connection) -> None:
+        """On the loop, once the reader thread of ``conn`` has ended (only then is closing
+        it safe: its descriptor cannot be reused under a thread still reading it)."""
         if self._conn is conn:
             self._conn = None
         with contextlib.suppress(OSError):
             conn.close()
-        waiting, self._waiting = self._waiting, {}
+        waiting = self._waiting.pop(conn, {})
         for future in waiting.values():
             if not future.done():
                 future.set_exception(
@@ -134,17 +155,21 @@ class PublisherLink:
         ``connect_timeout`` seconds at most (TimeoutError)."""
         conn = self._conn
         if conn is None:
-            conn = await asyncio.wait_for(self._ensure(), connect_timeout)
+            conn = await asyncio.wait_for(asyncio.shield(self._attempt()), connect_timeout)
+        waiting = self._waiting.get(conn)
+        if waiting is None:  # it ended while this request waited for it to open
+            raise BrokerUnavailableError("the publisher broker closed the connection")
         future: asyncio.Future[dict[str, Any]] | None = None
         if answer:
-            future = asyncio.get_running_loop().create_future()
-            self._waiting[frame_id] = future
+            future = waiting[frame_id] = asyncio.get_running_loop().create_future()
         try:
             with self._send_lock:
                 conn.send_bytes(frame)
         except OSError as exc:
-            self._waiting.pop(frame_id, None)
-            self._lost(conn)
+            waiting.pop(frame_id, None)
+            if self._conn is conn:
+                self._conn = None  # the next request connects again
+            protocol.cut_off(conn)  # the reader thread wakes, ends, and fails the others
             raise BrokerUnavailableError(f"could not send to the publisher broker: {exc}") from None
         return future
 
@@ -152,7 +177,15 @@ class PublisherLink:
         self.closed = True
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(OSError):
-                protocol.send(conn, {"op": "bye"})
-            with contextlib.suppress(OSError):
-                conn.close()
+            self._bye(conn)
+
+    @staticmethod
+    def _bye(conn: Connection) -> None:
+        with contextlib.suppress(OSError):
+            protocol.send(conn, {"op": "bye"})
+        protocol.cut_off(conn)  # wakes a reader thread, which closes it
+
+
+def _seen(attempt: asyncio.Future[Connection]) -> None:
+    if not attempt.cancelled():
+        attempt.exception()

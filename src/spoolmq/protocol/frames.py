@@ -10,6 +10,7 @@ record's checksum). See docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections import deque
@@ -78,6 +79,13 @@ def send(conn: Connection, frame: Mapping[str, Any]) -> None:
 
 def receive(conn: Connection) -> dict[str, Any]:
     return decode(conn.recv_bytes(MAX_FRAME_BYTES))
+
+
+def cut_off(conn: Connection) -> None:
+    """Shut a connection down for both directions. ``close()`` alone would not wake a
+    thread blocked reading it, and the peer would not see its end while that thread lives."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 _LONG_SIZE = b"\xff\xff\xff\xff"
