@@ -30,8 +30,11 @@ class Handlers:
     """A pipelined handler that holds each request until its gate opens, and one that is
     not pipelined; both answer with the number the request carries, and log what they do."""
 
-    def __init__(self, failing: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, failing: frozenset[int] = frozenset(), holding: dict[int, int] | None = None
+    ) -> None:
         self.failing = failing  # these raise at once, as a request that does not parse
+        self.holding = holding or {}  # what these hold beside their frames (ctx.holds)
         self.log: list[tuple[str, int]] = []
         self.gates: dict[int, asyncio.Event] = {}
         self.running = 0
@@ -45,6 +48,7 @@ class Handlers:
         self.log.append(("start", n))
         if n in self.failing:
             raise KafkaDecodeError(f"request {n} does not parse")
+        ctx.holds(self.holding.get(n, 0))
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         await self.gate(n).wait()
@@ -105,6 +109,22 @@ def _serve(
     assert uncollected == []
 
 
+def _record_refusals(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets, each time the reading is refused room, how many requests were
+    started then."""
+    refused: list[int] = []
+    has_room = server_module._has_room
+
+    def recorded(started: dict[asyncio.Task[bytes | None], int], size: int) -> bool:
+        room = has_room(started, size)
+        if not room:
+            refused.append(len(started))
+        return room
+
+    monkeypatch.setattr(server_module, "_has_room", recorded)
+    return refused
+
+
 def _request(api: int, n: int, padding: int = 0) -> bytes:
     return request_frame(api, 1, n, struct.pack(">i", n) + bytes(padding))
 
@@ -149,16 +169,7 @@ def test_a_connection_starts_a_bounded_number_of_requests_ahead(
     size = len(_request(PIPELINED, 0, padding)) - 4  # the frame after its size prefix
     bound = min(MAX_PIPELINED, MAX_PIPELINED_BYTES // size)
     count = bound * 2
-    refused: list[int] = []  # how many were started when the reading was refused room
-    has_room = server_module._has_room
-
-    def recorded(started: dict[asyncio.Task[bytes | None], int], size: int) -> bool:
-        room = has_room(started, size)
-        if not room:
-            refused.append(len(started))
-        return room
-
-    monkeypatch.setattr(server_module, "_has_room", recorded)
+    refused = _record_refusals(monkeypatch)
 
     async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Written without waiting for the server to read it: it stops reading.
@@ -171,6 +182,29 @@ def test_a_connection_starts_a_bounded_number_of_requests_ahead(
             handlers.gate(n).set()
             assert await _answer(reader) == (n, n)
         assert handlers.most_running == bound
+
+    _serve(tmp_path, handlers, test)
+
+
+def test_what_a_request_holds_beside_its_frame_counts_against_the_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small Produce request whose batches inflate to the whole budget (ctx.holds): the
+    next request is not started until it is answered."""
+    handlers = Handlers(holding={0: MAX_PIPELINED_BYTES})
+    refused = _record_refusals(monkeypatch)
+
+    async def test(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_request(PIPELINED, 0) + _request(PIPELINED, 1))
+        await writer.drain()
+        await _until(lambda: bool(refused), "the second request is refused room")
+        assert handlers.log == [("start", 0)]
+        handlers.gate(0).set()
+        assert await _answer(reader) == (0, 0)
+        await _until(lambda: ("start", 1) in handlers.log, "the second starts once room is made")
+        handlers.gate(1).set()
+        assert await _answer(reader) == (1, 1)
+        assert refused == [1]
 
     _serve(tmp_path, handlers, test)
 

@@ -15,6 +15,7 @@ module exports ``APIS: list[ApiHandler]`` and kafka/dispatch.py joins them.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -137,6 +138,17 @@ class RequestContext:
     close_after_response: bool = False
     conn: dict[str, Any] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
+    # The connection's pipelined requests started and not answered yet, with the bytes
+    # each holds (server.py waits for room among them before starting another).
+    pipelined: dict[asyncio.Task[Any], int] = field(default_factory=dict)
+
+    def holds(self, nbytes: int) -> None:
+        """Count ``nbytes`` more against the pipelining budget for the request running
+        now, beside its frame's size: what its handler made of it (Produce: the records
+        its compressed batches inflated to). No effect on a request not pipelined."""
+        task = asyncio.current_task()
+        if task in self.pipelined:
+            self.pipelined[task] += nbytes
 
 
 Handle = Callable[[RequestContext, int, Reader], Awaitable[bytes | None]]

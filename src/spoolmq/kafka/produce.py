@@ -31,16 +31,22 @@ import orjson
 from spoolmq.errors import BrokerUnavailableError, KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
 from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_body
-from spoolmq.kafka.records import RecordBatch, UnsupportedCompression, decode_batches
+from spoolmq.kafka.records import (
+    InflatesTooLarge,
+    RecordBatch,
+    UnsupportedCompression,
+    decode_batches,
+)
 from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.protocol.publish import encode_publish_frame
 from spoolmq.store.record import RECORD_OVERHEAD
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
-# What one partition's compressed record set may inflate to (a compression bomb
-# stops here; a real batch is bounded by the producer's batch.size, 1 MiB at most
-# by default).
+# What the compressed batches of one Produce request may inflate to, all partitions
+# together (a compression bomb stops here, and no more than this is ever allocated for
+# it; a real batch is bounded by the producer's batch.size, 1 MiB by default, and a
+# request by max.request.size, 1 MiB in Java, before compression).
 MAX_INFLATED_BYTES = 128 * 1024 * 1024
 
 # The producer id a non-idempotent Kafka producer's frames carry (no sequences).
@@ -93,11 +99,15 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
             for p, _ in parts
         }
     else:
-        prepared = [
-            _prepare(core, topic, partition, data)
-            for topic, parts in topics
-            for partition, data in parts
-        ]
+        room = MAX_INFLATED_BYTES
+        prepared: list[_Frames | _PartitionResult] = []
+        for topic, parts in topics:
+            for partition, data in parts:
+                item = _prepare(core, topic, partition, data, room)
+                if isinstance(item, _Frames):
+                    room -= item.inflated
+                prepared.append(item)
+        ctx.holds(MAX_INFLATED_BYTES - room)  # held until answered, as the frame is
         done = await _send_in_turn(ctx, core, prepared, acks, timeout_ms)
         keys = [(t, p) for t, parts in topics for p, _ in parts]
         results = dict(zip(keys, done, strict=True))
@@ -119,17 +129,24 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
 class _Frames:
     """One partition's record set, checked and made into publish frames (one per batch)."""
 
-    __slots__ = ("frames", "partition", "topic")
+    __slots__ = ("frames", "inflated", "partition", "topic")
 
-    def __init__(self, topic: str, partition: int, frames: list[tuple[str, list[bytes]]]) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        frames: list[tuple[str, list[bytes]]],
+        inflated: int = 0,
+    ) -> None:
         self.topic, self.partition, self.frames = topic, partition, frames
+        self.inflated = inflated  # what its compressed batches inflated to
 
 
 def _prepare(
-    core: KafkaCore, topic: str, partition: int, data: bytes | None
+    core: KafkaCore, topic: str, partition: int, data: bytes | None, room: int
 ) -> _Frames | _PartitionResult:
-    """Decode and check one partition's record set: its frames, or the error it gets
-    (nothing of it is stored then)."""
+    """Decode and check one partition's record set, whose compressed batches may inflate
+    to ``room`` bytes: its frames, or the error it gets (nothing of it is stored then)."""
     store = core.store
     try:
         config = store.topic_config(topic)
@@ -139,9 +156,11 @@ def _prepare(
         return _PartitionResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     max_bytes = store.config.max_message_bytes
     try:
-        batches = decode_batches(data or b"", MAX_INFLATED_BYTES)
+        batches = decode_batches(data or b"", room)
     except UnsupportedCompression:
         return _PartitionResult(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
+    except InflatesTooLarge:
+        return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     except KafkaDecodeError:
         return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)
     if not batches or any(b.transactional or b.control for b in batches):
@@ -154,7 +173,7 @@ def _prepare(
         if isinstance(built, int):
             return _PartitionResult(built)
         frames.append(built)
-    return _Frames(topic, partition, frames)
+    return _Frames(topic, partition, frames, sum(batch.inflated for batch in batches))
 
 
 # A connection's requests are read and started without waiting for the answers before

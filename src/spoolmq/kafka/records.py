@@ -8,8 +8,9 @@ delta, key, value, headers. See the "Record Batch" section of Kafka's protocol
 guide.
 
 Decoding is hostile-input safe: the CRC is checked before anything else is
-trusted, every count is bounded by the bytes left (``wire.Reader``), and a
-decompressed block may not exceed ``max_bytes`` (a compression bomb). Encoding
+trusted, every count is bounded by the bytes left (``wire.Reader``), and the
+compressed blocks of a record set may not inflate past ``max_bytes`` together (a
+compression bomb), nor is more than that ever allocated for them. Encoding
 (Fetch) writes uncompressed batches with CreateTime timestamps: the timestamp of
 each record is the one the store gave it.
 """
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka.wire import MAX_VARINT32_BYTES as _VARINT32
@@ -110,6 +113,7 @@ class RecordBatch:
     producer_epoch: int
     base_sequence: int
     records: list[KafkaRecord]
+    inflated: int = 0  # the bytes its compressed block inflated to (0: not compressed)
 
     @property
     def compression(self) -> int:
@@ -128,12 +132,18 @@ class UnsupportedCompression(KafkaDecodeError):
     """A batch names a compression codec outside Kafka's five (answered, not dropped)."""
 
 
+class InflatesTooLarge(KafkaDecodeError):
+    """Compressed batches that inflate past what a request may (answered, not dropped)."""
+
+
 def decode_batches(data: bytes, max_bytes: int) -> list[RecordBatch]:
-    """Every batch of a Produce record set; KafkaDecodeError if any is damaged.
+    """Every batch of a Produce record set; KafkaDecodeError if any is damaged, or if
+    its compressed blocks inflate past ``max_bytes`` together.
 
     Old message sets (magic 0/1) are refused: Produce v3+ carries magic 2 only.
     """
     batches = []
+    room = max_bytes
     r = Reader(data)
     while r.remaining:
         if r.remaining < HEADER_BYTES:
@@ -145,12 +155,15 @@ def decode_batches(data: bytes, max_bytes: int) -> list[RecordBatch]:
             raise KafkaDecodeError(f"batch length {length} does not fit the record set")
         body = data[start : start + LENGTH_OVERHEAD + length]
         r.raw(length)
-        batches.append(decode_batch(body, max_bytes))
+        batch = decode_batch(body, room)
+        room -= batch.inflated
+        batches.append(batch)
     return batches
 
 
 def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
-    """One whole batch (its length already checked against the record set)."""
+    """One whole batch (its length already checked against the record set), whose
+    compressed block may inflate to ``max_bytes`` at most."""
     (
         base_offset,
         _length,
@@ -172,8 +185,10 @@ def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
         raise KafkaDecodeError("record batch CRC-32C does not match")
     payload = body[HEADER_BYTES:]
     codec = attributes & 0x07
+    inflated = 0
     if codec != COMPRESSION_NONE:
         payload = decompress(codec, payload, max_bytes)
+        inflated = len(payload)
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
     if count < 0 or count * 7 > len(payload):
         raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
@@ -188,6 +203,7 @@ def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
         producer_epoch,
         base_sequence,
         records,
+        inflated,
     )
 
 
@@ -285,7 +301,11 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
 def decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
-    """A batch's compressed records block, refused past ``max_bytes`` once inflated."""
+    """A batch's compressed records block, refused past ``max_bytes`` once inflated.
+
+    Nothing larger than ``max_bytes + 1`` is ever allocated for it: a few kilobytes of
+    zstd can claim gigabytes, so no codec is asked to inflate a block whole and then
+    checked."""
     if codec == COMPRESSION_GZIP:
         # zlib (not cramjam) so the output is bounded while inflating.
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -294,7 +314,7 @@ def decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
         except zlib.error as exc:
             raise KafkaDecodeError(f"gzip block does not inflate: {exc}") from None
         if len(out) > max_bytes:
-            raise KafkaDecodeError(f"gzip block inflates past {max_bytes} bytes")
+            raise InflatesTooLarge(f"gzip block inflates past {max_bytes} bytes")
         return out
     try:
         import cramjam
@@ -302,31 +322,59 @@ def decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
         raise UnsupportedCompression("install spoolmq[kafka] for compressed batches") from None
     try:
         if codec == COMPRESSION_SNAPPY:
-            out = _snappy(cramjam, data, max_bytes)
-        elif codec == COMPRESSION_LZ4:
-            out = bytes(cramjam.lz4.decompress(data))
-        elif codec == COMPRESSION_ZSTD:
-            out = bytes(cramjam.zstd.decompress(data))
-        else:
-            raise UnsupportedCompression(f"unknown compression codec {codec}")
+            return _snappy(cramjam, data, max_bytes)
+        if codec == COMPRESSION_LZ4:
+            return _into_bounded(cramjam.lz4.decompress_into, data, max_bytes, "lz4")
+        if codec == COMPRESSION_ZSTD:
+            return _into_bounded(cramjam.zstd.decompress_into, data, max_bytes, "zstd")
     except cramjam.DecompressionError as exc:
         raise KafkaDecodeError(f"compressed block does not inflate: {exc}") from None
-    if len(out) > max_bytes:
-        raise KafkaDecodeError(f"compressed block inflates past {max_bytes} bytes")
-    return out
+    raise UnsupportedCompression(f"unknown compression codec {codec}")
 
 
-def _snappy(cramjam: object, data: bytes, max_bytes: int) -> bytes:
-    """Raw snappy (librdkafka) or the xerial framing of Java's SnappyOutputStream."""
-    snappy = cramjam.snappy  # type: ignore[attr-defined]
+def _into_bounded(
+    into: Callable[[bytes, bytearray], int], data: bytes, max_bytes: int, name: str
+) -> bytes:
+    """Inflate ``data`` with ``into`` (a codec's decompress-into-a-buffer) into buffers
+    that grow eightfold from a few times its size, up to ``max_bytes + 1``: a codec
+    stops with an error at a buffer's end, so a bomb costs one such buffer at most."""
+    size = min(max_bytes + 1, 4 * len(data) + 65536)
+    while True:
+        out = bytearray(size)
+        try:
+            n = into(data, out)
+        except Exception as exc:  # cramjam.DecompressionError: damaged, or past the buffer
+            if size > max_bytes:
+                # cramjam says "failed to write whole buffer" when the buffer is full.
+                error = InflatesTooLarge if "buffer" in str(exc) else KafkaDecodeError
+                message = f"{name} block does not inflate within {max_bytes} bytes: {exc}"
+                raise error(message) from None
+
+            del out  # before the next one: never two buffers at once
+            size = min(max_bytes + 1, size * 8)
+            continue
+        if n > max_bytes:
+            raise InflatesTooLarge(f"{name} block inflates past {max_bytes} bytes")
+        del out[n:]
+        return bytes(out)
+
+
+def _snappy(cramjam: Any, data: bytes, max_bytes: int) -> bytes:
+    """Raw snappy (librdkafka) or the xerial framing of Java's SnappyOutputStream. A raw
+    block states its inflated length first; it is checked before anything is allocated."""
+    snappy = cramjam.snappy
+
+    def block(raw: bytes, room: int) -> bytes:
+        if snappy.decompress_raw_len(raw) > room:
+            raise InflatesTooLarge(f"snappy block inflates past {max_bytes} bytes")
+        return bytes(snappy.decompress_raw(raw))
+
     if not data.startswith(_XERIAL_MAGIC):
-        return bytes(snappy.decompress_raw(data))
+        return block(data, max_bytes)
     r = Reader(data, 16)  # magic (8), version (4), compatible version (4)
     out = bytearray()
     while r.remaining:
-        out += bytes(snappy.decompress_raw(r.raw(r.int32())))
-        if len(out) > max_bytes:
-            raise KafkaDecodeError(f"snappy block inflates past {max_bytes} bytes")
+        out += block(r.raw(r.int32()), max_bytes - len(out))
     return bytes(out)
 
 

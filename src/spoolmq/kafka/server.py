@@ -49,10 +49,12 @@ _HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
-# Pipelined requests of one connection started and not answered yet, and their frames'
-# bytes: at this many (or when the next would pass the bytes), the connection is not read
-# until the oldest is answered (a librdkafka producer without idempotence may keep a
-# million requests in flight). A request alone may be as large as max_request_bytes.
+# Pipelined requests of one connection started and not answered yet, and the bytes they
+# hold (their frames, and the records their compressed batches inflated to): at this many
+# (or when the next would pass the bytes), the connection is not read until the oldest is
+# answered (a librdkafka producer without idempotence may keep a million requests in
+# flight). A request alone may be as large as max_request_bytes, and inflate to
+# produce.MAX_INFLATED_BYTES more.
 MAX_PIPELINED = 16
 MAX_PIPELINED_BYTES = 32 * 1024 * 1024
 
@@ -140,7 +142,9 @@ class KafkaServer:
 
     def new_context(self, peer: str) -> RequestContext:
         # Each connection gets its own context; ``shared`` stays the one dict.
-        return replace(self.template, peer=peer, conn={}, authenticated=False, principal=None)
+        return replace(
+            self.template, peer=peer, conn={}, pipelined={}, authenticated=False, principal=None
+        )
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -149,9 +153,10 @@ class KafkaServer:
         peername = writer.get_extra_info("peername")
         ctx = self.new_context(str(peername))
         requests: asyncio.Queue[_Request] = asyncio.Queue()
-        # Pipelined requests started and not answered yet, with their frames' sizes: the
-        # reading waits for room among them, and the end of the connection collects them.
-        started: dict[asyncio.Task[bytes | None], int] = {}
+        # Pipelined requests started and not answered yet, with the bytes they hold (their
+        # frames, and what their handlers add with ctx.holds): the reading waits for room
+        # among them, and the end of the connection collects them.
+        started = ctx.pipelined
         room = asyncio.Condition()
         reading = asyncio.create_task(self._read_requests(ctx, reader, requests, started, room))
         try:
@@ -210,7 +215,7 @@ class KafkaServer:
         ctx: RequestContext,
         reader: asyncio.StreamReader,
         requests: asyncio.Queue[_Request],
-        started: dict[asyncio.Task[bytes | None], int],
+        started: dict[asyncio.Task[Any], int],
         room: asyncio.Condition,
     ) -> None:
         """Read a connection's requests into ``requests``, in order: a pipelined one is
@@ -229,6 +234,10 @@ class KafkaServer:
                     request = asyncio.create_task(self.handle_frame(ctx, frame))
                     started[request] = len(frame)
                     requests.put_nowait(request)
+                    # Its first step runs now, before the next frame is read (which may
+                    # be buffered already): what it holds (ctx.holds) counts in that
+                    # frame's room.
+                    await asyncio.sleep(0)
                 else:
                     answered = asyncio.get_running_loop().create_future()
                     requests.put_nowait((frame, answered))
@@ -281,7 +290,7 @@ class KafkaServer:
         return _frame(correlation_id, body)
 
 
-def _has_room(started: dict[asyncio.Task[bytes | None], int], size: int) -> bool:
+def _has_room(started: dict[asyncio.Task[Any], int], size: int) -> bool:
     """Whether a pipelined request of ``size`` bytes may start beside ``started``."""
     return not started or (
         len(started) < MAX_PIPELINED and sum(started.values()) + size <= MAX_PIPELINED_BYTES

@@ -1,0 +1,181 @@
+"""Compressed Produce batches inflate within a bound, and never past it: each of Kafka's
+four codecs gives back what was compressed up to the limit and refuses one byte more, a
+record set's batches share one limit, and a compression bomb (a few kilobytes that
+claim a gigabyte) is refused without the gigabyte ever being allocated, in-process and
+through a running broker's Kafka listener."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import cramjam
+import pytest
+from kafka_helpers import call, kafka_broker, produce_answer, produce_body
+
+from spoolmq.kafka import records
+from spoolmq.kafka.api import ApiKey, ErrorCode
+from spoolmq.kafka.records import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    InflatesTooLarge,
+    OutRecord,
+    compress,
+    decode_batches,
+    decompress,
+    encode_batch,
+)
+
+MIB = 1024 * 1024
+CODECS = {
+    "gzip": COMPRESSION_GZIP,
+    "snappy": COMPRESSION_SNAPPY,
+    "lz4": COMPRESSION_LZ4,
+    "zstd": COMPRESSION_ZSTD,
+}
+
+
+def _data(size: int) -> bytes:
+    """``size`` bytes that compress well (so the inflating buffers have to grow) but are
+    not all alike (so a wrong slice shows)."""
+    line = b"".join(b"%08d," % i for i in range(4096))
+    return (line * (size // len(line) + 1))[:size]
+
+
+def _zero_bomb(codec: str, size: int) -> bytes:
+    """A stream that inflates to ``size`` zero bytes, built a mebibyte at a time."""
+    compressor = cramjam.zstd.Compressor(3) if codec == "zstd" else cramjam.lz4.Compressor()
+    chunk = bytes(MIB)
+    for _ in range(size // MIB):
+        compressor.compress(chunk)
+    return bytes(compressor.finish())
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("size", [0, 1, 70_000, 3 * MIB])
+def test_each_codec_gives_back_up_to_the_limit_and_refuses_one_byte_more(
+    codec: str, size: int
+) -> None:
+    data = _data(size)
+    packed = compress(CODECS[codec], data)
+    assert decompress(CODECS[codec], packed, size) == data
+    assert decompress(CODECS[codec], packed, size + 100) == data
+    if size:
+        with pytest.raises(InflatesTooLarge):
+            decompress(CODECS[codec], packed, size - 1)
+
+
+def test_a_snappy_block_that_claims_too_much_is_refused_from_its_header() -> None:
+    # Raw snappy starts with the inflated length (a varint): here 4 GiB - 1, then junk.
+    claim = b"\xff\xff\xff\xff\x0f" + bytes(64)
+    with pytest.raises(InflatesTooLarge):
+        decompress(COMPRESSION_SNAPPY, claim, MIB)
+    # The same in Java's xerial framing: magic, two versions, then sized chunks.
+    xerial = b"\x82SNAPPY\x00" + bytes(8)
+    chunk = compress(COMPRESSION_SNAPPY, _data(600_000))
+    framed = xerial + (len(chunk).to_bytes(4, "big") + chunk) * 2
+    assert decompress(COMPRESSION_SNAPPY, framed, 1_200_000) == _data(600_000) * 2
+    with pytest.raises(InflatesTooLarge):  # the second chunk passes what is left
+        decompress(COMPRESSION_SNAPPY, framed, 1_000_000)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_the_batches_of_a_record_set_share_one_limit(codec: str) -> None:
+    values = [_data(200_000) + b"%d" % i for i in range(3)]
+    batches = [
+        encode_batch([OutRecord(0, 1000, None, value, [])], compression=CODECS[codec])
+        for value in values
+    ]
+    record_set = b"".join(batches)
+    decoded = decode_batches(record_set, 3 * 200_100)
+    assert [batch.records[0].value for batch in decoded] == values
+    assert all(batch.inflated > 200_000 for batch in decoded)
+    # Each batch alone fits in this limit; the three together do not.
+    assert decode_batches(batches[2], 400_000)[0].records[0].value == values[2]
+    with pytest.raises(InflatesTooLarge):
+        decode_batches(record_set, 400_000)
+
+
+BOMB_CHECK = textwrap.dedent(
+    """
+    import resource, sys
+    from pathlib import Path
+    from spoolmq.kafka.records import InflatesTooLarge, decompress
+    codec, path, limit = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    bomb = path.read_bytes()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        decompress(codec, bomb, limit)
+    except InflatesTooLarge:
+        pass
+    else:
+        sys.exit("not refused")
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+    """
+)
+
+
+@pytest.mark.parametrize(("codec", "claims"), [("zstd", 1024 * MIB), ("lz4", 256 * MIB)])
+def test_a_bomb_is_refused_without_inflating_it(tmp_path: Path, codec: str, claims: int) -> None:
+    bomb = tmp_path / "bomb"
+    bomb.write_bytes(_zero_bomb(codec, claims))
+    assert bomb.stat().st_size < claims // 50
+    # In a process of its own, so that its peak memory is this decompression's.
+    grown = subprocess.run(
+        [sys.executable, "-c", BOMB_CHECK, str(CODECS[codec]), str(bomb), str(16 * MIB)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    # One buffer of the limit (16 MiB) at most, never the claim.
+    assert int(grown.stdout) < 64, f"peak memory grew {grown.stdout.strip()} MiB"
+
+
+def test_a_bomb_sent_to_the_kafka_listener_is_answered_and_costs_no_gigabyte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block = _zero_bomb("zstd", 2048 * MIB)  # 2 GiB of zeros: past a request's 128 MiB
+    # A batch around it, its header and CRC computed as for any batch.
+    with monkeypatch.context() as patch:
+        patch.setattr(records, "compress", lambda codec, data: block)
+        bomb = records.batch_of(
+            [b""],
+            base=0,
+            last_offset_delta=0,
+            first_timestamp=1000,
+            max_timestamp=1000,
+            count=1,
+            compression=COMPRESSION_ZSTD,
+        )
+    with kafka_broker(tmp_path / "data") as (broker, address):
+        pid = broker.stats()["pids"]["kafka"]
+
+        def peak_mib() -> int:
+            status = Path(f"/proc/{pid}/status").read_text()
+            line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
+            return int(line.split()[1]) // 1024
+
+        before = peak_mib()
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            metadata = struct.pack(">ih", 1, 6) + b"bombed"
+            call(sock, ApiKey.METADATA, 1, metadata)  # creates the topic
+            answer = call(sock, ApiKey.PRODUCE, 3, produce_body("bombed", 0, bomb))
+            assert produce_answer(answer)[0] == ErrorCode.MESSAGE_TOO_LARGE
+            # The connection still serves, and a real batch is stored.
+            good = encode_batch(
+                [OutRecord(0, 1000, None, b'{"ok":1}', [])], compression=COMPRESSION_ZSTD
+            )
+            answer = call(sock, ApiKey.PRODUCE, 3, produce_body("bombed", 0, good), corr=2)
+            assert produce_answer(answer) == (ErrorCode.NONE, 0)
+        assert peak_mib() - before < 400
+        stats = broker.stats()
+        assert stats["restarts"].get("kafka", 0) == 0
+        assert stats["pids"]["kafka"] == pid
