@@ -101,9 +101,13 @@ def test_an_interrupted_run_drops_the_queries_it_queued(
             interrupted.set()
             raise KeyboardInterrupt
 
+    root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()  # type: ignore[union-attr]
     try:
+        spark.sparkContext.setLogLevel("WARN")  # a library caller's own level
         with pytest.raises(KeyboardInterrupt):
             run(spark, data, tmp_path / "out", step)
+        # Spark's log was off while the running queries were cancelled, and is back.
+        assert str(root.getLevel().name()) == "WARN"
         assert _query_threads() == []  # none left running
         written = {p.name for p in (tmp_path / "out" / "tables").iterdir()}
         assert "partitions" in written

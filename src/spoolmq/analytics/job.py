@@ -97,20 +97,35 @@ def _pool(spark: SparkSession, threads: int, name: str) -> Iterator[ThreadPoolEx
     error, or Ctrl-C), the queries queued in it are dropped, not run first, the session's
     Spark jobs are cancelled, and the failure goes on once the running queries have ended
     (a query between two jobs as they were cancelled runs its next one to the end).
-    Spark's log is turned off then, and left off (the CLI stops the session next): the
-    failure says what happened."""
+    Spark's log is turned off meanwhile (the failure says what happened), and set back as
+    it was once they have ended: a library caller's session goes on logging."""
     pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     try:
         yield pool
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
+        level = None
         with contextlib.suppress(Exception):  # a JVM that is gone has no jobs left
+            level = _log_level(spark)
             # Spark's log of each cancelled job would say nothing the failure does not.
             spark.sparkContext.setLogLevel("OFF")
             spark.sparkContext.cancelAllJobs()
-        pool.shutdown(wait=True)
+        try:
+            pool.shutdown(wait=True)
+        finally:
+            if level is not None:
+                with contextlib.suppress(Exception):
+                    spark.sparkContext.setLogLevel(level)
         raise
     pool.shutdown()
+
+
+def _log_level(spark: SparkSession) -> str:
+    """The root level of the driver's log4j (what ``setLogLevel`` sets; PySpark has no
+    getter)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel().name())
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
