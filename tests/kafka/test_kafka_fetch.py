@@ -188,10 +188,7 @@ def test_a_long_poll_reads_each_record_once_however_often_it_wakes(
     import asyncio
     import time
 
-    from spoolmq.kafka.api import RequestContext
-    from spoolmq.kafka.core import KafkaCore
     from spoolmq.kafka.fetch import handle_fetch
-    from spoolmq.kafka.watch import GrowthWatcher
     from spoolmq.kafka.wire import Reader, Writer
 
     def request(min_bytes: int) -> Reader:
@@ -200,11 +197,7 @@ def test_a_long_poll_reads_each_record_once_however_often_it_wakes(
         return Reader(w.getvalue())
 
     async def main(store: Store) -> bytes:
-        watcher = GrowthWatcher()
-        watcher.start()
-        core = KafkaCore(store=store, link=None, watcher=watcher)  # type: ignore[arg-type]
-        ctx = RequestContext(data_dir=store.path, host="127.0.0.1", port=0)
-        ctx.shared["core"] = core
+        ctx, watcher = _fetch_context(store)
 
         def armed() -> set[Any]:
             return {future for futures in watcher._waiters.values() for future in futures}
@@ -228,19 +221,78 @@ def test_a_long_poll_reads_each_record_once_however_often_it_wakes(
     with Store(tmp_path / "data") as store:
         store.append_batch("t", [Message(value={"n": n, "pad": "x" * 100}) for n in _ns(0)])
         answer = asyncio.run(main(store))
-    r = Reader(answer)
-    r.int32()  # throttle
-    assert r.int32() == 1 and r.string() == "t" and r.int32() == 1
-    assert (r.int32(), r.int16()) == (0, 0)  # partition 0, no error
-    r.int64(), r.int64(), r.int32()  # high watermark, last stable offset, no aborted
-    records = _offsets_and_values(r.bytes_())
+    records = _offsets_and_values(_record_bytes(answer))
     assert [offset for offset, _ in records] == list(range(len(records)))
     assert [value["n"] for _, value in records] == [n for step in range(6) for n in _ns(step)]
     # Every stored line verified once (each wake read on, with no seek back).
     assert len(verified_lines) == len(records)
 
 
+def _fetch_context(store: Store) -> tuple[Any, Any]:
+    """A Kafka request context whose core serves Fetch from ``store`` in this process (no
+    link to a PublisherBroker), and the core's started growth watcher; in a loop."""
+    from spoolmq.kafka.api import RequestContext
+    from spoolmq.kafka.core import KafkaCore
+    from spoolmq.kafka.watch import GrowthWatcher
+
+    watcher = GrowthWatcher()
+    watcher.start()
+    ctx = RequestContext(data_dir=store.path, host="127.0.0.1", port=0)
+    ctx.shared["core"] = KafkaCore(store=store, link=None, watcher=watcher)  # type: ignore[arg-type]
+    return ctx, watcher
+
+
+def _record_bytes(answer: bytes) -> bytes:
+    """The records of a Fetch v4 answer for t/0 alone, which it answers without error."""
+    from spoolmq.kafka.wire import Reader
+
+    r = Reader(answer)
+    r.int32()  # throttle
+    assert r.int32() == 1 and r.string() == "t" and r.int32() == 1
+    assert (r.int32(), r.int16()) == (0, 0)  # partition 0, no error
+    r.int64(), r.int64(), r.int32()  # high watermark, last stable offset, no aborted
+    data = r.bytes_()
+    assert data is not None
+    return data
+
+
 def _ns(step: int) -> list[int]:
     """The message numbers written at ``step``: 4 messages (~550 bytes in Kafka's form,
     so steps 0-4 stay well below the long poll's 5,000), then 40 at step 5."""
     return list(range(step * 4, step * 4 + (40 if step == 5 else 4)))
+
+
+def test_an_answer_holds_no_more_than_the_cap_whatever_the_request_asks(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Fetch asking for 2 GiB (``max_bytes`` and the partition's limit both at int32's
+    top) gets what fits the child's cap (Kafka's fetch.max.bytes; lowered here so that a
+    small topic passes it), from the offset asked, in order."""
+    import asyncio
+
+    from spoolmq.kafka import fetch as fetch_module
+    from spoolmq.kafka.fetch import handle_fetch
+    from spoolmq.kafka.wire import Reader, Writer
+
+    cap = 20_000
+    monkeypatch.setattr(fetch_module, "MAX_FETCH_BYTES", cap)
+    top = 2**31 - 1
+    w = Writer().int32(-1).int32(0).int32(1).int32(top).int8(0)
+    w.int32(1).string("t").int32(1).int32(0).int64(10).int32(top)  # t/0 from offset 10
+
+    async def main(store: Store) -> bytes:
+        ctx, watcher = _fetch_context(store)
+        try:
+            return await handle_fetch(ctx, 4, Reader(w.getvalue()))
+        finally:
+            watcher.close()
+
+    with Store(tmp_path / "data") as store:
+        store.append_batch("t", [Message(value={"n": n, "pad": "x" * 300}) for n in range(400)])
+        answer = asyncio.run(main(store))
+    data = _record_bytes(answer)
+    records = _offsets_and_values(data)
+    # About 350 bytes a record: the 400 stored (~140 kB) do not fit; those that do come.
+    assert cap // 2 < len(data) <= cap
+    assert [offset for offset, _ in records] == list(range(10, 10 + len(records)))
+    assert [value["n"] for _, value in records] == list(range(10, 10 + len(records)))

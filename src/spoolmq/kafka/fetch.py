@@ -32,6 +32,10 @@ _BATCH_OVERHEAD = 61
 # A batch's last offset delta is an int32: a compacted log's gaps can be wider.
 _MAX_OFFSET_DELTA = 2**31 - 1
 MAX_WAIT_MS = 30_000
+# What one answer may hold, whatever the request's max_bytes says (Kafka's broker setting
+# fetch.max.bytes, 55 MiB by default): an answer is built in memory, and a client asking
+# for 2 GiB of a large topic must not make the child allocate that much.
+MAX_FETCH_BYTES = 57_671_680
 _EARLIEST = -2
 _LATEST = -1
 
@@ -58,7 +62,7 @@ async def handle_fetch(ctx: RequestContext, version: int, r: Reader) -> bytes:
     r.int32()  # replica_id: always a consumer (-1) here
     max_wait_ms = r.int32()
     min_bytes = r.int32()
-    max_bytes = r.int32()
+    max_bytes = min(r.int32(), MAX_FETCH_BYTES)
     r.int8()  # isolation_level: no transactions, so both levels read the same
     if version >= 7:
         r.int32()  # session_id
