@@ -26,6 +26,7 @@ from spoolmq.kafka.records import (
     COMPRESSION_ZSTD,
     InflatesTooLarge,
     OutRecord,
+    TooManyRecords,
     compress,
     decode_batches,
     decompress,
@@ -179,3 +180,27 @@ def test_a_bomb_sent_to_the_kafka_listener_is_answered_and_costs_no_gigabyte(
         stats = broker.stats()
         assert stats["restarts"].get("kafka", 0) == 0
         assert stats["pids"]["kafka"] == pid
+
+
+def test_a_record_set_holds_no_more_records_than_its_bound() -> None:
+    values = [b'{"n":%d}' % n for n in range(6)]
+    batches = [
+        encode_batch([OutRecord(i, 1000, None, v, []) for i, v in enumerate(values[:3])]),
+        encode_batch([OutRecord(i, 1000, None, v, []) for i, v in enumerate(values[3:])]),
+    ]
+    decoded = decode_batches(b"".join(batches), MIB, 6)
+    assert [r.value for batch in decoded for r in batch.records] == values
+    with pytest.raises(TooManyRecords):  # the two batches together
+        decode_batches(b"".join(batches), MIB, 5)
+    # The count is checked from the header, before the records: a batch that claims a
+    # million records in a few bytes is refused as too many, not decoded first.
+    claims = records.batch_of(
+        [b"\x00" * 8],
+        base=0,
+        last_offset_delta=0,
+        first_timestamp=0,
+        max_timestamp=0,
+        count=1_000_000,
+    )
+    with pytest.raises(TooManyRecords):
+        decode_batches(claims, MIB, 1000)

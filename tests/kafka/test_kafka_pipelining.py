@@ -288,3 +288,53 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
         assert [r.error for r in await a] == [0] and [r.error for r in await c] == [0]
 
     asyncio.run(main())
+
+
+def test_the_partitions_of_a_request_share_its_record_bound_and_count_in_its_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two partitions of 6 records each, in a request that may hold 10: the first is sent,
+    the second answered MESSAGE_TOO_LARGE without being sent, and the records decoded
+    count in the connection's pipelining room (ctx.holds) while the request runs."""
+    from spoolmq import Store
+    from spoolmq.kafka import produce
+    from spoolmq.kafka.api import ErrorCode
+    from spoolmq.kafka.core import KafkaCore
+    from spoolmq.kafka.link import PublisherLink
+    from spoolmq.kafka.records import OutRecord, encode_batch
+    from spoolmq.kafka.wire import Writer
+
+    monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
+
+    def batch(count: int) -> bytes:
+        return encode_batch([OutRecord(i, 1000, None, b'{"n":%d}' % i, []) for i in range(count)])
+
+    w = Writer().nullable_string(None).int16(-1).int32(30_000)
+    w.int32(1).string("t").int32(2).int32(0).bytes_(batch(6)).int32(1).bytes_(batch(6))
+
+    async def main(store: Store) -> bytes | None:
+        link = PublisherLink(tmp_path)
+        wire = _Wire()
+        link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
+        link._waiting[wire] = {}  # type: ignore[index]
+        ctx = RequestContext(data_dir=store.path, host="127.0.0.1", port=0)
+        ctx.shared["core"] = KafkaCore(store=store, link=link, watcher=None)  # type: ignore[arg-type]
+        task = asyncio.create_task(produce.handle_produce(ctx, 3, Reader(w.getvalue())))
+        ctx.pipelined[task] = 0  # as the server counts a pipelined request (its frame: 0 here)
+        await _until(lambda: bool(wire.sent), "the first partition's frame is sent")
+        assert ctx.pipelined[task] == 6 * produce.HELD_PER_RECORD
+        for frame_id in list(link._waiting[wire]):  # type: ignore[index]
+            link._resolve(wire, frame_id, {"op": "ok", "r": [[0, 0, 1000]]})  # type: ignore[arg-type]
+        answer = await asyncio.wait_for(task, 30)
+        assert len(wire.sent) == 1  # the second partition's records were never sent
+        return answer
+
+    with Store(tmp_path / "data") as store:
+        store.create_topic("t", partitions=2)
+        answer = asyncio.run(main(store))
+    assert answer is not None
+    r = Reader(answer)
+    assert r.int32() == 1 and r.string() == "t" and r.int32() == 2
+    assert (r.int32(), r.int16(), r.int64()) == (0, ErrorCode.NONE, 0)
+    r.int64()  # log append time
+    assert (r.int32(), r.int16(), r.int64()) == (1, ErrorCode.MESSAGE_TOO_LARGE, -1)

@@ -34,6 +34,7 @@ from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_body
 from spoolmq.kafka.records import (
     InflatesTooLarge,
     RecordBatch,
+    TooManyRecords,
     UnsupportedCompression,
     decode_batches,
 )
@@ -48,6 +49,12 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 # it; a real batch is bounded by the producer's batch.size, 1 MiB by default, and a
 # request by max.request.size, 1 MiB in Java, before compression).
 MAX_INFLATED_BYTES = 128 * 1024 * 1024
+# The records one Produce request may hold, all partitions together, and what a record
+# takes in memory once decoded and made into a publish-frame record (measured: 276 bytes
+# for a one-byte value, which goes on the wire in 10). Java's and librdkafka's requests
+# are 1 MB at most by default: some 100,000 records of a few bytes.
+MAX_RECORDS_PER_REQUEST = 1_000_000
+HELD_PER_RECORD = 280
 
 # The producer id a non-idempotent Kafka producer's frames carry (no sequences).
 _PLAIN_PRODUCER = "kafka-front"
@@ -99,15 +106,18 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
             for p, _ in parts
         }
     else:
-        room = MAX_INFLATED_BYTES
+        room, records = MAX_INFLATED_BYTES, MAX_RECORDS_PER_REQUEST
         prepared: list[_Frames | _PartitionResult] = []
         for topic, parts in topics:
             for partition, data in parts:
-                item = _prepare(core, topic, partition, data, room)
+                item = _prepare(core, topic, partition, data, room, records)
                 if isinstance(item, _Frames):
                     room -= item.inflated
+                    records -= item.records
                 prepared.append(item)
-        ctx.holds(MAX_INFLATED_BYTES - room)  # held until answered, as the frame is
+        # Held until answered, as the frame is: what the batches inflated to, and records.
+        held = MAX_INFLATED_BYTES - room
+        ctx.holds(held + (MAX_RECORDS_PER_REQUEST - records) * HELD_PER_RECORD)
         done = await _send_in_turn(ctx, core, prepared, acks, timeout_ms)
         keys = [(t, p) for t, parts in topics for p, _ in parts]
         results = dict(zip(keys, done, strict=True))
@@ -129,7 +139,7 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
 class _Frames:
     """One partition's record set, checked and made into publish frames (one per batch)."""
 
-    __slots__ = ("frames", "inflated", "partition", "topic")
+    __slots__ = ("frames", "inflated", "partition", "records", "topic")
 
     def __init__(
         self,
@@ -140,13 +150,15 @@ class _Frames:
     ) -> None:
         self.topic, self.partition, self.frames = topic, partition, frames
         self.inflated = inflated  # what its compressed batches inflated to
+        self.records = sum(len(bodies) for _, bodies in frames)
 
 
 def _prepare(
-    core: KafkaCore, topic: str, partition: int, data: bytes | None, room: int
+    core: KafkaCore, topic: str, partition: int, data: bytes | None, room: int, records: int
 ) -> _Frames | _PartitionResult:
     """Decode and check one partition's record set, whose compressed batches may inflate
-    to ``room`` bytes: its frames, or the error it gets (nothing of it is stored then)."""
+    to ``room`` bytes and whose batches may hold ``records`` records: its frames, or the
+    error it gets (nothing of it is stored then)."""
     store = core.store
     try:
         config = store.topic_config(topic)
@@ -156,10 +168,10 @@ def _prepare(
         return _PartitionResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     max_bytes = store.config.max_message_bytes
     try:
-        batches = decode_batches(data or b"", room)
+        batches = decode_batches(data or b"", room, records)
     except UnsupportedCompression:
         return _PartitionResult(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
-    except InflatesTooLarge:
+    except (InflatesTooLarge, TooManyRecords):
         return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     except KafkaDecodeError:
         return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)

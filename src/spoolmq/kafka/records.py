@@ -136,9 +136,15 @@ class InflatesTooLarge(KafkaDecodeError):
     """Compressed batches that inflate past what a request may (answered, not dropped)."""
 
 
-def decode_batches(data: bytes, max_bytes: int) -> list[RecordBatch]:
-    """Every batch of a Produce record set; KafkaDecodeError if any is damaged, or if
-    its compressed blocks inflate past ``max_bytes`` together.
+class TooManyRecords(KafkaDecodeError):
+    """Batches with more records than a request may hold (answered, not dropped)."""
+
+
+def decode_batches(data: bytes, max_bytes: int, max_records: int = 2**31 - 1) -> list[RecordBatch]:
+    """Every batch of a Produce record set; KafkaDecodeError if any is damaged, if its
+    compressed blocks inflate past ``max_bytes`` together, or if its batches hold more
+    than ``max_records`` records together (checked from each batch's header, before its
+    records are decoded: a decoded record takes some 200 bytes, a sent one as few as 8).
 
     Old message sets (magic 0/1) are refused: Produce v3+ carries magic 2 only.
     """
@@ -155,15 +161,16 @@ def decode_batches(data: bytes, max_bytes: int) -> list[RecordBatch]:
             raise KafkaDecodeError(f"batch length {length} does not fit the record set")
         body = data[start : start + LENGTH_OVERHEAD + length]
         r.raw(length)
-        batch = decode_batch(body, room)
+        batch = decode_batch(body, room, max_records)
         room -= batch.inflated
+        max_records -= len(batch.records)
         batches.append(batch)
     return batches
 
 
-def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
+def decode_batch(body: bytes, max_bytes: int, max_records: int = 2**31 - 1) -> RecordBatch:
     """One whole batch (its length already checked against the record set), whose
-    compressed block may inflate to ``max_bytes`` at most."""
+    compressed block may inflate to ``max_bytes`` at most, of ``max_records`` at most."""
     (
         base_offset,
         _length,
@@ -183,6 +190,8 @@ def decode_batch(body: bytes, max_bytes: int) -> RecordBatch:
         raise KafkaDecodeError(f"record batch magic {magic}: only magic 2 is accepted")
     if crc32c(memoryview(body)[_CRC_START:]) != crc:
         raise KafkaDecodeError("record batch CRC-32C does not match")
+    if count > max_records:
+        raise TooManyRecords(f"{count} records past the {max_records} a request may still hold")
     payload = body[HEADER_BYTES:]
     codec = attributes & 0x07
     inflated = 0

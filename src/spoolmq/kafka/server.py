@@ -50,11 +50,12 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
 # Pipelined requests of one connection started and not answered yet, and the bytes they
-# hold (their frames, and the records their compressed batches inflated to): at this many
-# (or when the next would pass the bytes), the connection is not read until the oldest is
-# answered (a librdkafka producer without idempotence may keep a million requests in
-# flight). A request alone may be as large as max_request_bytes, and inflate to
-# produce.MAX_INFLATED_BYTES more.
+# hold (their frames, what their compressed batches inflated to, and their decoded
+# records: produce.HELD_PER_RECORD each): at this many (or when the next would pass the
+# bytes), the connection is not read until the oldest is answered (a librdkafka producer
+# without idempotence may keep a million requests in flight). A request alone may be as
+# large as max_request_bytes, inflate to produce.MAX_INFLATED_BYTES more, and hold
+# produce.MAX_RECORDS_PER_REQUEST records.
 MAX_PIPELINED = 16
 MAX_PIPELINED_BYTES = 32 * 1024 * 1024
 
