@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from spoolmq.kafka import records
 from spoolmq.kafka.wire import Reader, Writer
 from spoolmq.testing import BrokerProcess
 
@@ -76,3 +79,19 @@ def produce_answer(reader: Reader) -> tuple[int, int]:
     error, base = reader.int16(), reader.int64()
     reader.int64()
     return error, base
+
+
+def batch_around(block: bytes, count: int, codec: int) -> bytes:
+    """A RecordBatch v2 of ``count`` records whose compressed block is ``block`` as given
+    (a bomb, a damaged block), its header and CRC-32C computed as for any batch."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records, "compress", lambda codec, data: block)
+        return records.batch_of(
+            [b""],
+            base=0,
+            last_offset_delta=count - 1,
+            first_timestamp=1000,
+            max_timestamp=1000,
+            count=count,
+            compression=codec,
+        )

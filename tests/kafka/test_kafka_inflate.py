@@ -11,12 +11,15 @@ import struct
 import subprocess
 import sys
 import textwrap
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import cramjam
 import pytest
-from kafka_helpers import call, kafka_broker, produce_answer, produce_body
+from kafka_helpers import batch_around, call, kafka_broker, produce_answer, produce_body
 
+from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka import records
 from spoolmq.kafka.api import ApiKey, ErrorCode
 from spoolmq.kafka.records import (
@@ -51,8 +54,12 @@ def _data(size: int) -> bytes:
 
 def _zero_bomb(codec: str, size: int) -> bytes:
     """A stream that inflates to ``size`` zero bytes, built a mebibyte at a time."""
-    compressor = cramjam.zstd.Compressor(3) if codec == "zstd" else cramjam.lz4.Compressor()
     chunk = bytes(MIB)
+    if codec == "gzip":
+        deflater = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        parts = [deflater.compress(chunk) for _ in range(size // MIB)]
+        return b"".join(parts) + deflater.flush()
+    compressor = cramjam.zstd.Compressor(3) if codec == "zstd" else cramjam.lz4.Compressor()
     for _ in range(size // MIB):
         compressor.compress(chunk)
     return bytes(compressor.finish())
@@ -70,6 +77,29 @@ def test_each_codec_gives_back_up_to_the_limit_and_refuses_one_byte_more(
     if size:
         with pytest.raises(InflatesTooLarge):
             decompress(CODECS[codec], packed, size - 1)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("damage", ["cut short", "bytes after its end", "garbled"])
+def test_a_damaged_block_is_refused_as_damaged_at_once(codec: str, damage: str) -> None:
+    """Damaged, not too large (CORRUPT_MESSAGE, not MESSAGE_TOO_LARGE), and refused from
+    the first small buffer: it is not inflated again into larger ones up to the limit."""
+    packed = compress(CODECS[codec], _data(70_000))
+    if damage == "cut short":
+        damaged = packed[: len(packed) // 2]
+    elif damage == "bytes after its end":
+        damaged = packed + b"\x00junk\xff"
+    else:
+        damaged = packed[:12] + bytes(b ^ 0x5A for b in packed[12:40]) + packed[40:]
+    tracemalloc.start()
+    try:
+        with pytest.raises(KafkaDecodeError) as refused:
+            decompress(CODECS[codec], damaged, 128 * MIB)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not isinstance(refused.value, InflatesTooLarge), refused.value
+    assert peak < 8 * MIB, f"{peak} bytes taken to refuse a {len(damaged)}-byte block"
 
 
 def test_a_snappy_block_that_claims_too_much_is_refused_from_its_header() -> None:
@@ -122,7 +152,9 @@ BOMB_CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("codec", "claims"), [("zstd", 1024 * MIB), ("lz4", 256 * MIB)])
+@pytest.mark.parametrize(
+    ("codec", "claims"), [("zstd", 1024 * MIB), ("lz4", 256 * MIB), ("gzip", 256 * MIB)]
+)
 def test_a_bomb_is_refused_without_inflating_it(tmp_path: Path, codec: str, claims: int) -> None:
     bomb = tmp_path / "bomb"
     bomb.write_bytes(_zero_bomb(codec, claims))
@@ -140,21 +172,10 @@ def test_a_bomb_is_refused_without_inflating_it(tmp_path: Path, codec: str, clai
 
 
 def test_a_bomb_sent_to_the_kafka_listener_is_answered_and_costs_no_gigabyte(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     block = _zero_bomb("zstd", 2048 * MIB)  # 2 GiB of zeros: past a request's 128 MiB
-    # A batch around it, its header and CRC computed as for any batch.
-    with monkeypatch.context() as patch:
-        patch.setattr(records, "compress", lambda codec, data: block)
-        bomb = records.batch_of(
-            [b""],
-            base=0,
-            last_offset_delta=0,
-            first_timestamp=1000,
-            max_timestamp=1000,
-            count=1,
-            compression=COMPRESSION_ZSTD,
-        )
+    bomb = batch_around(block, 1, COMPRESSION_ZSTD)
     with kafka_broker(tmp_path / "data") as (broker, address):
         pid = broker.stats()["pids"]["kafka"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from spoolmq import protocol
+from spoolmq.errors import BrokerUnavailableError
 from spoolmq.kafka.link import PublisherLink
 from spoolmq.testing import wait_until
 
@@ -34,6 +35,8 @@ class SlowBroker:
             str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key
         )
         self.release = threading.Event()
+        self.welcome: dict[str, object] = {"op": "welcome", "version": protocol.PROTOCOL_VERSION}
+        self.unanswered: set[int] = set()  # frame ids it keeps without answering
         self.connections = 0
         self.ops: list[str] = []
         self.ended = threading.Event()  # a connection reached its end (EOF)
@@ -62,11 +65,11 @@ class SlowBroker:
                 self.ops.append(hello["op"])
                 if not self.release.wait(WAIT):
                     return
-                protocol.send(conn, {"op": "welcome", "version": protocol.PROTOCOL_VERSION})
+                protocol.send(conn, self.welcome)
                 while True:
                     frame = protocol.receive(conn)
                     self.ops.append(frame["op"])
-                    if "id" in frame:
+                    if "id" in frame and frame["id"] not in self.unanswered:
                         protocol.send(conn, {"op": "published", "id": frame["id"]})
             except (EOFError, OSError):
                 self.ended.set()
@@ -153,3 +156,48 @@ def test_a_connection_that_arrives_after_close_gets_a_goodbye(
     assert broker.ended.wait(WAIT)
     assert broker.ops == ["hello", "bye"]
     assert broker.connections == 1
+
+
+def test_a_refused_handshake_is_an_unavailable_broker_and_closes_its_connection(
+    slow_broker: tuple[SlowBroker, Path],
+) -> None:
+    broker, data_dir = slow_broker
+    broker.welcome = {"op": "error", "code": "unauthorized", "message": "not you"}
+    broker.release.set()
+
+    async def scenario() -> None:
+        link = PublisherLink(data_dir)
+        try:
+            # A retriable error for the Kafka producer, as any failure to connect.
+            with pytest.raises(BrokerUnavailableError, match="not you"):
+                await link.send(1, publish_frame(1), answer=True, connect_timeout=WAIT)
+        finally:
+            link.close()
+        with pytest.raises(BrokerUnavailableError):  # closed: no connection is opened
+            await link.send(2, publish_frame(2), answer=True, connect_timeout=WAIT)
+
+    asyncio.run(scenario())
+    assert broker.ended.wait(WAIT)  # the refused connection was closed, not left open
+    assert broker.connections == 1
+
+
+def test_an_answer_given_up_on_is_not_kept_waiting(slow_broker: tuple[SlowBroker, Path]) -> None:
+    broker, data_dir = slow_broker
+    broker.unanswered = {7}
+    broker.release.set()
+
+    async def scenario() -> None:
+        link = PublisherLink(data_dir)
+        try:
+            future = await link.send(7, publish_frame(7), answer=True, connect_timeout=WAIT)
+            assert future is not None
+            with pytest.raises(TimeoutError):  # as a Produce request's own timeout
+                await asyncio.wait_for(future, 0.2)
+            answered = await link.send(8, publish_frame(8), answer=True, connect_timeout=WAIT)
+            assert answered is not None
+            assert await asyncio.wait_for(answered, WAIT) == {"op": "published", "id": 8}
+            assert [ids for ids in link._waiting.values()] == [{}]
+        finally:
+            link.close()
+
+    asyncio.run(scenario())

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from kafka_helpers import request_frame
+from kafka_helpers import batch_around, request_frame
 
 from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka import server as server_module
@@ -290,29 +290,57 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
     asyncio.run(main())
 
 
-def test_the_partitions_of_a_request_share_its_record_bound_and_count_in_its_room(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _values(count: int, pad: int = 0) -> list[bytes]:
+    return [b'{"n":%d,"p":"%s"}' % (i, b"x" * pad) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    "case", ["records", "inflated bytes", "a damaged block ends the inflating"]
+)
+def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """Two partitions of 6 records each, in a request that may hold 10: the first is sent,
-    the second answered MESSAGE_TOO_LARGE without being sent, and the records decoded
-    count in the connection's pipelining room (ctx.holds) while the request runs."""
+    """Partitions of one Produce request, decoded in the handler with the link's frames
+    answered here. "records": 6 + 6 records where the request may hold 10; "inflated
+    bytes": two zstd batches of ~60 kB where it may inflate 100 kB; then a damaged zstd
+    batch, a good one, and a plain one. Past a bound, or after a damaged block, a
+    compressed partition is answered MESSAGE_TOO_LARGE without being sent; what was
+    decoded counts in the connection's pipelining room (ctx.holds) while it runs."""
     from spoolmq import Store
-    from spoolmq.kafka import produce
+    from spoolmq.kafka import produce, records
     from spoolmq.kafka.api import ErrorCode
     from spoolmq.kafka.core import KafkaCore
     from spoolmq.kafka.link import PublisherLink
-    from spoolmq.kafka.records import OutRecord, encode_batch
+    from spoolmq.kafka.records import COMPRESSION_ZSTD, OutRecord, encode_batch
     from spoolmq.kafka.wire import Writer
 
-    monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
+    def batch(values: list[bytes], codec: int = 0) -> bytes:
+        return encode_batch(
+            [OutRecord(i, 1000, None, v, []) for i, v in enumerate(values)], compression=codec
+        )
 
-    def batch(count: int) -> bytes:
-        return encode_batch([OutRecord(i, 1000, None, b'{"n":%d}' % i, []) for i in range(count)])
+    def damaged() -> bytes:
+        packed = records.compress(COMPRESSION_ZSTD, b"".join(_values(50, 1000)))
+        return batch_around(packed[: len(packed) // 2], 50, COMPRESSION_ZSTD)  # cut short
 
-    w = Writer().nullable_string(None).int16(-1).int32(30_000)
-    w.int32(1).string("t").int32(2).int32(0).bytes_(batch(6)).int32(1).bytes_(batch(6))
+    big = _values(60, 1000)  # ~60 kB inflated
+    if case == "records":
+        monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
+        sets = [batch(_values(6)), batch(_values(6))]
+        codes = [ErrorCode.NONE, ErrorCode.MESSAGE_TOO_LARGE]
+    elif case == "inflated bytes":
+        monkeypatch.setattr(produce, "MAX_INFLATED_BYTES", 100_000)
+        sets = [batch(big, COMPRESSION_ZSTD), batch(big, COMPRESSION_ZSTD)]
+        codes = [ErrorCode.NONE, ErrorCode.MESSAGE_TOO_LARGE]
+    else:
+        sets = [damaged(), batch(big, COMPRESSION_ZSTD), batch(_values(3))]
+        codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
+    w = Writer().nullable_string(None).int16(-1).int32(30_000).int32(1).string("t")
+    w.int32(len(sets))
+    for partition, record_set in enumerate(sets):
+        w.int32(partition).bytes_(record_set)
 
-    async def main(store: Store) -> bytes | None:
+    async def main(store: Store) -> tuple[bytes | None, int, int]:
         link = PublisherLink(tmp_path)
         wire = _Wire()
         link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
@@ -321,20 +349,26 @@ def test_the_partitions_of_a_request_share_its_record_bound_and_count_in_its_roo
         ctx.shared["core"] = KafkaCore(store=store, link=link, watcher=None)  # type: ignore[arg-type]
         task = asyncio.create_task(produce.handle_produce(ctx, 3, Reader(w.getvalue())))
         ctx.pipelined[task] = 0  # as the server counts a pipelined request (its frame: 0 here)
-        await _until(lambda: bool(wire.sent), "the first partition's frame is sent")
-        assert ctx.pipelined[task] == 6 * produce.HELD_PER_RECORD
+        await _until(lambda: bool(wire.sent), "a partition's frame is sent")
+        held = ctx.pipelined[task]
         for frame_id in list(link._waiting[wire]):  # type: ignore[index]
             link._resolve(wire, frame_id, {"op": "ok", "r": [[0, 0, 1000]]})  # type: ignore[arg-type]
-        answer = await asyncio.wait_for(task, 30)
-        assert len(wire.sent) == 1  # the second partition's records were never sent
-        return answer
+        return await asyncio.wait_for(task, 30), held, len(wire.sent)
 
     with Store(tmp_path / "data") as store:
-        store.create_topic("t", partitions=2)
-        answer = asyncio.run(main(store))
+        store.create_topic("t", partitions=len(sets))
+        answer, held, sent = asyncio.run(main(store))
     assert answer is not None
     r = Reader(answer)
-    assert r.int32() == 1 and r.string() == "t" and r.int32() == 2
-    assert (r.int32(), r.int16(), r.int64()) == (0, ErrorCode.NONE, 0)
-    r.int64()  # log append time
-    assert (r.int32(), r.int16(), r.int64()) == (1, ErrorCode.MESSAGE_TOO_LARGE, -1)
+    assert r.int32() == 1 and r.string() == "t" and r.int32() == len(sets)
+    got = []
+    for _ in sets:
+        partition, error = r.int32(), r.int16()
+        r.int64(), r.int64()  # base offset, log append time
+        got.append((partition, error))
+    assert got == list(enumerate(codes))
+    assert sent == 1  # the one partition answered NONE; the others were never sent
+    if case == "records":
+        assert held == 6 * produce.HELD_PER_RECORD
+    elif case == "inflated bytes":  # its ~60 kB inflated, and its records
+        assert 60_000 + 60 * produce.HELD_PER_RECORD < held < 100_000 + 60 * produce.HELD_PER_RECORD

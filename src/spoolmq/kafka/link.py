@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -82,6 +83,7 @@ class PublisherLink:
 
     def _connect(self) -> Connection:
         path = str(self.data_dir / protocol.SOCKET_FILE)
+        conn = None
         try:
             conn = Client(path, family="AF_UNIX", authkey=protocol.read_authkey(self.data_dir))
             protocol.send(
@@ -96,8 +98,10 @@ class PublisherLink:
             )
             welcome = protocol.receive(conn)
             protocol.raise_if_error(welcome)
-        except (OSError, EOFError) as exc:
-            raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc}") from None
+        except Exception as exc:  # OSError, EOFError, AuthenticationError, a refusal
+            if conn is not None:
+                conn.close()
+            raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc!r}") from None
         return conn
 
     def _read_answers(self, conn: Connection) -> None:
@@ -153,6 +157,8 @@ class PublisherLink:
         task: frames sent one after the other reach the PublisherBroker in that order);
         the future of its answer, or None when ``answer`` is False. Connecting first takes
         ``connect_timeout`` seconds at most (TimeoutError)."""
+        if self.closed:
+            raise BrokerUnavailableError("the Kafka front is closing")
         conn = self._conn
         if conn is None:
             conn = await asyncio.wait_for(asyncio.shield(self._attempt()), connect_timeout)
@@ -162,6 +168,8 @@ class PublisherLink:
         future: asyncio.Future[dict[str, Any]] | None = None
         if answer:
             future = waiting[frame_id] = asyncio.get_running_loop().create_future()
+            # Given up on (a timeout cancels it): not kept until an answer that may not come.
+            future.add_done_callback(functools.partial(_forget, waiting, frame_id))
         try:
             with self._send_lock:
                 conn.send_bytes(frame)
@@ -184,6 +192,15 @@ class PublisherLink:
         with contextlib.suppress(OSError):
             protocol.send(conn, {"op": "bye"})
         protocol.cut_off(conn)  # wakes a reader thread, which closes it
+
+
+def _forget(
+    waiting: dict[int, asyncio.Future[dict[str, Any]]],
+    frame_id: int,
+    future: asyncio.Future[dict[str, Any]],
+) -> None:
+    if future.cancelled():
+        waiting.pop(frame_id, None)
 
 
 def _seen(attempt: asyncio.Future[Connection]) -> None:

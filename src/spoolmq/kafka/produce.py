@@ -106,18 +106,13 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
             for p, _ in parts
         }
     else:
-        room, records = MAX_INFLATED_BYTES, MAX_RECORDS_PER_REQUEST
-        prepared: list[_Frames | _PartitionResult] = []
-        for topic, parts in topics:
-            for partition, data in parts:
-                item = _prepare(core, topic, partition, data, room, records)
-                if isinstance(item, _Frames):
-                    room -= item.inflated
-                    records -= item.records
-                prepared.append(item)
-        # Held until answered, as the frame is: what the batches inflated to, and records.
-        held = MAX_INFLATED_BYTES - room
-        ctx.holds(held + (MAX_RECORDS_PER_REQUEST - records) * HELD_PER_RECORD)
+        budget = _Budget()
+        prepared = [
+            _prepare(core, topic, partition, data, budget)
+            for topic, parts in topics
+            for partition, data in parts
+        ]
+        ctx.holds(budget.held())  # until answered, as the frame is
         done = await _send_in_turn(ctx, core, prepared, acks, timeout_ms)
         keys = [(t, p) for t, parts in topics for p, _ in parts]
         results = dict(zip(keys, done, strict=True))
@@ -139,26 +134,41 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
 class _Frames:
     """One partition's record set, checked and made into publish frames (one per batch)."""
 
-    __slots__ = ("frames", "inflated", "partition", "records", "topic")
+    __slots__ = ("frames", "partition", "topic")
 
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        frames: list[tuple[str, list[bytes]]],
-        inflated: int = 0,
-    ) -> None:
+    def __init__(self, topic: str, partition: int, frames: list[tuple[str, list[bytes]]]) -> None:
         self.topic, self.partition, self.frames = topic, partition, frames
-        self.inflated = inflated  # what its compressed batches inflated to
-        self.records = sum(len(bodies) for _, bodies in frames)
+
+
+class _Budget:
+    """What the partitions of one Produce request may still inflate to and hold, and what
+    they hold."""
+
+    __slots__ = ("inflate", "inflated", "records", "taken")
+
+    def __init__(self) -> None:
+        self.inflate, self.inflated = MAX_INFLATED_BYTES, 0
+        self.records, self.taken = MAX_RECORDS_PER_REQUEST, 0
+
+    def take(self, batches: list[RecordBatch]) -> None:
+        inflated = sum(batch.inflated for batch in batches)
+        taken = sum(len(batch.records) for batch in batches)
+        self.inflate, self.inflated = self.inflate - inflated, self.inflated + inflated
+        self.records, self.taken = self.records - taken, self.taken + taken
+
+    def held(self) -> int:
+        """The bytes taken: what was inflated, and the records decoded."""
+        return self.inflated + self.taken * HELD_PER_RECORD
 
 
 def _prepare(
-    core: KafkaCore, topic: str, partition: int, data: bytes | None, room: int, records: int
+    core: KafkaCore, topic: str, partition: int, data: bytes | None, budget: _Budget
 ) -> _Frames | _PartitionResult:
-    """Decode and check one partition's record set, whose compressed batches may inflate
-    to ``room`` bytes and whose batches may hold ``records`` records: its frames, or the
-    error it gets (nothing of it is stored then)."""
+    """Decode and check one partition's record set within what is left of the request's
+    ``budget`` (and take its share): its frames, or the error it gets (nothing of it is
+    stored then). A record set that does not decode, or passes the budget, ends the
+    inflating for the rest of the request: a request cannot make the child inflate (and
+    then drop) the budget's worth once per partition it lists."""
     store = core.store
     try:
         config = store.topic_config(topic)
@@ -168,13 +178,15 @@ def _prepare(
         return _PartitionResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     max_bytes = store.config.max_message_bytes
     try:
-        batches = decode_batches(data or b"", room, records)
-    except UnsupportedCompression:
-        return _PartitionResult(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
-    except (InflatesTooLarge, TooManyRecords):
-        return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
-    except KafkaDecodeError:
+        batches = decode_batches(data or b"", budget.inflate, budget.records)
+    except KafkaDecodeError as exc:
+        budget.inflate = 0
+        if isinstance(exc, UnsupportedCompression):
+            return _PartitionResult(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
+        if isinstance(exc, InflatesTooLarge | TooManyRecords):
+            return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
         return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)
+    budget.take(batches)
     if not batches or any(b.transactional or b.control for b in batches):
         return _PartitionResult(
             ErrorCode.CORRUPT_MESSAGE if not batches else ErrorCode.INVALID_TXN_STATE
@@ -185,7 +197,7 @@ def _prepare(
         if isinstance(built, int):
             return _PartitionResult(built)
         frames.append(built)
-    return _Frames(topic, partition, frames, sum(batch.inflated for batch in batches))
+    return _Frames(topic, partition, frames)
 
 
 # A connection's requests are read and started without waiting for the answers before
@@ -248,6 +260,8 @@ async def _send_in_turn(
         # their futures log nothing when the link is lost later and fails what waits.
         for waiting in waits:
             if isinstance(waiting, tuple) and waiting[0] is not None:
+                if waiting[0].done() and not waiting[0].cancelled():
+                    waiting[0].exception()  # failed already (the link lost): seen, not logged
                 waiting[0].cancel()
         raise
     return [next(answers) if isinstance(item, tuple) else item for item in waits]
