@@ -65,15 +65,15 @@ def test_back_to_back_requests_are_answered_and_stored_in_order(tmp_path: Path) 
             else:
                 record_set = _batch(77, sequence, values)
                 if i == 8:
-                    # Two batches for one partition: the second is sent after the first
-                    # is answered, and the later requests send theirs after it.
-                    more = [b"r%d-more" % i]
-                    record_set += _batch(77, sequence + 3, more)
-                    values += more
-                answers.append((ErrorCode.NONE, offset))
-                sequence += len(values)
-                offset += len(values)
-                expected += values
+                    # Two batches for one partition: refused whole, as Kafka does from
+                    # Produce v3 on; nothing of it is stored, and the sequence goes on.
+                    record_set += _batch(77, sequence + 3, [b"r%d-more" % i])
+                    answers.append((ErrorCode.INVALID_RECORD, -1))
+                else:
+                    answers.append((ErrorCode.NONE, offset))
+                    sequence += len(values)
+                    offset += len(values)
+                    expected += values
             requests.append((ApiKey.PRODUCE, produce_body("pipe", partition, record_set)))
         # All at once, before reading any answer.
         sock.sendall(

@@ -27,6 +27,7 @@ from spoolmq.kafka.records import (
     COMPRESSION_LZ4,
     COMPRESSION_SNAPPY,
     COMPRESSION_ZSTD,
+    ExtraBatch,
     InflatesTooLarge,
     OutRecord,
     TooManyRecords,
@@ -225,3 +226,38 @@ def test_a_record_set_holds_no_more_records_than_its_bound() -> None:
     )
     with pytest.raises(TooManyRecords):
         decode_batches(claims, MIB, 1000)
+
+
+def test_a_producer_s_record_set_is_one_batch_of_at_least_one_record() -> None:
+    """As Kafka checks a Produce v3+ record set: a second batch is refused before it is
+    decoded, and so is a batch of no records or whose last offset delta is not its count
+    less one (a fetched batch of a compacted log may have gaps: not refused there)."""
+    one = encode_batch([OutRecord(i, 1000, None, b"%d" % i, []) for i in range(3)])
+    assert len(decode_batches(one, MIB, produced=True)[0].records) == 3
+    with pytest.raises(ExtraBatch):
+        decode_batches(one + one, MIB, produced=True)
+    assert len(decode_batches(one + one, MIB)) == 2
+    empty = records.batch_of(
+        [b""], base=0, last_offset_delta=-1, first_timestamp=0, max_timestamp=0, count=0
+    )
+    with pytest.raises(KafkaDecodeError, match="a batch of 0 records"):
+        decode_batches(empty, MIB)
+    gapped = encode_batch([OutRecord(i * 2, 1000, None, b"%d" % i, []) for i in range(3)])
+    assert len(decode_batches(gapped, MIB)[0].records) == 3
+    with pytest.raises(KafkaDecodeError, match="last offset delta 4"):
+        decode_batches(gapped, MIB, produced=True)
+
+
+def test_xerial_chunks_are_charged_a_kibibyte_each_and_none_may_be_empty() -> None:
+    header = b"\x82SNAPPY\x00" + bytes(8)
+
+    def chunk(data: bytes) -> bytes:
+        raw = compress(COMPRESSION_SNAPPY, data)
+        return len(raw).to_bytes(4, "big") + raw
+
+    two = header + chunk(b"0123456789") + chunk(b"abcdefghij")
+    assert decompress(COMPRESSION_SNAPPY, two, 2048) == b"0123456789abcdefghij"
+    with pytest.raises(InflatesTooLarge):  # 20 bytes, but two chunks: 2 KiB charged
+        decompress(COMPRESSION_SNAPPY, two, 1500)
+    with pytest.raises(KafkaDecodeError, match="empty snappy chunk"):
+        decompress(COMPRESSION_SNAPPY, header + chunk(b"x") + chunk(b""), MIB)

@@ -295,7 +295,13 @@ def _values(count: int, pad: int = 0) -> list[bytes]:
 
 
 @pytest.mark.parametrize(
-    "case", ["records", "inflated bytes", "a damaged block ends the inflating"]
+    "case",
+    [
+        "records",
+        "inflated bytes",
+        "a damaged block ends the inflating",
+        "a record set that fails late has used its records",
+    ],
 )
 def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
@@ -325,15 +331,34 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
 
     big = _values(60, 1000)  # ~60 kB inflated
     if case == "records":
+        # 6, then 6 more (past 10, refused from the header: nothing inflated, so the
+        # inflating goes on), then 2 compressed that fit.
         monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
-        sets = [batch(_values(6)), batch(_values(6))]
-        codes = [ErrorCode.NONE, ErrorCode.MESSAGE_TOO_LARGE]
+        sets = [batch(_values(6)), batch(_values(6)), batch(_values(2), COMPRESSION_ZSTD)]
+        codes = [ErrorCode.NONE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
     elif case == "inflated bytes":
         monkeypatch.setattr(produce, "MAX_INFLATED_BYTES", 100_000)
         sets = [batch(big, COMPRESSION_ZSTD), batch(big, COMPRESSION_ZSTD)]
         codes = [ErrorCode.NONE, ErrorCode.MESSAGE_TOO_LARGE]
-    else:
+    elif case == "a damaged block ends the inflating":
         sets = [damaged(), batch(big, COMPRESSION_ZSTD), batch(_values(3))]
+        codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
+    else:
+        # 8 records whose last one is cut short (CORRUPT once the 8 are drawn), then 6
+        # that no longer fit in 10, then 2 that do.
+        monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
+        parts: list[bytes] = []
+        for i, value in enumerate(_values(8)):
+            records.encode_record(parts, i, 0, None, value, [])
+        cut = records.batch_of(
+            [b"".join(parts)[:-1]],
+            base=0,
+            last_offset_delta=7,
+            first_timestamp=1000,
+            max_timestamp=1000,
+            count=8,
+        )
+        sets = [cut, batch(_values(6)), batch(_values(2))]
         codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
     w = Writer().nullable_string(None).int16(-1).int32(30_000).int32(1).string("t")
     w.int32(len(sets))
@@ -349,7 +374,7 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
         ctx.shared["core"] = KafkaCore(store=store, link=link, watcher=None)  # type: ignore[arg-type]
         task = asyncio.create_task(produce.handle_produce(ctx, 3, Reader(w.getvalue())))
         ctx.pipelined[task] = 0  # as the server counts a pipelined request (its frame: 0 here)
-        await _until(lambda: bool(wire.sent), "a partition's frame is sent")
+        await _until(lambda: len(wire.sent) == codes.count(ErrorCode.NONE), "frames are sent")
         held = ctx.pipelined[task]
         for frame_id in list(link._waiting[wire]):  # type: ignore[index]
             link._resolve(wire, frame_id, {"op": "ok", "r": [[0, 0, 1000]]})  # type: ignore[arg-type]
@@ -367,8 +392,11 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
         r.int64(), r.int64()  # base offset, log append time
         got.append((partition, error))
     assert got == list(enumerate(codes))
-    assert sent == 1  # the one partition answered NONE; the others were never sent
-    if case == "records":
-        assert held == 6 * produce.HELD_PER_RECORD
+    # The partitions answered NONE were sent; the others never were.
+    assert sent == codes.count(ErrorCode.NONE)
+    if case == "records":  # 6 + 2 records, and what the 2 inflated to
+        assert 8 * produce.HELD_PER_RECORD < held < 8 * produce.HELD_PER_RECORD + 1000
+    elif case == "a record set that fails late has used its records":
+        assert held == 10 * produce.HELD_PER_RECORD  # 8 + 2
     elif case == "inflated bytes":  # its ~60 kB inflated, and its records
         assert 60_000 + 60 * produce.HELD_PER_RECORD < held < 100_000 + 60 * produce.HELD_PER_RECORD

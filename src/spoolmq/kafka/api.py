@@ -80,6 +80,7 @@ class ErrorCode(enum.IntEnum):
     GROUP_ID_NOT_FOUND = 69
     TOPIC_DELETION_DISABLED = 73
     UNSUPPORTED_COMPRESSION_TYPE = 76
+    INVALID_RECORD = 87
 
 
 class ApiKey(enum.IntEnum):

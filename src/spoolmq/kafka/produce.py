@@ -32,6 +32,8 @@ from spoolmq.errors import BrokerUnavailableError, KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
 from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_body
 from spoolmq.kafka.records import (
+    Budget,
+    ExtraBatch,
     InflatesTooLarge,
     RecordBatch,
     TooManyRecords,
@@ -52,8 +54,9 @@ MAX_INFLATED_BYTES = 128 * 1024 * 1024
 # The records one Produce request may hold, all partitions together, and what a record
 # takes in memory once decoded and made into a publish-frame record (measured: 276 bytes
 # for a one-byte value, which goes on the wire in 10). Java's and librdkafka's requests
-# are 1 MB at most by default: some 100,000 records of a few bytes.
-MAX_RECORDS_PER_REQUEST = 1_000_000
+# are 1 MB at most by default: some 100,000 records of a few bytes. 200,000 records take
+# about a second of the child's loop to decode and frame.
+MAX_RECORDS_PER_REQUEST = 200_000
 HELD_PER_RECORD = 280
 
 # The producer id a non-idempotent Kafka producer's frames carry (no sequences).
@@ -140,25 +143,18 @@ class _Frames:
         self.topic, self.partition, self.frames = topic, partition, frames
 
 
-class _Budget:
+class _Budget(Budget):
     """What the partitions of one Produce request may still inflate to and hold, and what
     they hold."""
 
-    __slots__ = ("inflate", "inflated", "records", "taken")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.inflate, self.inflated = MAX_INFLATED_BYTES, 0
-        self.records, self.taken = MAX_RECORDS_PER_REQUEST, 0
-
-    def take(self, batches: list[RecordBatch]) -> None:
-        inflated = sum(batch.inflated for batch in batches)
-        taken = sum(len(batch.records) for batch in batches)
-        self.inflate, self.inflated = self.inflate - inflated, self.inflated + inflated
-        self.records, self.taken = self.records - taken, self.taken + taken
+        super().__init__(MAX_INFLATED_BYTES, MAX_RECORDS_PER_REQUEST)
 
     def held(self) -> int:
         """The bytes taken: what was inflated, and the records decoded."""
-        return self.inflated + self.taken * HELD_PER_RECORD
+        return self.inflated + self.records_taken * HELD_PER_RECORD
 
 
 def _prepare(
@@ -178,15 +174,19 @@ def _prepare(
         return _PartitionResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     max_bytes = store.config.max_message_bytes
     try:
-        batches = decode_batches(data or b"", budget.inflate, budget.records)
+        # One batch a partition, as Kafka takes from Produce v3 on (clients send one).
+        batches = decode_batches(data or b"", budget, produced=True)
+    except TooManyRecords:  # nothing inflated: refused from the header
+        return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     except KafkaDecodeError as exc:
         budget.inflate = 0
         if isinstance(exc, UnsupportedCompression):
             return _PartitionResult(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
-        if isinstance(exc, InflatesTooLarge | TooManyRecords):
+        if isinstance(exc, InflatesTooLarge):
             return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
+        if isinstance(exc, ExtraBatch):
+            return _PartitionResult(ErrorCode.INVALID_RECORD)
         return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)
-    budget.take(batches)
     if not batches or any(b.transactional or b.control for b in batches):
         return _PartitionResult(
             ErrorCode.CORRUPT_MESSAGE if not batches else ErrorCode.INVALID_TXN_STATE

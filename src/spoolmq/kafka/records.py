@@ -140,16 +140,44 @@ class TooManyRecords(KafkaDecodeError):
     """Batches with more records than a request may hold (answered, not dropped)."""
 
 
-def decode_batches(data: bytes, max_bytes: int, max_records: int = 2**31 - 1) -> list[RecordBatch]:
+class ExtraBatch(KafkaDecodeError):
+    """A second batch where one is allowed (answered, not dropped)."""
+
+
+class Budget:
+    """What a request's record sets may still inflate to and hold, drawn as their batches
+    decode, whatever the outcome: a batch's records are drawn from its header before they
+    are decoded, and a block's inflated bytes as it inflates, so a record set that fails
+    late has still used what it took. ``inflated`` and ``records_taken`` are the totals."""
+
+    __slots__ = ("inflate", "inflated", "records", "records_taken")
+
+    def __init__(self, inflate: int, records: int = 2**31 - 1) -> None:
+        self.inflate, self.inflated = inflate, 0
+        self.records, self.records_taken = records, 0
+
+
+def decode_batches(
+    data: bytes,
+    max_bytes: int | Budget,
+    max_records: int = 2**31 - 1,
+    *,
+    produced: bool = False,
+) -> list[RecordBatch]:
     """Every batch of a Produce record set; KafkaDecodeError if any is damaged, if its
-    compressed blocks inflate past ``max_bytes`` together, or if its batches hold more
-    than ``max_records`` records together (checked from each batch's header, before its
-    records are decoded: a decoded record takes some 200 bytes, a sent one as few as 8).
+    compressed blocks inflate past ``max_bytes`` together (InflatesTooLarge), or if its
+    batches hold more than ``max_records`` records together (TooManyRecords, checked from
+    each batch's header, before its records are decoded: a decoded record takes some 200
+    bytes, a sent one as few as 8). A :class:`Budget` in place of ``max_bytes`` is drawn
+    from (and shared with the record sets decoded after this one). ``produced``: checked
+    as Kafka checks a producer's record set from Produce v3 on, one batch (ExtraBatch,
+    before the second is decoded) whose count is its last offset delta plus one (a
+    fetched batch of a compacted log may have gaps).
 
     Old message sets (magic 0/1) are refused: Produce v3+ carries magic 2 only.
     """
-    batches = []
-    room = max_bytes
+    budget = max_bytes if isinstance(max_bytes, Budget) else Budget(max_bytes, max_records)
+    batches: list[RecordBatch] = []
     r = Reader(data)
     while r.remaining:
         if r.remaining < HEADER_BYTES:
@@ -159,18 +187,18 @@ def decode_batches(data: bytes, max_bytes: int, max_records: int = 2**31 - 1) ->
         length = r.int32()
         if length < HEADER_BYTES - LENGTH_OVERHEAD or length > r.remaining:
             raise KafkaDecodeError(f"batch length {length} does not fit the record set")
+        if produced and batches:
+            raise ExtraBatch("more than one record batch for a partition")
         body = data[start : start + LENGTH_OVERHEAD + length]
         r.raw(length)
-        batch = decode_batch(body, room, max_records)
-        room -= batch.inflated
-        max_records -= len(batch.records)
-        batches.append(batch)
+        batches.append(decode_batch(body, budget, produced=produced))
     return batches
 
 
-def decode_batch(body: bytes, max_bytes: int, max_records: int = 2**31 - 1) -> RecordBatch:
-    """One whole batch (its length already checked against the record set), whose
-    compressed block may inflate to ``max_bytes`` at most, of ``max_records`` at most."""
+def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> RecordBatch:
+    """One whole batch (its length already checked against the record set), drawn from
+    ``budget``; one that holds no record is refused. ``produced``: its last offset delta
+    must be its count less one, as a Kafka broker requires of a producer's batch."""
     (
         base_offset,
         _length,
@@ -190,14 +218,20 @@ def decode_batch(body: bytes, max_bytes: int, max_records: int = 2**31 - 1) -> R
         raise KafkaDecodeError(f"record batch magic {magic}: only magic 2 is accepted")
     if crc32c(memoryview(body)[_CRC_START:]) != crc:
         raise KafkaDecodeError("record batch CRC-32C does not match")
-    if count > max_records:
-        raise TooManyRecords(f"{count} records past the {max_records} a request may still hold")
+    if count < 1 or (produced and last_offset_delta != count - 1):
+        raise KafkaDecodeError(f"a batch of {count} records, last offset delta {last_offset_delta}")
+    if count > budget.records:
+        raise TooManyRecords(f"{count} records past the {budget.records} a request may still hold")
+    budget.records -= count
+    budget.records_taken += count
     payload = body[HEADER_BYTES:]
     codec = attributes & 0x07
     inflated = 0
     if codec != COMPRESSION_NONE:
-        payload = decompress(codec, payload, max_bytes)
+        payload = decompress(codec, payload, budget.inflate)
         inflated = len(payload)
+        budget.inflate -= inflated
+        budget.inflated += inflated
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
     if count < 0 or count * 7 > len(payload):
         raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
@@ -307,6 +341,7 @@ def _decode_records(data: bytes, count: int, first_timestamp: int) -> list[Kafka
 
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_CHUNK_CHARGE = 1024
 
 
 def decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
@@ -386,8 +421,17 @@ def _snappy(cramjam: Any, data: bytes, max_bytes: int) -> bytes:
         return block(data, max_bytes)
     r = Reader(data, 16)  # magic (8), version (4), compatible version (4)
     out = bytearray()
+    # Each chunk costs a pass of this loop: it is charged 1 KiB at least (Java's chunks are
+    # 32 KiB but the last), so a record set of tiny chunks is refused early.
+    charged = 0
     while r.remaining:
-        out += block(r.raw(r.int32()), max_bytes - len(out))
+        chunk = block(r.raw(r.int32()), max_bytes - len(out))
+        if not chunk:
+            raise KafkaDecodeError("an empty snappy chunk")
+        out += chunk
+        charged += max(len(chunk), _XERIAL_CHUNK_CHARGE)
+        if charged > max_bytes:
+            raise InflatesTooLarge(f"snappy chunks past {max_bytes} bytes, at 1 KiB a chunk")
     return bytes(out)
 
 
