@@ -162,9 +162,10 @@ def _prepare(
 ) -> _Frames | _PartitionResult:
     """Decode and check one partition's record set within what is left of the request's
     ``budget`` (and take its share): its frames, or the error it gets (nothing of it is
-    stored then). A record set that does not decode, or passes the budget, ends the
-    inflating for the rest of the request: a request cannot make the child inflate (and
-    then drop) the budget's worth once per partition it lists."""
+    stored then). A record set that does not decode, or inflates past the budget, ends
+    the inflating for the rest of the request: a request cannot make the child inflate
+    (and then drop) the budget's worth once per partition it lists. One refused for its
+    records' count, from a batch header, has inflated nothing and ends nothing."""
     store = core.store
     try:
         config = store.topic_config(topic)

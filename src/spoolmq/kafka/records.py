@@ -233,7 +233,7 @@ def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> Reco
         budget.inflate -= inflated
         budget.inflated += inflated
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
-    if count < 0 or count * 7 > len(payload):
+    if count * 7 > len(payload):
         raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
     records = _decode_records(payload, count, first_timestamp)
     return RecordBatch(

@@ -159,7 +159,7 @@ class KafkaServer:
         # among them, and the end of the connection collects them.
         started = ctx.pipelined
         room = asyncio.Condition()
-        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, started, room))
+        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, room))
         try:
             while True:
                 request = await requests.get()
@@ -216,13 +216,13 @@ class KafkaServer:
         ctx: RequestContext,
         reader: asyncio.StreamReader,
         requests: asyncio.Queue[_Request],
-        started: dict[asyncio.Task[Any], int],
         room: asyncio.Condition,
     ) -> None:
         """Read a connection's requests into ``requests``, in order: a pipelined one is
-        started once there is room for it among those ``started`` and not answered
-        (``MAX_PIPELINED``, ``MAX_PIPELINED_BYTES``); after any other one, reading waits
-        until it is answered."""
+        started once there is room for it among those started and not answered
+        (``ctx.pipelined``; ``MAX_PIPELINED``, ``MAX_PIPELINED_BYTES``); after any other
+        one, reading waits until it is answered."""
+        started = ctx.pipelined
         try:
             while True:
                 frame = await self._read_frame(reader)
