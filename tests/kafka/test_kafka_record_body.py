@@ -1,4 +1,4 @@
-"""A Kafka record's publish-frame record (``record_body``, built from byte strings) against
+"""A Kafka record's publish-frame record (``record_bodies``, built from byte strings) against
 the rules of docs/KAFKA.md applied the plain way: a dict of the stored fields dumped by
 orjson. The two must be the same bytes for every key, value and header, since the broker
 stores what the frame says and a Kafka consumer must get the producer's bytes back."""
@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from json_strategies import JSON_VALUES, TEXT
-from spoolmq.kafka.core import record_body
+from spoolmq.kafka.core import record_bodies
 
 VALUES = (
     st.none()
@@ -79,9 +79,64 @@ def _is_utf8(data: bytes) -> bool:
 def test_the_record_is_what_the_fields_dump_to(
     key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]], seq: int | None
 ) -> None:
-    tail = b"" if seq is None else b',"sequence":%d,"producer_id":"kafka-7.0.orders.2"' % seq
-    body = record_body(key, value, headers, tail)
+    (body,) = record_bodies([(0, 0, key, value, headers)], seq, "kafka-7.0.orders.2")
     assert body == reference(key, value, headers, seq)
     stored = orjson.loads(body)
     if value is not None and "value" in stored:
         assert orjson.dumps(stored["value"]) == value  # the bytes a Kafka consumer gets back
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(KEYS, VALUES, HEADERS), min_size=1, max_size=20),
+    st.none() | st.integers(0, 2**40),
+)
+def test_a_batch_s_records_are_numbered_from_its_first_sequence(
+    entries: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+    first: int | None,
+) -> None:
+    raw = [(i, 0, key, value, headers) for i, (key, value, headers) in enumerate(entries)]
+    bodies = record_bodies(raw, first, "kafka-7.0.orders.2")
+    assert bodies == [
+        reference(key, value, headers, None if first is None else first + i)
+        for i, (key, value, headers) in enumerate(entries)
+    ]
+
+
+def _decoded(values: list[bytes], headers: list[tuple[str, bytes | None]], **ids: int) -> Any:
+    from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
+
+    batch = encode_batch(
+        [OutRecord(i, 1000, None, v, headers) for i, v in enumerate(values)], **ids
+    )
+    return decode_batches(batch, 1 << 20, produced=True)[0]
+
+
+def test_a_batch_becomes_its_producer_s_frame_records_or_one_error() -> None:
+    """Produce's framing of one decoded batch: an idempotent producer's records carry their
+    Kafka sequences under a spoolmq producer id of their own, a plain producer's none; a
+    record one byte past the topic's message limit, or with a header without a name,
+    makes the whole batch an error."""
+    from spoolmq.kafka.api import ErrorCode
+    from spoolmq.kafka.produce import _frame_records
+    from spoolmq.store.record import RECORD_OVERHEAD
+
+    values = [b'{"n":1}', b"\x00\x01", b"x" * 300]
+    ids = {"producer_id": 7, "producer_epoch": 0, "base_sequence": 40}
+    producer, bodies = _frame_records(_decoded(values, [], **ids), "orders", 2, 1 << 20)  # type: ignore[misc]
+    assert producer == "kafka-7.0.orders.2"
+    assert [orjson.loads(b)["sequence"] for b in bodies] == [40, 41, 42]
+    assert bodies == [reference(None, v, [], 40 + i) for i, v in enumerate(values)]
+
+    plain, bodies = _frame_records(_decoded(values, []), "orders", 2, 1 << 20)  # type: ignore[misc]
+    assert plain == "kafka-front"
+    assert bodies == [reference(None, v, [], None) for v in values]
+
+    largest = max(map(len, bodies))
+    fits = largest + RECORD_OVERHEAD
+    assert not isinstance(_frame_records(_decoded(values, []), "orders", 2, fits), int)
+    too_small = _frame_records(_decoded(values, []), "orders", 2, fits - 1)
+    assert too_small == ErrorCode.MESSAGE_TOO_LARGE
+
+    unnamed = _frame_records(_decoded(values, [("ok", b"1"), ("", b"2")]), "orders", 2, 1 << 20)
+    assert unnamed == ErrorCode.CORRUPT_MESSAGE

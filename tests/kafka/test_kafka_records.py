@@ -44,8 +44,25 @@ def test_records_of_every_varint_width_come_back_as_sent() -> None:
     (batch,) = decode_batches(built(entries), MAX)
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 0, 100)
     first = batch.first_timestamp
-    got = [(r.offset_delta, r.timestamp - first, r.key, r.value, r.headers) for r in batch.records]
+    got = [
+        (r.offset_delta, r.timestamp - first, r.key, r.value, list(r.headers))
+        for r in batch.records
+    ]
     assert got == [(i, d, k, v, h) for i, (d, k, v, h) in enumerate(entries)]
+
+
+def test_offset_deltas_and_lengths_across_each_varint_width_boundary() -> None:
+    """8,200 records: offset deltas of one, two and three bytes (zigzag 63/64 and
+    8191/8192), and values whose lengths, and so their records' lengths, sit on either
+    side of the same boundaries: the decoder reads the one- and two-byte forms inline."""
+    sizes = [0, 62, 63, 64, 65, 8_180, 8_191, 8_192, 8_200]
+    entries: list[Entry] = [(i % 7, None, b"v" * sizes[i % len(sizes)], []) for i in range(8_200)]
+    (batch,) = decode_batches(built(entries), MAX)
+    assert [r.offset_delta for r in batch.records] == list(range(8_200))
+    assert [r.value for r in batch.records] == [v for _, _, v, _ in entries]
+    assert [r.timestamp - batch.first_timestamp for r in batch.records] == [
+        i % 7 for i in range(8_200)
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,7 +80,10 @@ def test_records_of_every_varint_width_come_back_as_sent() -> None:
 )
 def test_any_batch_another_encoder_builds_decodes_to_what_it_holds(entries: list[Entry]) -> None:
     (batch,) = decode_batches(built(entries, base_timestamp=2**40), MAX)
-    got = [(r.timestamp - 2**40 - entries[0][0], r.key, r.value, r.headers) for r in batch.records]
+    got = [
+        (r.timestamp - 2**40 - entries[0][0], r.key, r.value, list(r.headers))
+        for r in batch.records
+    ]
     # The first record's timestamp is the batch's: the others are deltas from it.
     assert got == [(d - entries[0][0], k, v, h) for d, k, v, h in entries]
     assert [r.offset_delta for r in batch.records] == list(range(len(entries)))

@@ -14,15 +14,17 @@ bytes the producer sent.
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from spoolmq.errors import SpoolError
+from spoolmq.errors import KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ErrorCode, RequestContext
 from spoolmq.kafka.link import PublisherLink
+from spoolmq.kafka.records import RawRecord
 from spoolmq.kafka.watch import GrowthWatcher
 from spoolmq.store import Store
 from spoolmq.store.names import partition_dir
@@ -63,59 +65,66 @@ def core_of(ctx: RequestContext) -> KafkaCore:
 # -- bytes <-> stored fields --------------------------------------------------------------
 
 
-def is_canonical_json(data: bytes) -> bool:
-    """Is ``data`` exactly ``orjson.dumps`` of some JSON value other than null?"""
-    if not data or data[0] not in _JSON_START:
-        return False
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    try:
-        again = orjson.dumps(value)
-    except TypeError:
-        return False
-    # b"null" must not be confused with Kafka's null value (a tombstone).
-    return again == data and value is not None
-
-
-def record_body(
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, bytes | None]],
-    tail: bytes = b"",
-) -> bytes:
-    """One Kafka record as a publish-frame record in the store's form: exactly
+def record_bodies(
+    records: Iterable[RawRecord], first_sequence: int | None = None, producer_id: str = ""
+) -> list[bytes]:
+    """Kafka records as publish-frame records in the store's form: each exactly
     ``orjson.dumps`` of its fields (``key`` or ``key_b64``, ``value`` or ``value_b64``,
-    ``headers``, in store order) with ``tail`` (``,"sequence":N,"producer_id":"…"``, or
-    nothing) before the closing brace. Built from byte strings: a canonical JSON value goes
-    in as its own bytes, not dumped again from its parse."""
-    if key is None:
-        head = b'{"key":null'
-    else:
-        try:
-            head = b'{"key":' + orjson.dumps(key.decode("utf-8"))
-        except UnicodeDecodeError:
-            head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
-    if value is None:
-        middle = b',"value":null'
-    elif is_canonical_json(value):
-        middle = b',"value":' + value
-    else:
-        middle = b',"value_b64":"' + base64.b64encode(value) + b'"'
-    stored = b"[]"
-    if headers:
-        entries: list[list[str]] = []
-        for name, hvalue in headers:
-            if hvalue is None:
-                entries.append([name, ""])
-                continue
+    ``headers``, in store order, then ``sequence`` and ``producer_id`` when
+    ``first_sequence`` numbers them). Built from byte strings: a canonical JSON value goes
+    in as its own bytes, not dumped again from its parse. KafkaDecodeError for a header
+    without a name (spoolmq's headers all have one)."""
+    bodies: list[bytes] = []
+    append = bodies.append
+    loads, dumps = orjson.loads, orjson.dumps
+    producer = dumps(producer_id)
+    sequence = first_sequence
+    tail = b"}"
+    for _, _, key, value, headers in records:
+        if key is None:
+            head = b'{"key":null'
+        else:
             try:
-                entries.append([name, hvalue.decode("utf-8")])
+                head = b'{"key":' + orjson.dumps(key.decode("utf-8"))
             except UnicodeDecodeError:
-                entries.append([name, base64.b64encode(hvalue).decode("ascii"), "b64"])
-        stored = orjson.dumps(entries)
-    return b"".join((head, middle, b',"headers":', stored, tail, b"}"))
+                head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
+        if sequence is not None:
+            # Kafka sequences wrap at 2^31; spoolmq's do not need to.
+            tail = b',"sequence":%d,"producer_id":%s}' % (sequence, producer)
+            sequence += 1
+        stored = _headers_json(headers) if headers else b"[]"
+        # A canonical JSON value is exactly what dumping its parse gives (and not null,
+        # which must not be confused with Kafka's null value, a tombstone).
+        canonical = False
+        if value and value[0] in _JSON_START:
+            try:
+                parsed = loads(value)
+                canonical = parsed is not None and dumps(parsed) == value
+            except (orjson.JSONDecodeError, TypeError):  # not JSON; or not orjson's
+                pass
+        if value is None:
+            append(b"".join((head, b',"value":null,"headers":', stored, tail)))
+        elif canonical:
+            append(b"".join((head, b',"value":', value, b',"headers":', stored, tail)))
+        else:
+            encoded = base64.b64encode(value)
+            append(b"".join((head, b',"value_b64":"', encoded, b'","headers":', stored, tail)))
+    return bodies
+
+
+def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    entries: list[list[str]] = []
+    for name, value in headers:
+        if not name:
+            raise KafkaDecodeError("a header without a name")
+        if value is None:
+            entries.append([name, ""])
+            continue
+        try:
+            entries.append([name, value.decode("utf-8")])
+        except UnicodeDecodeError:
+            entries.append([name, base64.b64encode(value).decode("ascii"), "b64"])
+    return orjson.dumps(entries)
 
 
 def fields_to_kafka(

@@ -26,11 +26,9 @@ import functools
 import os
 from typing import Any
 
-import orjson
-
 from spoolmq.errors import BrokerUnavailableError, KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
-from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_body
+from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_bodies
 from spoolmq.kafka.records import (
     Budget,
     ExtraBatch,
@@ -341,28 +339,17 @@ def _frame_records(
     batch: RecordBatch, topic: str, partition: int, max_bytes: int
 ) -> tuple[str, list[bytes]] | int:
     """The publish-frame records of one batch and its producer id, or a Kafka error."""
-    idempotent = batch.producer_id >= 0 and batch.base_sequence >= 0
-    producer = (
-        spool_producer_id(batch.producer_id, batch.producer_epoch, topic, partition)
-        if idempotent
-        else _PLAIN_PRODUCER
-    )
-    records = []
-    limit = max_bytes - RECORD_OVERHEAD
-    producer_json = orjson.dumps(producer)
-    for index, rec in enumerate(batch.records):
-        if rec.headers and any(not name for name, _ in rec.headers):
-            return int(ErrorCode.CORRUPT_MESSAGE)
-        # Kafka sequences wrap at 2^31; spoolmq's do not need to.
-        tail = (
-            b',"sequence":%d,"producer_id":%s' % (batch.base_sequence + index, producer_json)
-            if idempotent
-            else b""
-        )
-        body = record_body(rec.key, rec.value, rec.headers, tail)
-        if len(body) > limit:
-            return int(ErrorCode.MESSAGE_TOO_LARGE)
-        records.append(body)
+    if batch.producer_id >= 0 and batch.base_sequence >= 0:  # idempotent
+        producer = spool_producer_id(batch.producer_id, batch.producer_epoch, topic, partition)
+        first_sequence: int | None = batch.base_sequence
+    else:
+        producer, first_sequence = _PLAIN_PRODUCER, None
+    try:
+        records = record_bodies(batch.raw, first_sequence, producer)
+    except KafkaDecodeError:  # a header without a name
+        return int(ErrorCode.CORRUPT_MESSAGE)
+    if max(map(len, records), default=0) > max_bytes - RECORD_OVERHEAD:
+        return int(ErrorCode.MESSAGE_TOO_LARGE)
     return producer, records
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from spoolmq.errors import KafkaDecodeError
@@ -97,7 +97,13 @@ class KafkaRecord:
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    headers: Sequence[tuple[str, bytes | None]] = ()
+
+
+# One record as the decoding reads it, a plain tuple (Produce's per-record work makes no
+# object): offset delta, timestamp delta, key, value, headers (an empty tuple for none).
+RawRecord = tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
+_NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(slots=True)
@@ -112,8 +118,14 @@ class RecordBatch:
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    records: list[KafkaRecord]
+    raw: list[RawRecord]
     inflated: int = 0  # the bytes its compressed block inflated to (0: not compressed)
+
+    @property
+    def records(self) -> list[KafkaRecord]:
+        """The records as objects, their timestamps whole (``raw`` holds their deltas)."""
+        first = self.first_timestamp
+        return [KafkaRecord(o, first + t, k, v, h) for o, t, k, v, h in self.raw]
 
     @property
     def compression(self) -> int:
@@ -235,7 +247,7 @@ def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> Reco
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
     if count * 7 > len(payload):
         raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
-    records = _decode_records(payload, count, first_timestamp)
+    records = _decode_records(payload, count)
     return RecordBatch(
         base_offset,
         attributes,
@@ -281,18 +293,25 @@ def _var_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None
     return data[pos : pos + size], pos + size
 
 
-def _decode_records(data: bytes, count: int, first_timestamp: int) -> list[KafkaRecord]:
+def _decode_records(data: bytes, count: int) -> list[RawRecord]:
     """The ``count`` records of a batch's (inflated) payload, in one pass over its bytes:
-    Produce's per-record work, so positions are plain integers and every length is
-    checked against the record's own length before anything is sliced."""
-    records = []
+    Produce's per-record work, so positions are plain integers, every length is checked
+    against the record's own length before anything is sliced, and the usual one- and
+    two-byte varints (deltas, lengths below 8 KiB, a null key, no headers) are read inline
+    (a call each was a good part of a record's cost)."""
+    records: list[RawRecord] = []
+    append = records.append
     pos = 0
     end = len(data)
     try:
         for _ in range(count):
-            # The usual one-byte cases inline (a call each is a good part of a record's
-            # cost): a short timestamp delta, a small offset delta, a null key, no headers.
-            length, pos = _zigzag(data, pos, _VARINT32)
+            byte = data[pos]
+            if byte < 0x80:
+                length, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+            elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
+                length, pos = (n >> 1) ^ -(n & 1), pos + 2
+            else:
+                length, pos = _zigzag(data, pos, _VARINT32)
             if length < 0 or length > end - pos:
                 raise KafkaDecodeError(f"record length {length} at offset {pos}")
             record_end = pos + length
@@ -305,39 +324,58 @@ def _decode_records(data: bytes, count: int, first_timestamp: int) -> list[Kafka
             byte = data[pos]
             if byte < 0x80:
                 offset_delta, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+            elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
+                offset_delta, pos = (n >> 1) ^ -(n & 1), pos + 2
             else:
                 offset_delta, pos = _zigzag(data, pos, _VARINT32)
             if data[pos] == 1:  # zigzag -1: a null key
                 key, pos = None, pos + 1
             else:
                 key, pos = _var_bytes(data, pos, record_end, "key")
-            value, pos = _var_bytes(data, pos, record_end, "value")
-            if data[pos] == 0:
-                n, pos = 0, pos + 1
+            byte = data[pos]
+            if byte == 1:  # a null value (a tombstone)
+                value, pos = None, pos + 1
             else:
-                n, pos = _zigzag(data, pos, _VARINT32)
-            headers: list[tuple[str, bytes | None]] = []
-            if n:
-                if n < 0 or n * 2 > record_end - pos:
-                    raise KafkaDecodeError(f"{n} headers cannot fit in {record_end - pos} bytes")
-                r = Reader(data[pos:record_end])
-                for _ in range(n):
-                    name = r.var_bytes()
-                    if name is None:
-                        raise KafkaDecodeError("a header without a name")
-                    try:
-                        text = name.decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise KafkaDecodeError("a header name that is not UTF-8") from None
-                    headers.append((text, r.var_bytes()))
-                pos = record_end
+                if byte < 0x80:
+                    size, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+                elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
+                    size, pos = (n >> 1) ^ -(n & 1), pos + 2
+                else:
+                    size, pos = _zigzag(data, pos, _VARINT32)
+                if not 0 <= size <= record_end - pos:
+                    raise KafkaDecodeError(f"value length {size} at offset {pos}")
+                value, pos = data[pos : pos + size], pos + size
+            if data[pos] == 0:
+                headers: Sequence[tuple[str, bytes | None]] = _NO_HEADERS
+                pos += 1
+            else:
+                headers, pos = _headers(data, pos, record_end)
             if pos > record_end:
                 raise KafkaDecodeError(f"a record runs past its length at offset {pos}")
             pos = record_end  # bytes a record has beyond its fields are not read
-            records.append(KafkaRecord(offset_delta, first_timestamp + delta, key, value, headers))
+            append((offset_delta, delta, key, value, headers))
     except IndexError:
         raise KafkaDecodeError("a record runs past the end of its batch") from None
     return records
+
+
+def _headers(data: bytes, pos: int, record_end: int) -> tuple[list[tuple[str, bytes | None]], int]:
+    """A record's headers at ``pos`` (their count first) and the position after them."""
+    n, pos = _zigzag(data, pos, _VARINT32)
+    if n < 0 or n * 2 > record_end - pos:
+        raise KafkaDecodeError(f"{n} headers cannot fit in {record_end - pos} bytes")
+    r = Reader(data[pos:record_end])
+    headers = []
+    for _ in range(n):
+        name = r.var_bytes()
+        if name is None:
+            raise KafkaDecodeError("a header without a name")
+        try:
+            text = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KafkaDecodeError("a header name that is not UTF-8") from None
+        headers.append((text, r.var_bytes()))
+    return headers, record_end
 
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
