@@ -103,6 +103,15 @@ def test_a_batch_s_records_are_numbered_from_its_first_sequence(
     ]
 
 
+def test_a_producer_id_is_stored_as_given_whatever_its_characters() -> None:
+    for producer in ("p%d%s%%", 'quo"te\\', "ключ"):
+        bodies = record_bodies([(0, 0, None, b"1", ()), (1, 0, None, b"2", ())], 9, producer)
+        assert [orjson.loads(b) for b in bodies] == [
+            {"key": None, "value": n, "headers": [], "sequence": 9 + n - 1, "producer_id": producer}
+            for n in (1, 2)
+        ]
+
+
 def _decoded(values: list[bytes], headers: list[tuple[str, bytes | None]], **ids: int) -> Any:
     from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
 

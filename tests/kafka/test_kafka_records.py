@@ -53,16 +53,17 @@ def test_records_of_every_varint_width_come_back_as_sent() -> None:
 
 def test_offset_deltas_and_lengths_across_each_varint_width_boundary() -> None:
     """8,200 records: offset deltas of one, two and three bytes (zigzag 63/64 and
-    8191/8192), and values whose lengths, and so their records' lengths, sit on either
-    side of the same boundaries: the decoder reads the one- and two-byte forms inline."""
+    8191/8192), timestamp deltas and value lengths (and so record lengths) on either side
+    of the same boundaries: the decoder reads the one- and two-byte forms inline."""
     sizes = [0, 62, 63, 64, 65, 8_180, 8_191, 8_192, 8_200]
-    entries: list[Entry] = [(i % 7, None, b"v" * sizes[i % len(sizes)], []) for i in range(8_200)]
+    deltas = [0, 31, 32, -32, -33, 63, 64, 4_095, 4_096, -4_096, -4_097, 70_000]
+    entries: list[Entry] = [
+        (deltas[i % len(deltas)], None, b"v" * sizes[i % len(sizes)], []) for i in range(8_200)
+    ]
     (batch,) = decode_batches(built(entries), MAX)
     assert [r.offset_delta for r in batch.records] == list(range(8_200))
     assert [r.value for r in batch.records] == [v for _, _, v, _ in entries]
-    assert [r.timestamp - batch.first_timestamp for r in batch.records] == [
-        i % 7 for i in range(8_200)
-    ]
+    assert [r.timestamp - batch.first_timestamp for r in batch.records] == [d for d, *_ in entries]
 
 
 @settings(max_examples=60, deadline=None)

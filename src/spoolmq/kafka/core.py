@@ -77,7 +77,8 @@ def record_bodies(
     bodies: list[bytes] = []
     append = bodies.append
     loads, dumps = orjson.loads, orjson.dumps
-    producer = dumps(producer_id)
+    # The tail of a numbered record, formatted with its sequence alone.
+    numbered = b',"sequence":%d,"producer_id":' + dumps(producer_id).replace(b"%", b"%%") + b"}"
     sequence = first_sequence
     tail = b"}"
     for _, _, key, value, headers in records:
@@ -90,7 +91,7 @@ def record_bodies(
                 head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
         if sequence is not None:
             # Kafka sequences wrap at 2^31; spoolmq's do not need to.
-            tail = b',"sequence":%d,"producer_id":%s}' % (sequence, producer)
+            tail = numbered % sequence
             sequence += 1
         stored = _headers_json(headers) if headers else b"[]"
         # A canonical JSON value is exactly what dumping its parse gives (and not null,

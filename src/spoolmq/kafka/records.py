@@ -319,6 +319,8 @@ def _decode_records(data: bytes, count: int) -> list[RawRecord]:
             byte = data[pos + 1]
             if byte < 0x80:
                 delta, pos = (byte >> 1) ^ -(byte & 1), pos + 2
+            elif (n := (byte & 0x7F) | (data[pos + 2] << 7)) < 0x4000:
+                delta, pos = (n >> 1) ^ -(n & 1), pos + 3
             else:
                 delta, pos = _zigzag(data, pos + 1, _VARINT64)
             byte = data[pos]
