@@ -152,6 +152,41 @@ def test_before_sasl_only_the_handshake_apis_are_served(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_before_sasl_a_frame_past_512_kib_closes_the_connection_from_its_size(
+    tmp_path: Path,
+) -> None:
+    """Where SASL is required, a connection that has not authenticated may send frames of
+    512 KiB at most (Kafka's sasl.server.max.receive.size): one byte more and it is closed
+    from the size prefix alone, before the body is read or room made for it. Without SASL,
+    or at the limit, the same frame is answered."""
+    from spoolmq.kafka.server import MAX_UNAUTHENTICATED_REQUEST_BYTES as LIMIT
+
+    def api_versions_of(size: int) -> bytes:
+        # ApiVersions v1 (its body is not read) padded to a frame of ``size`` bytes.
+        return b"\0" * (size - 14)  # the header: key, version, correlation id, "test"
+
+    async def scenario(auth_required: bool) -> None:
+        server = KafkaServer(tmp_path, "127.0.0.1", 0, auth_required=auth_required)
+        await server.start()
+        try:
+            await asyncio.to_thread(_exchange, f"127.0.0.1:{server.port}", auth_required)
+        finally:
+            await server.close()
+
+    def _exchange(address: str, auth_required: bool) -> None:
+        with _connect(address) as sock:
+            assert call(sock, ApiKey.API_VERSIONS, 1, api_versions_of(LIMIT)).int16() == 0
+            if not auth_required:
+                answer = call(sock, ApiKey.API_VERSIONS, 1, api_versions_of(LIMIT + 1), corr=2)
+                assert answer.int16() == ErrorCode.NONE
+                return
+            sock.sendall(struct.pack(">i", LIMIT + 1))  # the size alone, no body
+            assert sock.recv(1) == b"", "the connection stays open"
+
+    asyncio.run(scenario(auth_required=True))
+    asyncio.run(scenario(auth_required=False))
+
+
 # -- fuzz ------------------------------------------------------------------------------
 
 

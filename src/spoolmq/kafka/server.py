@@ -14,7 +14,8 @@ waits until every request before it is answered, and is answered before the next
 one is started, so it sees their effects as it would on a Kafka broker.
 
 Hostile input stays on its connection: the size prefix is checked against
-``max_request_bytes`` before the frame is read, the body is parsed by the
+``max_request_bytes`` (``MAX_UNAUTHENTICATED_REQUEST_BYTES`` before a connection that
+must authenticate has) before the frame is read, the body is parsed by the
 bounded :class:`~spoolmq.kafka.wire.Reader`, and a frame that does not parse
 closes that connection only. An unknown API key or a version outside the
 advertised range is answered with UNSUPPORTED_VERSION and the connection
@@ -47,6 +48,12 @@ _HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 # Kafka's socket.request.max.bytes default; a size prefix above it is refused
 # before anything is allocated for the frame.
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+# Before a connection has authenticated (on a listener that requires SASL), its frames
+# are ApiVersions and the SASL exchange, a few hundred bytes each: one larger than this
+# closes the connection before anything is allocated for it, so a peer without
+# credentials cannot make the child hold max_request_bytes per connection (Kafka's
+# sasl.server.max.receive.size, 512 KiB).
+MAX_UNAUTHENTICATED_REQUEST_BYTES = 512 * 1024
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
 # Pipelined requests of one connection started and not answered yet, and the bytes they
@@ -225,7 +232,7 @@ class KafkaServer:
         started = ctx.pipelined
         try:
             while True:
-                frame = await self._read_frame(reader)
+                frame = await self._read_frame(ctx, reader)
                 if frame is None:
                     requests.put_nowait(None)
                     return
@@ -251,7 +258,7 @@ class KafkaServer:
         handler = self.dispatcher.get(api_key)
         return handler is not None and handler.pipelined and handler.supports(version)
 
-    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
+    async def _read_frame(self, ctx: RequestContext, reader: asyncio.StreamReader) -> bytes | None:
         try:
             head = await reader.readexactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
@@ -259,10 +266,11 @@ class KafkaServer:
                 raise CloseConnection("truncated size prefix") from None
             return None  # a clean close between requests
         (size,) = _SIZE.unpack(head)
-        if size < MIN_REQUEST_BYTES or size > self.max_request_bytes:
-            raise CloseConnection(
-                f"request size {size} outside [{MIN_REQUEST_BYTES}, {self.max_request_bytes}]"
-            )
+        limit = self.max_request_bytes
+        if ctx.auth_required and not ctx.authenticated:
+            limit = min(limit, MAX_UNAUTHENTICATED_REQUEST_BYTES)
+        if size < MIN_REQUEST_BYTES or size > limit:
+            raise CloseConnection(f"request size {size} outside [{MIN_REQUEST_BYTES}, {limit}]")
         return await reader.readexactly(size)
 
     async def handle_frame(self, ctx: RequestContext, frame: bytes) -> bytes | None:
