@@ -12,6 +12,7 @@ import gc
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka_helpers import batch_around, request_frame
@@ -248,22 +249,28 @@ class _Wire:
 def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
     tmp_path: Path,
 ) -> None:
-    """Three Produce requests of one connection: A sends two batches (the second after the
-    first's answer), B is cancelled while it waits for A, and C sends only once A has sent
-    both, so the store gets A's batches together."""
+    """Three Produce requests of one connection: A is held while it sends (its link send
+    waits at a gate), B is cancelled while it waits for A, and C sends only once A has
+    sent, so the store gets the requests' frames in their order."""
     from types import SimpleNamespace
 
     from spoolmq.kafka.link import PublisherLink
-    from spoolmq.kafka.produce import _Frames, _send_in_turn
-
-    def frames(tag: str, count: int) -> _Frames:
-        return _Frames("t", 0, [("p", [b'{"v":"%s%d"}' % (tag.encode(), i)]) for i in range(count)])
+    from spoolmq.kafka.produce import _Frame, _send_in_turn
 
     async def main() -> None:
         link = PublisherLink(tmp_path)
         wire = _Wire()
         link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
         link._waiting[wire] = {}  # type: ignore[index]
+        gate, real_send, calls = asyncio.Event(), link.send, []
+
+        async def gated_send(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args[0])
+            if len(calls) == 1:
+                await gate.wait()  # A, held while it sends
+            return await real_send(*args, **kwargs)
+
+        link.send = gated_send  # type: ignore[method-assign]
         core = SimpleNamespace(link=link, count=lambda *_: None)
         ctx = SimpleNamespace(conn={})
 
@@ -275,19 +282,72 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
             return [frame.rsplit(b'"v":"', 1)[1][:2] for frame in wire.sent]
 
         a, b, c = (
-            asyncio.create_task(_send_in_turn(ctx, core, [frames(tag, n)], -1, 1000))  # type: ignore[arg-type]
-            for tag, n in (("a", 2), ("b", 1), ("c", 1))
+            asyncio.create_task(
+                _send_in_turn(ctx, core, [_Frame("t", 0, "p", [b'{"v":"%s0"}' % tag])], -1, 1000)  # type: ignore[arg-type]
+            )
+            for tag in (b"a", b"b", b"c")
         )
-        await _until(lambda: len(wire.sent) == 1, "A sends its first batch")
+        await _until(lambda: len(calls) == 1, "A starts sending")
         b.cancel()
         await _until(b.done, "B ends")
-        answer_all()  # A's first batch: A sends its second
-        await _until(lambda: len(wire.sent) == 3, "A's second batch and C's are sent")
-        assert tags() == [b"a0", b"a1", b"c0"]
+        for _ in range(20):  # C gets every chance to go ahead of A, and must not
+            await asyncio.sleep(0)
+        assert len(calls) == 1 and wire.sent == []
+        gate.set()
+        await _until(lambda: len(wire.sent) == 2, "A's frame and C's are sent")
+        assert tags() == [b"a0", b"c0"]
         answer_all()
         assert [r.error for r in await a] == [0] and [r.error for r in await c] == [0]
 
     asyncio.run(main())
+
+
+def test_a_request_cancelled_after_its_link_was_lost_leaves_no_error_unseen(
+    tmp_path: Path,
+) -> None:
+    """A request of two partitions: the first one's frame is sent, the link is lost while
+    the second one's send waits (its answer fails), then the request is cancelled (its
+    connection ended). The failed answer is seen on the way out: asyncio logs no "exception
+    was never retrieved" when it is collected."""
+    from types import SimpleNamespace
+
+    from spoolmq.kafka.link import PublisherLink
+    from spoolmq.kafka.produce import _Frame, _send_in_turn
+
+    unseen: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: unseen.append(str(context.get("message")))
+        )
+        link = PublisherLink(tmp_path)
+        wire = _Wire()
+        link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
+        link._waiting[wire] = {}  # type: ignore[index]
+        gate, real_send, calls = asyncio.Event(), link.send, []
+
+        async def gated_send(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args[0])
+            if len(calls) == 2:
+                await gate.wait()  # the second partition's send: never let through
+            return await real_send(*args, **kwargs)
+
+        link.send = gated_send  # type: ignore[method-assign]
+        core = SimpleNamespace(link=link, count=lambda *_: None)
+        frames = [_Frame("t", p, "p", [b'{"v":"%d"}' % p]) for p in (0, 1)]
+        request = asyncio.create_task(
+            _send_in_turn(SimpleNamespace(conn={}), core, frames, -1, 1000)  # type: ignore[arg-type]
+        )
+        await _until(lambda: len(calls) == 2 and len(wire.sent) == 1, "partition 0 is sent")
+        link._lost(wire)  # type: ignore[arg-type]  # partition 0's answer fails
+        request.cancel()
+        await _until(request.done, "the request ends")
+        assert request.cancelled()
+        del request
+        gc.collect()
+
+    asyncio.run(main())
+    assert unseen == []
 
 
 def _values(count: int, pad: int = 0) -> list[bytes]:

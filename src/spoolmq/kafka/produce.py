@@ -132,13 +132,15 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
     return w.getvalue()
 
 
-class _Frames:
-    """One partition's record set, checked and made into publish frames (one per batch)."""
+class _Frame:
+    """One partition's record set (one batch), checked and made into a publish frame's
+    producer id and records."""
 
-    __slots__ = ("frames", "partition", "topic")
+    __slots__ = ("partition", "producer_id", "records", "topic")
 
-    def __init__(self, topic: str, partition: int, frames: list[tuple[str, list[bytes]]]) -> None:
-        self.topic, self.partition, self.frames = topic, partition, frames
+    def __init__(self, topic: str, partition: int, producer_id: str, records: list[bytes]) -> None:
+        self.topic, self.partition = topic, partition
+        self.producer_id, self.records = producer_id, records
 
 
 class _Budget(Budget):
@@ -157,7 +159,7 @@ class _Budget(Budget):
 
 def _prepare(
     core: KafkaCore, topic: str, partition: int, data: bytes | None, budget: _Budget
-) -> _Frames | _PartitionResult:
+) -> _Frame | _PartitionResult:
     """Decode and check one partition's record set within what is left of the request's
     ``budget`` (and take its share): its frames, or the error it gets (nothing of it is
     stored then). A record set that does not decode, or inflates past the budget, ends
@@ -186,17 +188,15 @@ def _prepare(
         if isinstance(exc, ExtraBatch):
             return _PartitionResult(ErrorCode.INVALID_RECORD)
         return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)
-    if not batches or any(b.transactional or b.control for b in batches):
-        return _PartitionResult(
-            ErrorCode.CORRUPT_MESSAGE if not batches else ErrorCode.INVALID_TXN_STATE
-        )
-    frames = []
-    for batch in batches:
-        built = _frame_records(batch, topic, partition, max_bytes)
-        if isinstance(built, int):
-            return _PartitionResult(built)
-        frames.append(built)
-    return _Frames(topic, partition, frames)
+    if not batches:  # no record set at all
+        return _PartitionResult(ErrorCode.CORRUPT_MESSAGE)
+    (batch,) = batches
+    if batch.transactional or batch.control:
+        return _PartitionResult(ErrorCode.INVALID_TXN_STATE)
+    built = _frame_records(batch, topic, partition, max_bytes)
+    if isinstance(built, int):
+        return _PartitionResult(built)
+    return _Frame(topic, partition, *built)
 
 
 # A connection's requests are read and started without waiting for the answers before
@@ -205,15 +205,14 @@ def _prepare(
 # own, then waits for its answers beside the later requests. The connection's scratch
 # space holds the last request's "all sent" future under this key.
 _SENT = "produce_sent"
-# A partition's frames once sent: the last one's answer to come (None with acks=0), the
-# partition, and the first frame's result when there were several.
-_Sent = tuple[asyncio.Future[dict[str, Any]] | None, _Frames, _PartitionResult | None]
+# A partition's frame once sent: its answer to come (None with acks=0), and the frame.
+_Sent = tuple[asyncio.Future[dict[str, Any]] | None, _Frame]
 
 
 async def _send_in_turn(
     ctx: RequestContext,
     core: KafkaCore,
-    prepared: list[_Frames | _PartitionResult],
+    prepared: list[_Frame | _PartitionResult],
     acks: int,
     timeout_ms: int,
 ) -> list[_PartitionResult]:
@@ -256,11 +255,11 @@ async def _send_in_turn(
         )
     except BaseException:
         # Cancelled (the connection ended): the answers are not waited for. Cancelled,
-        # their futures log nothing when the link is lost later and fails what waits.
+        # their futures log nothing when the link is lost later and fails what waits; and
+        # cancel() marks the error of one that failed already as seen (asyncio's futures
+        # clear their "never retrieved" flag first, done or not).
         for waiting in waits:
             if isinstance(waiting, tuple) and waiting[0] is not None:
-                if waiting[0].done() and not waiting[0].cancelled():
-                    waiting[0].exception()  # failed already (the link lost): seen, not logged
                 waiting[0].cancel()
         raise
     return [next(answers) if isinstance(item, tuple) else item for item in waits]
@@ -272,67 +271,44 @@ def _pass_turn(sent: asyncio.Future[None], _: object = None) -> None:
 
 
 async def _send(
-    core: KafkaCore, item: _Frames, acks: int, deadline: float
+    core: KafkaCore, item: _Frame, acks: int, deadline: float
 ) -> _PartitionResult | _Sent:
-    """Send one partition's frames: all but the last answered first (a batch after one
-    that failed is not stored), the last one only sent. Its error, or what to wait for:
-    the last frame's answer (None with ``acks=0``) and the first frame's result when
-    there were several. Connecting, and the answers of all but the last frame, take until
-    the request's ``deadline`` (the event loop's clock) at most."""
-    loop = asyncio.get_running_loop()
-    first: _PartitionResult | None = None
-    for index, (producer_id, records) in enumerate(item.frames):
-        frame_id = core.link.next_id()
-        frame = encode_publish_frame(
+    """Send one partition's frame: its error, or what to wait for (its answer, None with
+    ``acks=0``). Connecting takes until the request's ``deadline`` (the event loop's
+    clock) at most."""
+    frame_id = core.link.next_id()
+    frame = encode_publish_frame(
+        frame_id,
+        "all" if acks == -1 else str(acks),
+        item.producer_id,
+        item.topic,
+        item.partition,
+        item.records,
+    )
+    try:
+        future = await core.link.send(
             frame_id,
-            "all" if acks == -1 else str(acks),
-            producer_id,
-            item.topic,
-            item.partition,
-            records,
+            frame,
+            answer=acks != 0,
+            connect_timeout=max(deadline - asyncio.get_running_loop().time(), 0.001),
         )
-        try:
-            future = await core.link.send(
-                frame_id,
-                frame,
-                answer=acks != 0,
-                connect_timeout=max(deadline - loop.time(), 0.001),
-            )
-        except (BrokerUnavailableError, TimeoutError):
-            return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
-        if index == len(item.frames) - 1:
-            return future, item, first
-        result = await _answered(
-            core, future, item, None, max(deadline - loop.time(), 0.001), records=len(records)
-        )
-        if result.error != ErrorCode.NONE:
-            return result
-        first = first or result
-    raise AssertionError("a partition's frames are never empty")  # pragma: no cover
+    except (BrokerUnavailableError, TimeoutError):
+        return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
+    return future, item
 
 
 async def _answered(
-    core: KafkaCore,
-    future: asyncio.Future[dict[str, Any]] | None,
-    item: _Frames,
-    first: _PartitionResult | None,
-    timeout: float,
-    *,
-    records: int | None = None,
+    core: KafkaCore, future: asyncio.Future[dict[str, Any]] | None, item: _Frame, timeout: float
 ) -> _PartitionResult:
-    """The result of a sent frame (of ``item``'s last one unless ``records`` says how many
-    records it held), or ``first``'s when it is good and there was an earlier frame."""
+    """The result of a sent frame."""
     answer = None
     if future is not None:
         try:
             answer = await asyncio.wait_for(future, timeout=timeout)
         except (BrokerUnavailableError, TimeoutError):
             return _PartitionResult(ErrorCode.REQUEST_TIMED_OUT)
-    core.count("produced_records", len(item.frames[-1][1]) if records is None else records)
-    result = _PartitionResult(ErrorCode.NONE) if answer is None else _result_of(answer)
-    if result.error != ErrorCode.NONE or first is None:
-        return result
-    return first
+    core.count("produced_records", len(item.records))
+    return _PartitionResult(ErrorCode.NONE) if answer is None else _result_of(answer)
 
 
 def _frame_records(
