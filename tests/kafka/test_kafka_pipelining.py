@@ -246,6 +246,27 @@ class _Wire:
         pass
 
 
+def _gated_link(tmp_path: Path, held: int) -> tuple[Any, _Wire, asyncio.Event, list[int]]:
+    """A PublisherLink on a :class:`_Wire` (call on the loop) whose ``held``-th send (from
+    1) waits until the gate returned is set; the frame ids it was asked to send."""
+    from spoolmq.kafka.link import PublisherLink
+
+    link = PublisherLink(tmp_path)
+    wire = _Wire()
+    link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
+    link._waiting[wire] = {}  # type: ignore[index]
+    gate, real_send, calls = asyncio.Event(), link.send, []
+
+    async def gated_send(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        if len(calls) == held:
+            await gate.wait()
+        return await real_send(*args, **kwargs)
+
+    link.send = gated_send  # type: ignore[method-assign]
+    return link, wire, gate, calls
+
+
 def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
     tmp_path: Path,
 ) -> None:
@@ -254,23 +275,10 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
     sent, so the store gets the requests' frames in their order."""
     from types import SimpleNamespace
 
-    from spoolmq.kafka.link import PublisherLink
     from spoolmq.kafka.produce import _Frame, _send_in_turn
 
     async def main() -> None:
-        link = PublisherLink(tmp_path)
-        wire = _Wire()
-        link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
-        link._waiting[wire] = {}  # type: ignore[index]
-        gate, real_send, calls = asyncio.Event(), link.send, []
-
-        async def gated_send(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args[0])
-            if len(calls) == 1:
-                await gate.wait()  # A, held while it sends
-            return await real_send(*args, **kwargs)
-
-        link.send = gated_send  # type: ignore[method-assign]
+        link, wire, gate, calls = _gated_link(tmp_path, held=1)  # A, held while it sends
         core = SimpleNamespace(link=link, count=lambda *_: None)
         ctx = SimpleNamespace(conn={})
 
@@ -311,7 +319,6 @@ def test_a_request_cancelled_after_its_link_was_lost_leaves_no_error_unseen(
     was never retrieved" when it is collected."""
     from types import SimpleNamespace
 
-    from spoolmq.kafka.link import PublisherLink
     from spoolmq.kafka.produce import _Frame, _send_in_turn
 
     unseen: list[str] = []
@@ -320,19 +327,8 @@ def test_a_request_cancelled_after_its_link_was_lost_leaves_no_error_unseen(
         asyncio.get_running_loop().set_exception_handler(
             lambda _, context: unseen.append(str(context.get("message")))
         )
-        link = PublisherLink(tmp_path)
-        wire = _Wire()
-        link._conn, link._loop = wire, asyncio.get_running_loop()  # type: ignore[assignment]
-        link._waiting[wire] = {}  # type: ignore[index]
-        gate, real_send, calls = asyncio.Event(), link.send, []
-
-        async def gated_send(*args: Any, **kwargs: Any) -> Any:
-            calls.append(args[0])
-            if len(calls) == 2:
-                await gate.wait()  # the second partition's send: never let through
-            return await real_send(*args, **kwargs)
-
-        link.send = gated_send  # type: ignore[method-assign]
+        # The second partition's send is held, and never let through.
+        link, wire, _, calls = _gated_link(tmp_path, held=2)
         core = SimpleNamespace(link=link, count=lambda *_: None)
         frames = [_Frame("t", p, "p", [b'{"v":"%d"}' % p]) for p in (0, 1)]
         request = asyncio.create_task(
