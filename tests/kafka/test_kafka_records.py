@@ -101,6 +101,17 @@ def _with_payload(batch: bytes, payload: bytes, count: int) -> bytes:
 
 
 @pytest.mark.parametrize(
+    "minus_one", [b"\x01", b"\x81\x00", b"\x81\x80\x00", b"\x81\x80\x80\x80\x00"]
+)
+def test_a_null_key_or_value_may_have_its_length_written_longer(minus_one: bytes) -> None:
+    """-1 (null) in any varint form Kafka's own reader takes, not only the shortest."""
+    fields = b"\x00\x00\x00" + minus_one + minus_one + b"\x00"
+    payload = bytes([len(fields) << 1]) + fields
+    (batch,) = decode_batches(_with_payload(built([(0, None, b"v", [])]), payload, 1), MAX)
+    assert [(r.key, r.value) for r in batch.records] == [(None, None)]
+
+
+@pytest.mark.parametrize(
     ("payload", "count", "says"),
     [
         # Length 6, then the header count is missing: the batch ends inside the record.

@@ -344,9 +344,12 @@ def _decode_records(data: bytes, count: int) -> list[RawRecord]:
                     size, pos = (n >> 1) ^ -(n & 1), pos + 2
                 else:
                     size, pos = _zigzag(data, pos, _VARINT32)
-                if not 0 <= size <= record_end - pos:
+                if size == -1:  # null, its -1 written longer than it needs (Kafka reads it)
+                    value = None
+                elif not 0 <= size <= record_end - pos:
                     raise KafkaDecodeError(f"value length {size} at offset {pos}")
-                value, pos = data[pos : pos + size], pos + size
+                else:
+                    value, pos = data[pos : pos + size], pos + size
             if data[pos] == 0:
                 headers: Sequence[tuple[str, bytes | None]] = _NO_HEADERS
                 pos += 1
