@@ -86,7 +86,7 @@ def record_bodies(
             head = b'{"key":null'
         else:
             try:
-                head = b'{"key":' + orjson.dumps(key.decode("utf-8"))
+                head = b'{"key":' + dumps(key.decode("utf-8"))
             except UnicodeDecodeError:
                 head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
         if sequence is not None:

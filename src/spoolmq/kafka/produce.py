@@ -161,7 +161,7 @@ def _prepare(
     core: KafkaCore, topic: str, partition: int, data: bytes | None, budget: _Budget
 ) -> _Frame | _PartitionResult:
     """Decode and check one partition's record set within what is left of the request's
-    ``budget`` (and take its share): its frames, or the error it gets (nothing of it is
+    ``budget`` (and take its share): its frame, or the error it gets (nothing of it is
     stored then). A record set that does not decode, or inflates past the budget, ends
     the inflating for the rest of the request: a request cannot make the child inflate
     (and then drop) the budget's worth once per partition it lists. One refused for its
