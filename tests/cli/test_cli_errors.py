@@ -49,6 +49,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["topics", "create", "x", "--retention", "forever-ish"], "bad duration"),
         (["dlq", "list", "../up"], "invalid topic name"),
         (["broker", "--listen", "nonsense"], "HOST:PORT"),
+        (["broker", "--kafka-max-connections", "0"], "'0' must be 1 or more"),
     ],
 )
 def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:

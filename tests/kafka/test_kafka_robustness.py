@@ -232,3 +232,182 @@ def test_fuzzed_request_frames_never_take_the_child_down(
     with _connect(address) as sock:
         assert call(sock, ApiKey.API_VERSIONS, 0, b"").int16() == ErrorCode.NONE
     assert broker.stats()["restarts"].get("kafka", 0) == 0
+
+
+# -- connections: how many, and how long before authenticating -------------------------
+
+
+def _api_versions_answered(sock: socket.socket) -> bool:
+    return call(sock, ApiKey.API_VERSIONS, 1, b"").int16() == ErrorCode.NONE
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (waits for it, up to the socket's 60 s timeout)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_past_the_limit_are_closed_at_their_accept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At max_connections, a new connection is closed as soon as it is accepted (one log
+    line for a run of them), the ones served are untouched, and once one of those ends a
+    new connection is served again."""
+
+    async def scenario() -> None:
+        server = KafkaServer(tmp_path, "127.0.0.1", 0, max_connections=2)
+        await server.start()
+        try:
+            await asyncio.to_thread(_exchange, server)
+            assert server.refused_connections == 3
+        finally:
+            await server.close()
+
+    def _exchange(server: KafkaServer) -> None:
+        address = f"127.0.0.1:{server.port}"
+        first, second = _connect(address), _connect(address)
+        with first, second:
+            assert _api_versions_answered(first) and _api_versions_answered(second)
+            for _ in range(3):
+                with _connect(address) as extra:
+                    assert _closed_by_server(extra)
+            assert _api_versions_answered(second)
+            first.close()
+            wait_until(lambda: server.connection_count < 2, 30, "the first connection to end")
+            with _connect(address) as again:
+                assert _api_versions_answered(again)
+
+    with caplog.at_level("WARNING", logger="spoolmq.kafka.server"):
+        asyncio.run(scenario())
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert "3 connection(s) refused" not in refusals[0]  # the first is logged at once
+    assert "1 connection(s) refused" in refusals[0] and "2 served" in refusals[0]
+
+
+def _scram_authenticate(sock: socket.socket, user: str, password: str) -> None:
+    """SaslHandshake and the two SaslAuthenticate steps of SCRAM-SHA-256, by hand."""
+    import base64
+    import hashlib
+    import hmac
+
+    from spoolmq.kafka.wire import Writer
+
+    handshake = call(sock, ApiKey.SASL_HANDSHAKE, 1, Writer().string("SCRAM-SHA-256").getvalue())
+    assert handshake.int16() == ErrorCode.NONE
+    client_first = b"n=" + user.encode() + b",r=clientnonce"
+    first = Writer().bytes_(b"n,," + client_first).getvalue()
+    answer = call(sock, ApiKey.SASL_AUTHENTICATE, 0, first)
+    assert answer.int16() == ErrorCode.NONE
+    answer.nullable_string()
+    server_first = answer.bytes_()
+    fields = dict(part.split(b"=", 1) for part in server_first.split(b","))
+    without_proof = b"c=biws,r=" + fields[b"r"]
+    auth = client_first + b"," + server_first + b"," + without_proof
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", password.encode(), base64.b64decode(fields[b"s"]), int(fields[b"i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth, hashlib.sha256).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    final = Writer().bytes_(without_proof + b",p=" + proof).getvalue()
+    assert call(sock, ApiKey.SASL_AUTHENTICATE, 0, final).int16() == ErrorCode.NONE
+
+
+def test_a_connection_that_does_not_authenticate_in_time_is_closed(tmp_path: Path) -> None:
+    """Where SASL is required, a connection not authenticated auth_timeout_s after its
+    accept is closed, whatever it sent meanwhile; one that authenticated in time stays
+    open past its deadline, and so does any connection where SASL is not required."""
+    from spoolmq.kafka.scram import Credential, save_users
+
+    save_users(tmp_path, {"alice": Credential.derive("wonderland")})
+
+    async def scenario() -> None:
+        guarded = KafkaServer(tmp_path, "127.0.0.1", 0, auth_required=True, auth_timeout_s=0.5)
+        open_door = KafkaServer(tmp_path, "127.0.0.1", 0, auth_timeout_s=0.5)
+        await guarded.start()
+        await open_door.start()
+        try:
+            await asyncio.to_thread(_exchange, guarded, open_door)
+            assert guarded.auth_timeouts == 2 and open_door.auth_timeouts == 0
+        finally:
+            await guarded.close()
+            await open_door.close()
+
+    def _exchange(guarded: KafkaServer, open_door: KafkaServer) -> None:
+        address = f"127.0.0.1:{guarded.port}"
+        with _connect(address) as idle:
+            assert _api_versions_answered(idle)  # served before SASL, and still closed
+            assert _closed_by_server(idle)
+        with (
+            _connect(address) as alice,
+            _connect(f"127.0.0.1:{open_door.port}") as plain,
+        ):
+            _scram_authenticate(alice, "alice", "wonderland")
+            # A connection accepted after both: once its deadline has closed it, theirs
+            # have passed too.
+            with _connect(address) as later:
+                assert _closed_by_server(later)
+            assert _api_versions_answered(alice) and _api_versions_answered(plain)
+
+    asyncio.run(scenario())
+
+
+def test_the_connection_limit_reaches_the_kafka_child(tmp_path: Path) -> None:
+    """``spoolmq broker --kafka-max-connections 2``: the child serves two connections,
+    closes the third at its accept, and says so in its figures."""
+    from spoolmq.client import Admin
+
+    port = free_port()
+    data = tmp_path / "data"
+    broker = BrokerProcess(
+        data,
+        args=["--kafka", f"127.0.0.1:{port}", "--kafka-max-connections", "2"],
+        log_file=tmp_path / "broker.log",
+    )
+    broker.start(timeout=90)
+    try:
+        address = f"127.0.0.1:{port}"
+        with _connect(address) as first, _connect(address) as second:
+            assert _api_versions_answered(first) and _api_versions_answered(second)
+            with _connect(address) as third:
+                assert _closed_by_server(third)
+
+            def kafka_figures() -> dict[str, object]:
+                with Admin(data) as admin:
+                    return dict(admin.stats()["kafka"])
+
+            # The figures come with the child's next report (once a second).
+            wait_until(
+                lambda: kafka_figures().get("connections_refused") == 1, 30, "the refusal's figure"
+            )
+            figures = kafka_figures()
+            assert figures["max_connections"] == 2 and figures["auth_timeouts"] == 0
+    finally:
+        broker.stop()
+
+
+def test_the_open_file_limit_is_raised_to_fit_the_connections(tmp_path: Path) -> None:
+    """descriptors_for raises the soft limit up to the hard one; with a hard limit too low
+    it serves what fits and logs why (in a process of its own: it changes the limits)."""
+    import subprocess
+    import sys
+
+    script = """
+import logging, resource, sys
+from spoolmq.kafka.child import descriptors_for, _OWN_DESCRIPTORS
+logging.basicConfig(level="WARNING", format="%(message)s")
+log = logging.getLogger("t")
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 2000))
+print(descriptors_for(1000, log), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+print(descriptors_for(1744, log), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
+print(descriptors_for(1000, log), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split("\n")[:3] == ["1000 1256", "1744 2000", "44 300"]
+    assert result.stderr.count("open-file limit is 300") == 1, result.stderr

@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import (
     Connection,
     Listener,
@@ -108,6 +108,8 @@ class BrokerSettings:
         kafka: also serve the Kafka protocol on this (host, port), from a third child
             (docs/KAFKA.md); None: off.
         kafka_tls: (certificate file, key file) for TLS on the Kafka listener.
+        kafka_max_connections: Kafka connections served at once; None: the listener's
+            default (``kafka.server.DEFAULT_MAX_CONNECTIONS``).
     """
 
     data_dir: Path
@@ -119,6 +121,7 @@ class BrokerSettings:
     metrics: tuple[str, int] | None = None
     kafka: tuple[str, int] | None = None
     kafka_tls: tuple[str, str] | None = None
+    kafka_max_connections: int | None = None
 
 
 @dataclass(slots=True)
@@ -323,7 +326,10 @@ class BrokerManager:
 
             host, port = self.settings.kafka
             cert, key = self.settings.kafka_tls or (None, None)
-            return run_kafka_child, (*common, KafkaSettings(host, port, cert, key))
+            kafka = KafkaSettings(host, port, cert, key)
+            if self.settings.kafka_max_connections is not None:
+                kafka = replace(kafka, max_connections=self.settings.kafka_max_connections)
+            return run_kafka_child, (*common, kafka)
         return run_child, (child.child_class, *common)
 
     def run(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from spoolmq.commands.common import CommandFactory, data_dir
+from spoolmq.commands.common import CommandFactory, data_dir, positive
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             store={"auto_create_topics": args.auto_create_topics == "on"},
             kafka=kafka,
             kafka_tls=tuple(args.kafka_tls) if args.kafka_tls else None,
+            kafka_max_connections=args.kafka_max_connections,
         )
     )
     return manager.run()
@@ -67,4 +68,11 @@ def register(command: CommandFactory) -> None:
         nargs=2,
         metavar=("CERT", "KEY"),
         help="serve the Kafka listener over TLS with this certificate chain and key (PEM)",
+    )
+    p.add_argument(
+        "--kafka-max-connections",
+        type=positive,
+        metavar="N",
+        help="Kafka connections served at once; one more is closed at its accept "
+        "(default 1000; the open-file limit is raised to fit)",
     )

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import resource
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +25,12 @@ from spoolmq.broker.child import BrokerChild, ChildChannels, child_setup, settle
 from spoolmq.broker.status import Ready, Stats
 from spoolmq.kafka.core import KafkaCore
 from spoolmq.kafka.link import PublisherLink
-from spoolmq.kafka.server import KafkaServer, is_loopback_host
+from spoolmq.kafka.server import DEFAULT_MAX_CONNECTIONS, KafkaServer, is_loopback_host
 from spoolmq.kafka.watch import GrowthWatcher
+
+# File descriptors the child keeps for itself besides its connections: the store's files,
+# the link to the PublisherBroker, the manager's pipes, the growth watcher.
+_OWN_DESCRIPTORS = 256
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class KafkaSettings:
     tls_key: str | None = None
     # None: required exactly when ``host`` is not a loopback address.
     auth_required: bool | None = None
+    # Connections served at once; one more is closed at its accept (--kafka-max-connections).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_cert is None:
@@ -74,6 +82,9 @@ class KafkaChild(BrokerChild[Any]):
         if self.server is not None:
             figures["listen"] = [self.kafka.host, self.server.port]
             figures["connections"] = self.server.connection_count
+            figures["max_connections"] = self.server.max_connections
+            figures["connections_refused"] = self.server.refused_connections
+            figures["auth_timeouts"] = self.server.auth_timeouts
         if self.core is not None:
             figures.update(self.core.figures)
         return figures
@@ -97,6 +108,7 @@ class KafkaChild(BrokerChild[Any]):
             self.kafka.port,
             auth_required=self.kafka.requires_auth(),
             ssl_context=self.kafka.ssl_context(),
+            max_connections=descriptors_for(self.kafka.max_connections, self.logger),
             shared={"core": self.core},
         )
         await self.server.start()
@@ -133,6 +145,32 @@ class KafkaChild(BrokerChild[Any]):
         self.stopping = True
         if self._stop is not None:
             self._stop.set()
+
+
+def descriptors_for(connections: int, logger: logging.Logger) -> int:
+    """Raise this process's open-file limit (the soft one, up to the hard one) to fit
+    ``connections`` and the child's own descriptors; the connections that fit if the
+    hard limit is lower (logged), so that the listener refuses the one past it cleanly
+    instead of failing to accept it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + _OWN_DESCRIPTORS
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft == resource.RLIM_INFINITY or soft >= connections + _OWN_DESCRIPTORS:
+        return connections
+    fitting = max(1, soft - _OWN_DESCRIPTORS)
+    logger.warning(
+        "serving %d Kafka connections at most, not %d: the open-file limit is %d "
+        "(raise it with ulimit -n)",
+        fitting,
+        connections,
+        soft,
+    )
+    return fitting
 
 
 def run_kafka_child(

@@ -19,7 +19,10 @@ must authenticate has) before the frame is read, the body is parsed by the
 bounded :class:`~spoolmq.kafka.wire.Reader`, and a frame that does not parse
 closes that connection only. An unknown API key or a version outside the
 advertised range is answered with UNSUPPORTED_VERSION and the connection
-stays usable.
+stays usable. Connections are counted: past ``max_connections`` one is closed as
+soon as it is accepted, and where SASL is required a connection that has not
+authenticated ``auth_timeout_s`` after its accept is closed, so peers without
+credentials cannot hold the child's file descriptors for ever.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import ipaddress
 import logging
 import ssl
 import struct
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,17 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # credentials cannot make the child hold max_request_bytes per connection (Kafka's
 # sasl.server.max.receive.size, 512 KiB).
 MAX_UNAUTHENTICATED_REQUEST_BYTES = 512 * 1024
+# Where SASL is required, a connection that has not authenticated this long after its
+# accept is closed (the exchange takes two round trips): without a deadline a peer with no
+# credentials could hold connections, and the child's file descriptors, open for ever.
+AUTH_TIMEOUT_S = 10.0
+# Connections served at once (Kafka's max.connections, unbounded there by default); one
+# more is closed as soon as it is accepted. Bounded here by default: each connection holds
+# a file descriptor, and a child that has run out of them refuses every client, a
+# legitimate one too (kafka/child.py raises the descriptor limit to fit this many).
+DEFAULT_MAX_CONNECTIONS = 1000
+# At most one log line this often about refused connections (a flood must not flood the log).
+_REFUSAL_LOG_S = 10.0
 # api_key + api_version + correlation_id + client_id length.
 MIN_REQUEST_BYTES = _HEADER.size + 2
 # Pipelined requests of one connection started and not answered yet, and the bytes they
@@ -100,12 +115,22 @@ class KafkaServer:
         auth_required: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        auth_timeout_s: float = AUTH_TIMEOUT_S,
         shared: dict[str, Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
         self.auth_required = auth_required
         self.ssl_context = ssl_context
         self.max_request_bytes = max_request_bytes
+        self.max_connections = max_connections
+        self.auth_timeout_s = auth_timeout_s
+        # Connections closed at their accept (over max_connections), and closed because
+        # they had not authenticated in time; both also in the child's figures.
+        self.refused_connections = 0
+        self.auth_timeouts = 0
+        self._refusals_unlogged = 0
+        self._refusal_logged_at = -_REFUSAL_LOG_S
         self.template = RequestContext(
             data_dir=Path(data_dir),
             host=host,
@@ -155,11 +180,19 @@ class KafkaServer:
         )
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peername = writer.get_extra_info("peername")
+        if len(self._connections) >= self.max_connections:
+            await self._refuse(writer, peername)
+            return
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
-        peername = writer.get_extra_info("peername")
         ctx = self.new_context(str(peername))
+        deadline = None
+        if ctx.auth_required and task is not None:
+            deadline = asyncio.get_running_loop().call_later(
+                self.auth_timeout_s, self._auth_deadline, ctx, task
+            )
         requests: asyncio.Queue[_Request] = asyncio.Queue()
         # Pipelined requests started and not answered yet, with the bytes they hold (their
         # frames, and what their handlers add with ctx.holds): the reading waits for room
@@ -195,8 +228,9 @@ class KafkaServer:
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         except asyncio.CancelledError:
-            # close() cancels the connections it ends; asyncio's stream callback
-            # would log a cancelled serving task as an error, so end it normally.
+            # close() and the authentication deadline cancel the connections they end;
+            # asyncio's stream callback would log a cancelled serving task as an error,
+            # so end it normally.
             return
         except Exception:
             # A bug in a handler must cost one connection, never the child.
@@ -205,6 +239,8 @@ class KafkaServer:
             # Requests started and not answered go with the connection: what they sent is
             # stored or not, as when a connection drops while its answer is on the way.
             # Those that ended already are collected too (their errors are not logged).
+            if deadline is not None:
+                deadline.cancel()
             ending = [reading, *started]
             for each in ending:
                 each.cancel()
@@ -217,6 +253,36 @@ class KafkaServer:
             finally:
                 if task is not None:  # counted, and waited for by close(), until here
                     self._connections.discard(task)
+
+    async def _refuse(self, writer: asyncio.StreamWriter, peer: Any) -> None:
+        """Close a connection over ``max_connections`` at once (logged at most once per
+        ``_REFUSAL_LOG_S``, with how many were refused meanwhile)."""
+        self.refused_connections += 1
+        self._refusals_unlogged += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_S:
+            log.warning(
+                "kafka: %d connection(s) refused (the last from %s): %d served, the limit "
+                "(--kafka-max-connections)",
+                self._refusals_unlogged,
+                peer,
+                self.max_connections,
+            )
+            self._refusals_unlogged = 0
+            self._refusal_logged_at = now
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+            await writer.wait_closed()
+
+    def _auth_deadline(self, ctx: RequestContext, task: asyncio.Task[None]) -> None:
+        """``auth_timeout_s`` after a connection's accept: close it unless it has
+        authenticated (its serving task ends as when the listener closes)."""
+        if not ctx.authenticated:
+            self.auth_timeouts += 1
+            log.info(
+                "kafka: closing %s: not authenticated within %g s", ctx.peer, self.auth_timeout_s
+            )
+            task.cancel()
 
     async def _read_requests(
         self,
