@@ -293,3 +293,114 @@ def test_garbage_instead_of_the_handshake(
         + ", ".join(f"{t:.2f} s" for t in closed_after)
     )
     assert max(closed_after) < 30
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def test_a_flood_of_silent_connections_is_greeted_a_bounded_number_at_a_time(
+    tmp_path: Path, figure: Callable[[str], None]
+) -> None:
+    """900 TCP connections that never say a word: the manager greets at most _GREETING of
+    them at a time (two threads each, until its handshake timeout cuts them off), the
+    rest wait in the kernel's backlog and are greeted and cut off in their turn, and a
+    real client is served once they are gone. Without the bound the manager grew by two
+    threads a connection, and a larger flood left it unable to start any."""
+    import selectors
+
+    from spoolmq.broker.manager import _GREETING
+
+    flooding = _GREETING + 388
+    data = tmp_path / "queue_data"
+    broker = BrokerProcess(data, args=["--listen", "127.0.0.1:0"])
+    broker.start(timeout=90)
+    try:
+        address = broker.tcp_address()
+        assert address is not None
+        manager = broker.pid
+        idle_threads = _threads(manager)
+        flood = [socket.create_connection(address, timeout=60) for _ in range(flooding)]
+        try:
+            # Every silent connection is cut off in the end (handshake_timeout_s for each
+            # _GREETING of them); the manager's threads are counted meanwhile.
+            most = idle_threads
+            with selectors.DefaultSelector() as selector:
+                for sock in flood:
+                    selector.register(sock, selectors.EVENT_READ)
+                deadline = time.monotonic() + 120
+                while selector.get_map() and time.monotonic() < deadline:
+                    most = max(most, _threads(manager))
+                    for key, _ in selector.select(timeout=0.05):
+                        try:  # the manager's challenge, then the end of the connection
+                            ended = key.fileobj.recv(4096) == b""  # type: ignore[union-attr]
+                        except ConnectionResetError:
+                            ended = True
+                        if ended:
+                            selector.unregister(key.fileobj)
+                left = len(selector.get_map())
+        finally:
+            for sock in flood:
+                sock.close()
+        assert left == 0, f"{left} silent connections still open after 120 s"
+        figure(
+            f"{flooding} silent TCP connections: manager threads {idle_threads} idle, "
+            f"{most} at most (bound: {idle_threads} + 2 x {_GREETING})"
+        )
+        assert most <= idle_threads + 2 * _GREETING + 16  # (a thread takes time to exit)
+        assert most >= idle_threads + _GREETING, "the flood never reached the bound"
+        with Publisher(
+            address=address,
+            authkey=(data / ".authkey").read_bytes(),
+            delivery_timeout=60,
+        ) as publisher:
+            assert publisher.publish("after-the-flood", {"ok": True}).offset == 0
+    finally:
+        broker.stop()
+
+
+def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> None:
+    """accept() failing with EMFILE (or ENOMEM...) pauses the loop instead of ending it,
+    and a connection gone before its accept (ECONNABORTED) is skipped; the loop ends only
+    when its listener is closed."""
+    import errno
+    import threading
+
+    from spoolmq.broker.manager import BrokerManager, BrokerSettings
+
+    manager = BrokerManager(BrokerSettings(data_dir=tmp_path / "queue_data"))
+    refused = threading.Event()
+
+    class Refused:
+        def send_bytes(self, data: bytes) -> None:
+            raise OSError("gone")
+
+        def close(self) -> None:
+            refused.set()
+
+    class Listener:
+        def __init__(self) -> None:
+            self.outcomes: list[Any] = [
+                OSError(errno.EMFILE, "Too many open files"),
+                OSError(errno.ECONNABORTED, "Software caused connection abort"),
+                Refused(),
+            ]
+            self.calls = 0
+
+        def accept(self) -> Any:
+            self.calls += 1
+            if not self.outcomes:
+                refused.wait(30)  # the greeting of the last connection has ended
+                raise OSError(errno.EBADF, "Bad file descriptor")  # the listener closed
+            outcome = self.outcomes.pop(0)
+            if isinstance(outcome, OSError):
+                raise outcome
+            return outcome
+
+    listener = Listener()
+    loop = threading.Thread(target=manager._accept_loop, args=(listener,))
+    loop.start()
+    loop.join(60)
+    assert not loop.is_alive()
+    assert listener.calls == 4 and refused.is_set()

@@ -21,6 +21,7 @@ so it stays one module past 500 lines.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import multiprocessing
@@ -74,6 +75,18 @@ LOCK_FILE = "broker.lock"
 PID_FILE = "broker.pid"
 _BACKOFF_MIN_S = 0.1
 _SERVED_S = 1.0  # ready this long before dying: it had started well, not a crash loop
+# Connections the kernel holds for the accept loop (multiprocessing's Listener keeps 1: a
+# burst of clients connecting at once then waited for the loop one by one, and over TCP a
+# connect past the one waiting had its SYN dropped and retried a second later).
+_BACKLOG = 128
+# Connections greeted at once per listener (authentication and hello, up to
+# handshake_timeout_s each); the next ones wait in the backlog (_accept_loop).
+_GREETING = 512
+# accept() errors that end one connection (try the next at once), and those that say the
+# process is short of descriptors or memory (pause, then go on accepting).
+_ACCEPT_AGAIN = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
+_ACCEPT_LATER = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_PAUSE_S = 0.5
 
 
 def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
@@ -261,12 +274,16 @@ class BrokerManager:
             self.socket_path.unlink()
         old_umask = os.umask(0o177)
         try:
-            self._listeners.append(Listener(str(self.socket_path), family="AF_UNIX"))
+            self._listeners.append(
+                Listener(str(self.socket_path), family="AF_UNIX", backlog=_BACKLOG)
+            )
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, FILE_MODE)
         if self.settings.listen is not None:
-            self._listeners.append(Listener(self.settings.listen, family="AF_INET"))
+            self._listeners.append(
+                Listener(self.settings.listen, family="AF_INET", backlog=_BACKLOG)
+            )
             logger.info("also listening on tcp %s:%d", *self._listeners[-1].address)
         for listener in self._listeners:
             thread = threading.Thread(
@@ -504,16 +521,74 @@ class BrokerManager:
     # -- connections ------------------------------------------------------------------------
 
     def _accept_loop(self, listener: Listener) -> None:
+        """Accept connections, each greeted in a thread of its own; at most ``_GREETING``
+        greetings at a time, beyond which the next connections wait in the kernel's
+        backlog (a peer that connects and says nothing holds its greeting's two threads
+        until ``handshake_timeout_s``: without a bound, a flood of such connections grew
+        the manager by two threads each until it could start no more)."""
+        slots = threading.BoundedSemaphore(_GREETING)
         while not self._stopping.is_set():
+            slots.acquire()
             try:
                 conn = listener.accept()
-            except OSError:
-                return
-            thread = threading.Thread(target=self._handshake, args=(conn,), daemon=True)
-            thread.start()
+            except OSError as exc:
+                slots.release()
+                if exc.errno in _ACCEPT_AGAIN and not self._stopping.is_set():
+                    continue  # that connection was gone before it was accepted
+                if exc.errno not in _ACCEPT_LATER or self._stopping.is_set():
+                    return  # the listener was closed
+                # Out of descriptors or memory for now: stop accepting for a moment (the
+                # connections wait in the backlog), as asyncio does, not for good.
+                logger.warning(
+                    "accepting a connection failed (%s); trying again in %g s",
+                    exc.strerror or exc,
+                    _ACCEPT_PAUSE_S,
+                )
+                self._stopping.wait(_ACCEPT_PAUSE_S)
+                continue
+            thread = threading.Thread(target=self._handshake, args=(conn, slots), daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no more threads: this connection only is lost
+                slots.release()
+                logger.warning("refused a connection: %s", exc)
+                conn.close()
 
-    def _handshake(self, conn: Connection) -> None:
-        """Authenticate, read hello, then hand the socket to a child (or serve admin)."""
+    def _handshake(self, conn: Connection, slots: threading.BoundedSemaphore) -> None:
+        """Greet a connection (:meth:`_greet`), giving back its greeting slot, then hand
+        the socket to a child (or serve admin)."""
+        try:
+            greeting = self._greet(conn)
+        finally:
+            slots.release()
+        if greeting is None:
+            return
+        client_id, role, hello = greeting
+        with self._registry_lock:
+            self.registry[client_id] = {
+                "role": role,
+                "pid": hello.get("pid"),
+                "name": str(hello.get("name", ""))[:100],
+                "since": time.time(),
+            }
+        if role == "admin":
+            self._serve_admin(conn, client_id)
+            return
+        child = self._children["publisher" if role == "publisher" else "consumer"]
+        try:
+            with self._control_lock:
+                if child.control is None:
+                    raise OSError("child is restarting")
+                send_control(child.control, {"op": "client", "client_id": client_id}, conn.fileno())
+        except OSError:
+            logger.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
+            with self._registry_lock:
+                self.registry.pop(client_id, None)
+        conn.close()
+
+    def _greet(self, conn: Connection) -> tuple[str, str, dict[str, Any]] | None:
+        """Authenticate and read hello (within ``handshake_timeout_s``): the client's id,
+        role and hello, or None when the connection was refused (and closed)."""
         timer = threading.Timer(self.settings.handshake_timeout_s, protocol.cut_off, args=(conn,))
         timer.start()
         try:
@@ -538,37 +613,20 @@ class BrokerManager:
                 conn,
                 {"op": "welcome", "version": protocol.PROTOCOL_VERSION, "client_id": client_id},
             )
-            timer.cancel()
         except (SpoolError, EOFError, OSError) as exc:
-            timer.cancel()
             logger.info("refused a connection: %s", exc)
             if isinstance(exc, SpoolError):
                 with contextlib.suppress(OSError):
                     protocol.send(conn, protocol.error_frame(exc))
             with contextlib.suppress(OSError):
                 conn.close()
-            return
-        with self._registry_lock:
-            self.registry[client_id] = {
-                "role": role,
-                "pid": hello.get("pid"),
-                "name": str(hello.get("name", ""))[:100],
-                "since": time.time(),
-            }
-        if role == "admin":
-            self._serve_admin(conn, client_id)
-            return
-        child = self._children["publisher" if role == "publisher" else "consumer"]
-        try:
-            with self._control_lock:
-                if child.control is None:
-                    raise OSError("child is restarting")
-                send_control(child.control, {"op": "client", "client_id": client_id}, conn.fileno())
-        except OSError:
-            logger.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
-            with self._registry_lock:
-                self.registry.pop(client_id, None)
-        conn.close()
+            return None
+        finally:
+            # Its thread gone too before the greeting's slot is given back (the bound
+            # on the greetings' threads holds).
+            timer.cancel()
+            timer.join()
+        return client_id, role, hello
 
     # -- admin -------------------------------------------------------------------------------
 
