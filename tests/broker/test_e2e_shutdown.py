@@ -14,7 +14,7 @@ from e2e_workers import client_processes, join_all, publish_worker, read_lines, 
 
 from spoolmq import Consumer, Publisher, Store, protocol
 from spoolmq.client.connection import connect
-from spoolmq.errors import AuthenticationError, BrokerUnavailableError
+from spoolmq.errors import AuthenticationError, BrokerUnavailableError, InvalidArgumentError
 from spoolmq.testing import BrokerProcess, wait_until
 
 
@@ -126,11 +126,15 @@ def test_clients_connect_over_tcp_with_the_same_key(data_dir: Path, tmp_path: Pa
         other = tmp_path / "elsewhere"  # a client with no access to the data directory
         with Publisher(data=other, address=address, authkey=key) as publisher:
             position = publisher.publish("tcp", {"over": "tcp"})
-        with Consumer("tcp", group="g", data=other, address=address, authkey=key) as consumer:
+        # "host:port", as the CLI's --listen takes it, is the same address.
+        text = f"{address[0]}:{address[1]}"
+        with Consumer("tcp", group="g", data=other, address=text, authkey=key) as consumer:
             message = consumer.receive(timeout=30)
             assert message is not None and message.offset == position.offset
             assert message.value == {"over": "tcp"}
             message.ack()
+        with pytest.raises(InvalidArgumentError, match="HOST:PORT"):
+            Publisher(data=other, address="127.0.0.1:tcp", authkey=key)
         with pytest.raises(AuthenticationError):
             Publisher(data=other, address=address, authkey=b"x" * 32)
         assert not other.exists()

@@ -31,7 +31,18 @@ def parse_address(text: str) -> tuple[str, int]:
 def resolve(
     data: str | os.PathLike[str] | None, address: Address | None, authkey: bytes | None
 ) -> tuple[Address, bytes, Path]:
+    """Where a client connects (``address``: ``(host, port)`` or ``"host:port"`` of a TCP
+    listener, else the data directory's socket) and the key it proves it has.
+
+    >>> resolve("/srv/q", "127.0.0.1:7070", b"k")[0]
+    ('127.0.0.1', 7070)
+    >>> resolve("/srv/q", None, b"k")[0]
+    '/srv/q/broker.sock'
+    """
     data_dir = resolve_data_dir(data)
+    if isinstance(address, str) and "/" not in address and ":" in address:
+        # "host:port", as the CLI takes it; a str with a "/" is a Unix socket's path.
+        address = parse_address(address)
     target: Address = address if address is not None else str(data_dir / protocol.SOCKET_FILE)
     key = authkey if authkey is not None else protocol.read_authkey(data_dir)
     return target, key, data_dir

@@ -205,7 +205,8 @@ class Publisher:
 
     Args:
         data: the data directory (default ``$SPOOLMQ_DATA`` or ``./queue_data``).
-        address: ``(host, port)`` of a broker's TCP listener instead of the Unix socket.
+        address: ``(host, port)`` or ``"host:port"`` of a broker's TCP listener instead of
+            the Unix socket.
         authkey: the broker's key (default: read from ``<data>/.authkey``).
         acks: default ACK level, ``"0"``, ``"1"`` or ``"all"`` (fsynced; the default).
         linger_ms: how long ``publish_async`` messages may wait to fill a frame.
