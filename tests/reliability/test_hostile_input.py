@@ -305,7 +305,8 @@ def test_a_flood_of_silent_connections_is_greeted_a_bounded_number_at_a_time(
 ) -> None:
     """900 TCP connections that never say a word: the manager greets at most _GREETING of
     them at a time (two threads each, until its handshake timeout cuts them off), the
-    rest wait in the kernel's backlog and are greeted and cut off in their turn, and a
+    rest wait (in the kernel's backlog, or retrying their SYN once it is full) and are
+    greeted and cut off in their turn, and a
     real client is served once they are gone. Without the bound the manager grew by two
     threads a connection, and a larger flood left it unable to start any."""
     import selectors
@@ -387,9 +388,11 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> 
                 Refused(),
             ]
             self.calls = 0
+            self.times: list[float] = []
 
         def accept(self) -> Any:
             self.calls += 1
+            self.times.append(time.monotonic())
             if not self.outcomes:
                 refused.wait(30)  # the greeting of the last connection has ended
                 raise OSError(errno.EBADF, "Bad file descriptor")  # the listener closed
@@ -404,3 +407,55 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> 
     loop.join(60)
     assert not loop.is_alive()
     assert listener.calls == 4 and refused.is_set()
+    # After EMFILE the loop paused (as long as _ACCEPT_PAUSE_S) before accepting again.
+    from spoolmq.broker.manager import _ACCEPT_PAUSE_S
+
+    assert listener.times[1] - listener.times[0] >= _ACCEPT_PAUSE_S * 0.9
+
+
+def test_out_of_descriptors_the_manager_still_cuts_silent_connections_off(
+    tmp_path: Path, figure: Callable[[str], None]
+) -> None:
+    """The manager limited to 200 open files, 230 silent TCP connections: accept() fails
+    with EMFILE, the loop pauses and goes on, and every silent connection is still cut
+    off at its handshake timeout (cutting one off must not need a descriptor of its own),
+    after which a client is served again."""
+    import resource
+    import selectors
+
+    data = tmp_path / "queue_data"
+    log = tmp_path / "broker.log"
+    broker = BrokerProcess(data, args=["--listen", "127.0.0.1:0"], log_file=log)
+    broker.start(timeout=90)
+    try:
+        address = broker.tcp_address()
+        assert address is not None
+        resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (200, 200))
+        flood = [socket.create_connection(address, timeout=60) for _ in range(230)]
+        started = time.monotonic()
+        try:
+            with selectors.DefaultSelector() as selector:
+                for sock in flood:
+                    selector.register(sock, selectors.EVENT_READ)
+                deadline = time.monotonic() + 120
+                while selector.get_map() and time.monotonic() < deadline:
+                    for key, _ in selector.select(timeout=0.5):
+                        try:  # the manager's challenge, then the end of the connection
+                            ended = key.fileobj.recv(4096) == b""  # type: ignore[union-attr]
+                        except ConnectionResetError:
+                            ended = True
+                        if ended:
+                            selector.unregister(key.fileobj)
+                left = len(selector.get_map())
+        finally:
+            for sock in flood:
+                sock.close()
+        assert left == 0, f"{left} of 230 silent connections still open after 120 s"
+        figure(
+            f"230 silent TCP connections to a manager of 200 files: all cut off in "
+            f"{time.monotonic() - started:.1f} s"
+        )
+        served(data)
+        assert "accepting a connection failed (Too many open files)" in log.read_text()
+    finally:
+        broker.stop()

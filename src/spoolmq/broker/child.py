@@ -15,7 +15,6 @@ import logging
 import os
 import selectors
 import signal
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -84,12 +83,12 @@ def send_control(conn: Connection, frame: dict[str, Any], fd: int | None = None)
     """A control frame, optionally followed by a file descriptor (SCM_RIGHTS)."""
     protocol.send(conn, frame)
     if fd is not None:
-        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        with protocol.borrowed_socket(conn) as sock:
             sendfds(sock, [fd])
 
 
 def receive_fd(conn: Connection) -> int:
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+    with protocol.borrowed_socket(conn) as sock:
         return recvfds(sock, 1)[0]
 
 

@@ -589,30 +589,26 @@ class BrokerManager:
     def _greet(self, conn: Connection) -> tuple[str, str, dict[str, Any]] | None:
         """Authenticate and read hello (within ``handshake_timeout_s``): the client's id,
         role and hello, or None when the connection was refused (and closed)."""
-        timer = threading.Timer(self.settings.handshake_timeout_s, protocol.cut_off, args=(conn,))
+        timeout = self.settings.handshake_timeout_s
+        late = threading.Event()
+
+        def cut_off() -> None:
+            late.set()
+            protocol.cut_off(conn)
+
+        timer = threading.Timer(timeout, cut_off)
         timer.start()
         try:
             try:
-                deliver_challenge(conn, self._authkey)
-                answer_challenge(conn, self._authkey)
-            except Exception as exc:  # AuthenticationError, EOFError, OSError
-                raise AuthenticationError(f"authentication failed: {exc}") from None
-            hello = protocol.receive(conn)
-            if hello.get("op") != "hello":
-                raise ProtocolError("the first frame must be 'hello'")
-            if hello.get("version") != protocol.PROTOCOL_VERSION:
-                raise ProtocolError(
-                    f"protocol version {hello.get('version')!r} is not supported; "
-                    f"this broker speaks {protocol.PROTOCOL_VERSION}"
-                )
-            role = hello.get("role")
-            if role not in ("publisher", "consumer", "admin"):
-                raise ProtocolError("role must be 'publisher', 'consumer' or 'admin'")
-            client_id = f"{role[0]}{next(self._client_ids)}-{hello.get('pid', '?')}"
-            protocol.send(
-                conn,
-                {"op": "welcome", "version": protocol.PROTOCOL_VERSION, "client_id": client_id},
-            )
+                client_id, role, hello = self._greeting(conn)
+            finally:
+                # Its thread gone too before the connection is closed or handed over (the
+                # descriptor is not reused under a late cut-off) and before the greeting's
+                # slot is given back (the bound on the greetings' threads holds).
+                timer.cancel()
+                timer.join()
+            if late.is_set():  # cut off as the welcome went out: the client sees the end
+                raise ProtocolError(f"no hello within {timeout:g} s")
         except (SpoolError, EOFError, OSError) as exc:
             logger.info("refused a connection: %s", exc)
             if isinstance(exc, SpoolError):
@@ -621,11 +617,32 @@ class BrokerManager:
             with contextlib.suppress(OSError):
                 conn.close()
             return None
-        finally:
-            # Its thread gone too before the greeting's slot is given back (the bound
-            # on the greetings' threads holds).
-            timer.cancel()
-            timer.join()
+        return client_id, role, hello
+
+    def _greeting(self, conn: Connection) -> tuple[str, str, dict[str, Any]]:
+        """The challenges both ways, then hello and welcome: the client's id, role and
+        hello (SpoolError, EOFError or OSError when it fails)."""
+        try:
+            deliver_challenge(conn, self._authkey)
+            answer_challenge(conn, self._authkey)
+        except Exception as exc:  # AuthenticationError, EOFError, OSError
+            raise AuthenticationError(f"authentication failed: {exc}") from None
+        hello = protocol.receive(conn)
+        if hello.get("op") != "hello":
+            raise ProtocolError("the first frame must be 'hello'")
+        if hello.get("version") != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {hello.get('version')!r} is not supported; "
+                f"this broker speaks {protocol.PROTOCOL_VERSION}"
+            )
+        role = hello.get("role")
+        if role not in ("publisher", "consumer", "admin"):
+            raise ProtocolError("role must be 'publisher', 'consumer' or 'admin'")
+        client_id = f"{role[0]}{next(self._client_ids)}-{hello.get('pid', '?')}"
+        protocol.send(
+            conn,
+            {"op": "welcome", "version": protocol.PROTOCOL_VERSION, "client_id": client_id},
+        )
         return client_id, role, hello
 
     # -- admin -------------------------------------------------------------------------------

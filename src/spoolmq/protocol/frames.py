@@ -14,7 +14,7 @@ import contextlib
 import os
 import socket
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -81,10 +81,22 @@ def receive(conn: Connection) -> dict[str, Any]:
     return decode(conn.recv_bytes(MAX_FRAME_BYTES))
 
 
+@contextlib.contextmanager
+def borrowed_socket(conn: Connection) -> Iterator[socket.socket]:
+    """A socket object on ``conn``'s own descriptor, given back (not closed) on leaving:
+    no ``dup``, which fails in a process that is out of descriptors, the state in which
+    cutting a connection off or handing one over must still work."""
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        yield sock
+    finally:
+        sock.detach()
+
+
 def cut_off(conn: Connection) -> None:
     """Shut a connection down for both directions. ``close()`` alone would not wake a
     thread blocked reading it, and the peer would not see its end while that thread lives."""
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+    with contextlib.suppress(OSError), borrowed_socket(conn) as sock:
         sock.shutdown(socket.SHUT_RDWR)
 
 
