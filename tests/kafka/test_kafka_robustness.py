@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Iterator
@@ -245,7 +246,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
     """Whether the server closed ``sock`` (waits for it, up to the socket's 60 s timeout)."""
     try:
         return sock.recv(1) == b""
-    except ConnectionResetError:
+    except (ConnectionResetError, ssl.SSLEOFError):  # (TLS: closed without close_notify)
         return True
 
 
@@ -325,8 +326,9 @@ def test_a_connection_that_does_not_authenticate_in_time_is_closed(tmp_path: Pat
     save_users(tmp_path, {"alice": Credential.derive("wonderland")})
 
     async def scenario() -> None:
-        guarded = KafkaServer(tmp_path, "127.0.0.1", 0, auth_required=True, auth_timeout_s=0.5)
-        open_door = KafkaServer(tmp_path, "127.0.0.1", 0, auth_timeout_s=0.5)
+        # 2 s: the SCRAM exchange (three round trips) fits on a busy machine.
+        guarded = KafkaServer(tmp_path, "127.0.0.1", 0, auth_required=True, auth_timeout_s=2.0)
+        open_door = KafkaServer(tmp_path, "127.0.0.1", 0, auth_timeout_s=2.0)
         await guarded.start()
         await open_door.start()
         try:
@@ -411,3 +413,45 @@ print(descriptors_for(1000, log), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     )
     assert result.stdout.split("\n")[:3] == ["1000 1256", "1744 2000", "44 300"]
     assert result.stderr.count("open-file limit is 300") == 1, result.stderr
+
+
+def test_over_tls_a_stalled_handshake_counts_and_is_cut_off_in_time(tmp_path: Path) -> None:
+    """With --kafka-tls the TLS handshake happens on a served connection: one that never
+    sends its ClientHello counts against max_connections and is closed at the SASL
+    deadline like any other, and a client that speaks TLS is answered through it."""
+    from groups_helpers import self_signed_certificate
+
+    cert, key = self_signed_certificate(tmp_path, "127.0.0.1")
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+
+    async def scenario() -> None:
+        server = KafkaServer(
+            tmp_path,
+            "127.0.0.1",
+            0,
+            auth_required=True,
+            auth_timeout_s=2.0,
+            ssl_context=server_tls,
+            max_connections=2,
+        )
+        await server.start()
+        try:
+            await asyncio.to_thread(_exchange, server)
+            assert server.refused_connections == 1 and server.auth_timeouts == 2
+        finally:
+            await server.close()
+
+    def _exchange(server: KafkaServer) -> None:
+        address = f"127.0.0.1:{server.port}"
+        with _connect(address) as stalled:  # TCP only: no ClientHello, ever
+            with client_tls.wrap_socket(_connect(address), server_hostname="127.0.0.1") as tls:
+                assert _api_versions_answered(tls)
+                with _connect(address) as third:
+                    assert _closed_by_server(third)
+                # Neither authenticates: both are closed at their deadline.
+                assert _closed_by_server(tls)
+            assert _closed_by_server(stalled)
+
+    asyncio.run(scenario())

@@ -62,6 +62,8 @@ MAX_UNAUTHENTICATED_REQUEST_BYTES = 512 * 1024
 # accept is closed (the exchange takes two round trips): without a deadline a peer with no
 # credentials could hold connections, and the child's file descriptors, open for ever.
 AUTH_TIMEOUT_S = 10.0
+# A TLS handshake not done in this long closes its connection (asyncio's default is 60 s).
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # Connections served at once (Kafka's max.connections, unbounded there by default); one
 # more is closed as soon as it is accepted. Bounded here by default: each connection holds
 # a file descriptor, and a child that has run out of them refuses every client, a
@@ -143,12 +145,9 @@ class KafkaServer:
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> asyncio.Server:
+        # Plain TCP: _serve starts TLS on each connection it serves.
         self._server = await asyncio.start_server(
-            self._serve,
-            self.template.host,
-            self.template.port,
-            ssl=self.ssl_context,
-            reuse_address=True,
+            self._serve, self.template.host, self.template.port, reuse_address=True
         )
         # Port 0 asks the OS for a free port; advertise the one we got.
         sock = self._server.sockets[0]
@@ -199,8 +198,16 @@ class KafkaServer:
         # among them, and the end of the connection collects them.
         started = ctx.pipelined
         room = asyncio.Condition()
-        reading = asyncio.create_task(self._read_requests(ctx, reader, requests, room))
+        reading: asyncio.Task[None] | None = None
         try:
+            if self.ssl_context is not None:
+                # TLS here, not in the listener: a connection is counted and given its
+                # deadline from its accept, and one that stalls in its handshake is cut
+                # off like any other.
+                await writer.start_tls(
+                    self.ssl_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S
+                )
+            reading = asyncio.create_task(self._read_requests(ctx, reader, requests, room))
             while True:
                 request = await requests.get()
                 if request is None:
@@ -241,7 +248,7 @@ class KafkaServer:
             # Those that ended already are collected too (their errors are not logged).
             if deadline is not None:
                 deadline.cancel()
-            ending = [reading, *started]
+            ending = [*started] if reading is None else [reading, *started]
             for each in ending:
                 each.cancel()
             writer.close()
