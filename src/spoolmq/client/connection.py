@@ -23,9 +23,21 @@ def parse_address(text: str) -> tuple[str, int]:
     from spoolmq.errors import InvalidArgumentError
 
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    host = host.strip("[]")
+    if not host or host.endswith(":") or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InvalidArgumentError(f"an address is HOST:PORT, not {text!r}")
-    return host.strip("[]"), int(port)
+    return host, int(port)
+
+
+def _host_and_port(address: str) -> bool:
+    """Whether a str address is "host:port" (as the CLI takes it) rather than a Unix
+    socket's path: one with a "/", an abstract name ("\\0..."), or a file that exists."""
+    return (
+        ":" in address
+        and "/" not in address
+        and not address.startswith("\0")
+        and not os.path.exists(address)
+    )
 
 
 def resolve(
@@ -38,10 +50,11 @@ def resolve(
     ('127.0.0.1', 7070)
     >>> resolve("/srv/q", None, b"k")[0]
     '/srv/q/broker.sock'
+    >>> resolve("/srv/q", "./broker:1", b"k")[0]
+    './broker:1'
     """
     data_dir = resolve_data_dir(data)
-    if isinstance(address, str) and "/" not in address and ":" in address:
-        # "host:port", as the CLI takes it; a str with a "/" is a Unix socket's path.
+    if isinstance(address, str) and _host_and_port(address):
         address = parse_address(address)
     target: Address = address if address is not None else str(data_dir / protocol.SOCKET_FILE)
     key = authkey if authkey is not None else protocol.read_authkey(data_dir)

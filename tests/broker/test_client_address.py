@@ -1,0 +1,46 @@
+"""Where a client connects: ``address`` as ``(host, port)``, ``"host:port"`` or a Unix
+socket's path (``spoolmq.client.connection.resolve``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spoolmq.client.connection import resolve
+from spoolmq.errors import InvalidArgumentError
+
+
+@pytest.mark.parametrize(
+    ("address", "target"),
+    [
+        ("127.0.0.1:7070", ("127.0.0.1", 7070)),
+        ("queue-host:7070", ("queue-host", 7070)),
+        ("[::1]:7070", ("::1", 7070)),
+        (("127.0.0.1", 7070), ("127.0.0.1", 7070)),
+        ("/run/spoolmq/broker.sock", "/run/spoolmq/broker.sock"),
+        ("./broker:1", "./broker:1"),  # a path: it has a slash
+        ("\0spool:1", "\0spool:1"),  # an abstract socket name
+    ],
+)
+def test_an_address_is_a_tcp_listener_or_a_socket_path(
+    tmp_path: Path, address: str | tuple[str, int], target: str | tuple[str, int]
+) -> None:
+    assert resolve(tmp_path, address, b"key")[0] == target
+
+
+def test_an_existing_socket_file_with_a_colon_stays_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("broker:1").touch()
+    assert resolve(tmp_path, "broker:1", b"key")[0] == "broker:1"
+    os.unlink("broker:1")
+    assert resolve(tmp_path, "broker:1", b"key")[0] == ("broker", 1)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:tcp", "::1", "host:", "host:70000"])
+def test_a_broken_host_and_port_is_refused(tmp_path: Path, address: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="an address is HOST:PORT"):
+        resolve(tmp_path, address, b"key")
