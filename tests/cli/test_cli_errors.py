@@ -50,6 +50,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["dlq", "list", "../up"], "invalid topic name"),
         (["broker", "--listen", "nonsense"], "HOST:PORT"),
         (["broker", "--kafka-max-connections", "0"], "'0' must be 1 or more"),
+        (["broker", "--kafka-max-connections", "5"], "--kafka-max-connections is a setting"),
+        (["broker", "--kafka-tls", "c.pem", "k.pem"], "--kafka-tls is a setting"),
+        (["broker", "--listen", "::1"], "HOST:PORT"),
     ],
 )
 def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:

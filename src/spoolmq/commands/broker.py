@@ -12,6 +12,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from spoolmq.broker import BrokerManager, BrokerSettings
     from spoolmq.broker.metrics import check_loopback
     from spoolmq.client.connection import parse_address
+    from spoolmq.errors import InvalidArgumentError
 
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -20,6 +21,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     listen = parse_address(args.listen) if args.listen else None
     metrics = check_loopback(parse_address(args.metrics)) if args.metrics else None
     kafka = parse_address(args.kafka) if args.kafka else None
+    if kafka is None and (args.kafka_tls or args.kafka_max_connections is not None):
+        option = "--kafka-tls" if args.kafka_tls else "--kafka-max-connections"
+        raise InvalidArgumentError(f"{option} is a setting of the Kafka listener: give --kafka too")
     manager = BrokerManager(
         BrokerSettings(
             data_dir=data_dir(args),
