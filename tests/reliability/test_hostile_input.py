@@ -295,6 +295,35 @@ def test_garbage_instead_of_the_handshake(
     assert max(closed_after) < 30
 
 
+def _silent_flood(
+    address: tuple[str, int], count: int, meanwhile: Callable[[], None] = lambda: None
+) -> int:
+    """Open ``count`` TCP connections that never say a word and wait (up to 120 s, calling
+    ``meanwhile`` every 50 ms) until the broker has cut each off after its challenge;
+    return how many it had not."""
+    import selectors
+
+    flood = [socket.create_connection(address, timeout=60) for _ in range(count)]
+    try:
+        with selectors.DefaultSelector() as selector:
+            for sock in flood:
+                selector.register(sock, selectors.EVENT_READ)
+            deadline = time.monotonic() + 120
+            while selector.get_map() and time.monotonic() < deadline:
+                meanwhile()
+                for key, _ in selector.select(timeout=0.05):
+                    try:  # the manager's challenge, then the end of the connection
+                        ended = key.fileobj.recv(4096) == b""  # type: ignore[union-attr]
+                    except ConnectionResetError:
+                        ended = True
+                    if ended:
+                        selector.unregister(key.fileobj)
+            return len(selector.get_map())
+    finally:
+        for sock in flood:
+            sock.close()
+
+
 def _threads(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
@@ -309,7 +338,6 @@ def test_a_flood_of_silent_connections_is_greeted_a_bounded_number_at_a_time(
     greeted and cut off in their turn, and a
     real client is served once they are gone. Without the bound the manager grew by two
     threads a connection, and a larger flood left it unable to start any."""
-    import selectors
 
     from spoolmq.broker.manager import _GREETING
 
@@ -322,28 +350,11 @@ def test_a_flood_of_silent_connections_is_greeted_a_bounded_number_at_a_time(
         assert address is not None
         manager = broker.pid
         idle_threads = _threads(manager)
-        flood = [socket.create_connection(address, timeout=60) for _ in range(flooding)]
-        try:
-            # Every silent connection is cut off in the end (handshake_timeout_s for each
-            # _GREETING of them); the manager's threads are counted meanwhile.
-            most = idle_threads
-            with selectors.DefaultSelector() as selector:
-                for sock in flood:
-                    selector.register(sock, selectors.EVENT_READ)
-                deadline = time.monotonic() + 120
-                while selector.get_map() and time.monotonic() < deadline:
-                    most = max(most, _threads(manager))
-                    for key, _ in selector.select(timeout=0.05):
-                        try:  # the manager's challenge, then the end of the connection
-                            ended = key.fileobj.recv(4096) == b""  # type: ignore[union-attr]
-                        except ConnectionResetError:
-                            ended = True
-                        if ended:
-                            selector.unregister(key.fileobj)
-                left = len(selector.get_map())
-        finally:
-            for sock in flood:
-                sock.close()
+        # Every silent connection is cut off in the end (handshake_timeout_s for each
+        # _GREETING of them); the manager's threads are counted meanwhile.
+        counts = [idle_threads]
+        left = _silent_flood(address, flooding, lambda: counts.append(_threads(manager)))
+        most = max(counts)
         assert left == 0, f"{left} silent connections still open after 120 s"
         figure(
             f"{flooding} silent TCP connections: manager threads {idle_threads} idle, "
@@ -421,7 +432,6 @@ def test_out_of_descriptors_the_manager_still_cuts_silent_connections_off(
     off at its handshake timeout (cutting one off must not need a descriptor of its own),
     after which a client is served again."""
     import resource
-    import selectors
 
     data = tmp_path / "queue_data"
     log = tmp_path / "broker.log"
@@ -431,25 +441,8 @@ def test_out_of_descriptors_the_manager_still_cuts_silent_connections_off(
         address = broker.tcp_address()
         assert address is not None
         resource.prlimit(broker.pid, resource.RLIMIT_NOFILE, (200, 200))
-        flood = [socket.create_connection(address, timeout=60) for _ in range(230)]
         started = time.monotonic()
-        try:
-            with selectors.DefaultSelector() as selector:
-                for sock in flood:
-                    selector.register(sock, selectors.EVENT_READ)
-                deadline = time.monotonic() + 120
-                while selector.get_map() and time.monotonic() < deadline:
-                    for key, _ in selector.select(timeout=0.5):
-                        try:  # the manager's challenge, then the end of the connection
-                            ended = key.fileobj.recv(4096) == b""  # type: ignore[union-attr]
-                        except ConnectionResetError:
-                            ended = True
-                        if ended:
-                            selector.unregister(key.fileobj)
-                left = len(selector.get_map())
-        finally:
-            for sock in flood:
-                sock.close()
+        left = _silent_flood(address, 230)
         assert left == 0, f"{left} of 230 silent connections still open after 120 s"
         figure(
             f"230 silent TCP connections to a manager of 200 files: all cut off in "
