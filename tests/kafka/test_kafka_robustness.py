@@ -442,6 +442,18 @@ def test_over_tls_a_stalled_handshake_counts_and_is_cut_off_in_time(tmp_path: Pa
             assert server.refused_connections == 1 and server.auth_timeouts == 2
         finally:
             await server.close()
+        # Stopping the listener while a handshake stalls ends it (it used to wait for ever).
+        plain = KafkaServer(tmp_path, "127.0.0.1", 0, ssl_context=server_tls)
+        await plain.start()
+        stalled = await asyncio.to_thread(_connect, f"127.0.0.1:{plain.port}")
+        try:
+            await asyncio.to_thread(
+                wait_until, lambda: plain.connection_count == 1, 30, "the stalled connection"
+            )
+            await asyncio.wait_for(plain.close(), 30)
+            assert plain.connection_count == 0
+        finally:
+            stalled.close()
 
     def _exchange(server: KafkaServer) -> None:
         address = f"127.0.0.1:{server.port}"
@@ -453,5 +465,9 @@ def test_over_tls_a_stalled_handshake_counts_and_is_cut_off_in_time(tmp_path: Pa
                 # Neither authenticates: both are closed at their deadline.
                 assert _closed_by_server(tls)
             assert _closed_by_server(stalled)
+        # ...and give their places back (a handshake cut off used to hold its own).
+        wait_until(lambda: server.connection_count == 0, 30, "the cut-off connections to end")
+        with client_tls.wrap_socket(_connect(address), server_hostname="127.0.0.1") as again:
+            assert _api_versions_answered(again)
 
     asyncio.run(scenario())

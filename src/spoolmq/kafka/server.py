@@ -255,8 +255,12 @@ class KafkaServer:
             try:
                 with contextlib.suppress(asyncio.CancelledError):  # close() while ending
                     await asyncio.gather(*ending, return_exceptions=True)
-                    with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
-                        await writer.wait_closed()
+                    # Not after a TLS handshake that did not finish: asyncio then never
+                    # tells the stream it closed, and the wait would never end (the
+                    # connection would hold its place under max_connections for ever).
+                    if reading is not None:
+                        with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+                            await writer.wait_closed()
             finally:
                 if task is not None:  # counted, and waited for by close(), until here
                     self._connections.discard(task)
