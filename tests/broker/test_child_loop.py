@@ -303,3 +303,24 @@ def test_a_waitable_is_watched_only_in_the_steps_that_pass_it(
     finally:
         os.close(write_end)
         publisher.close()
+
+
+def test_a_client_whose_descriptor_did_not_arrive_is_dropped_not_the_child(
+    pipes: tuple[Manager, ChildChannels], data_dir: Path
+) -> None:
+    """A child out of descriptors gets the hand-over's byte without the descriptor (the
+    kernel drops it): that client is lost, logged, and the child goes on taking others."""
+    manager, channels = pipes
+    publisher = PublisherBroker(data_dir, channels)
+    try:
+        protocol.send(manager.control, {"op": "client", "client_id": "p1-lost"})
+        with protocol.borrowed_socket(manager.control) as sock:
+            sock.sendmsg([b"\x01"])  # what sendfds sends, without its SCM_RIGHTS
+        publisher.loop(0.5)
+        assert not publisher.clients
+        client = manager.hand_over("p2-7")
+        step_until(publisher, lambda: bool(publisher.clients), "the next client")
+        assert [c.client_id for c in publisher.clients.values()] == ["p2-7"]
+        client.close()
+    finally:
+        publisher.close()

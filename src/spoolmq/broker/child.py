@@ -376,7 +376,11 @@ class BrokerChild(Generic[ClientT]):
             return
         op = str(frame.get("op"))
         if op == "client":
-            conn = Connection(receive_fd(self.control))
+            try:
+                conn = Connection(receive_fd(self.control))
+            except (OSError, RuntimeError) as exc:  # out of descriptors: its fd was dropped
+                self.logger.warning("could not take client %s: %s", frame.get("client_id"), exc)
+                return
             self.clients[conn] = self.new_client(conn, str(frame.get("client_id")))
             self._waiter.watch(conn)
         elif op == "stop":
