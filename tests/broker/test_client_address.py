@@ -18,6 +18,8 @@ from spoolmq.errors import InvalidArgumentError
         ("127.0.0.1:7070", ("127.0.0.1", 7070)),
         ("queue-host:7070", ("queue-host", 7070)),
         ("[::1]:7070", ("::1", 7070)),
+        ("[::]:9092", ("::", 9092)),
+        ("::1:7070", ("::1", 7070)),
         (("127.0.0.1", 7070), ("127.0.0.1", 7070)),
         ("/run/spoolmq/broker.sock", "/run/spoolmq/broker.sock"),
         ("./broker:1", "./broker:1"),  # a path: it has a slash
@@ -40,7 +42,7 @@ def test_an_existing_socket_file_with_a_colon_stays_a_path(
     assert resolve(tmp_path, "broker:1", b"key")[0] == ("broker", 1)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:tcp", "::1", "host:", "host:70000"])
+@pytest.mark.parametrize("address", ["127.0.0.1:tcp", "::1", "host:", "host:70000", "host:²"])
 def test_a_broken_host_and_port_is_refused(tmp_path: Path, address: str) -> None:
     with pytest.raises(InvalidArgumentError, match="an address is HOST:PORT"):
         resolve(tmp_path, address, b"key")

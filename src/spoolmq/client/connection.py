@@ -23,8 +23,15 @@ def parse_address(text: str) -> tuple[str, int]:
     from spoolmq.errors import InvalidArgumentError
 
     host, _, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not host or host.endswith(":") or not port.isdigit() or not 0 <= int(port) <= 65535:
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if (
+        not host
+        or (host.endswith(":") and not bracketed)  # "::1" is a host without a port
+        or not (port.isascii() and port.isdigit())
+        or not 0 <= int(port) <= 65535
+    ):
         raise InvalidArgumentError(f"an address is HOST:PORT, not {text!r}")
     return host, int(port)
 
