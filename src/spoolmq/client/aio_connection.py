@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 
 from spoolmq import protocol
+from spoolmq.client import connection
 from spoolmq.client.connection import Address, hello_frame
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
 
@@ -242,7 +243,20 @@ async def connect(
     address: Address, authkey: bytes, role: str, name: str = ""
 ) -> tuple[FrameStream, str]:
     """An authenticated asyncio connection that has been welcomed, and the client id; the
-    same errors as ``client.connection.connect``."""
+    same errors as ``client.connection.connect``, and the same bound on a broker that does
+    not answer (``CONNECT_TIMEOUT_S``, here for the whole greeting)."""
+    try:
+        async with asyncio.timeout(connection.CONNECT_TIMEOUT_S):
+            return await _connect(address, authkey, role, name)
+    except TimeoutError:
+        raise BrokerUnavailableError(
+            f"the broker at {address} did not answer within {connection.CONNECT_TIMEOUT_S:g} s"
+        ) from None
+
+
+async def _connect(
+    address: Address, authkey: bytes, role: str, name: str
+) -> tuple[FrameStream, str]:
     try:
         loop = asyncio.get_running_loop()
         if isinstance(address, str):

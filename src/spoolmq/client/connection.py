@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import os
 import select
+import socket
+import struct
 from multiprocessing import AuthenticationError as _MPAuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,13 @@ from spoolmq.config import resolve_data_dir
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
 
 Address = str | tuple[str, int]
+
+#: How long a client waits to connect and be welcomed (the authkey challenge both ways,
+#: then ``hello``/``welcome``) before it gives up with BrokerUnavailableError. A broker
+#: that accepted the connection but never answers (stopped with SIGSTOP, or a connect
+#: whose last packet the kernel dropped from a full accept queue) would otherwise hold
+#: the client for ever. The broker gives a greeting 5 s; this leaves room for a busy host.
+CONNECT_TIMEOUT_S = 10.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -79,26 +88,67 @@ def hello_frame(role: str, name: str) -> dict[str, Any]:
     }
 
 
-def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:
-    """An authenticated connection that has been welcomed; returns it and the client id."""
-    family = "AF_UNIX" if isinstance(address, str) else "AF_INET"
+def _io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Bound each blocking read and write of ``sock`` (0: no bound). A timeout set with
+    ``settimeout`` would make the descriptor non-blocking, which ``Connection`` does not
+    expect; these options keep it blocking, and a read that waits too long fails with
+    EAGAIN instead."""
+    whole = int(seconds)
+    bound = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
+
+
+def _open(address: Address, timeout: float) -> Connection:
+    """A connected, still unauthenticated ``Connection`` whose reads and writes give up
+    after ``timeout`` seconds (until ``connect`` lifts the bound)."""
+    sock = socket.socket(socket.AF_UNIX if isinstance(address, str) else socket.AF_INET)
     try:
-        conn = Client(address, family=family, authkey=authkey)
-    except _MPAuthenticationError as exc:
-        raise AuthenticationError(f"the broker refused the authkey: {exc}") from None
-    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError):
-        start = "`spoolmq broker`"
-        if isinstance(address, str):  # the data directory's socket: name that directory
-            start = f"`spoolmq broker --data {Path(address).parent}`"
-        raise BrokerUnavailableError(
-            f"no broker is listening at {address}; start one with {start}"
-        ) from None
+        sock.settimeout(timeout)
+        sock.connect(address)
+        sock.settimeout(None)  # blocking again: the bound is now per read and write
+        _io_timeout(sock, timeout)
+        return Connection(sock.detach())
+    finally:
+        sock.close()  # nothing left to close once detached
+
+
+def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:
+    """An authenticated connection that has been welcomed; returns it and the client id.
+    Each read and write of the greeting gives up after ``CONNECT_TIMEOUT_S``."""
+    silent = f"the broker at {address} did not answer within {CONNECT_TIMEOUT_S:g} s"
+    start = "`spoolmq broker`"
+    if isinstance(address, str):  # the data directory's socket: name that directory
+        start = f"`spoolmq broker --data {Path(address).parent}`"
+    absent = f"no broker is listening at {address}; start one with {start}"
+    try:
+        conn = _open(address, CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise BrokerUnavailableError(silent) from None
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+        raise BrokerUnavailableError(absent) from None
     except OSError as exc:
         raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None
     try:
+        try:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+        except (EOFError, ConnectionResetError):  # closed before it said anything
+            raise BrokerUnavailableError(absent) from None
         protocol.send(conn, hello_frame(role, name))
         welcome = protocol.receive(conn)
         protocol.raise_if_error(welcome)
+        with protocol.borrowed_socket(conn) as sock:
+            _io_timeout(sock, 0)
+    except BrokerUnavailableError:  # an OSError too: said already
+        conn.close()
+        raise
+    except _MPAuthenticationError as exc:
+        conn.close()
+        raise AuthenticationError(f"the broker refused the authkey: {exc}") from None
+    except BlockingIOError:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
+        conn.close()
+        raise BrokerUnavailableError(silent) from None
     except (EOFError, OSError) as exc:
         conn.close()
         raise BrokerUnavailableError(f"the broker closed the connection: {exc}") from None
