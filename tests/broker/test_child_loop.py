@@ -4,6 +4,7 @@ notice pipes) and a client (a socket handed over as the manager does), and calls
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from spoolmq import Store, protocol
+from spoolmq.broker import child as child_module
 from spoolmq.broker.child import BrokerChild, ChildChannels, send_control
 from spoolmq.broker.consumer_broker import ConsumerBroker
 from spoolmq.broker.publisher_broker import PublisherBroker
@@ -305,17 +307,43 @@ def test_a_waitable_is_watched_only_in_the_steps_that_pass_it(
         publisher.close()
 
 
-def test_a_client_whose_descriptor_did_not_arrive_is_dropped_not_the_child(
-    pipes: tuple[Manager, ChildChannels], data_dir: Path
-) -> None:
+def _dropped_on_arrival(manager: Manager, monkeypatch: pytest.MonkeyPatch) -> None:
     """A child out of descriptors gets the hand-over's byte without the descriptor (the
-    kernel drops it): that client is lost, logged, and the child goes on taking others."""
+    kernel drops it)."""
+    protocol.send(manager.control, {"op": "client", "client_id": "p1-lost"})
+    with protocol.borrowed_socket(manager.control) as sock:
+        sock.sendmsg([b"\x01"])  # what sendfds sends, without its SCM_RIGHTS
+
+
+def _refused_by_sendmsg(manager: Manager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sendmsg`` refuses the descriptor (ETOOMANYREFS) after the hand-over's frame went:
+    the manager is told, and the child must not take the next frame's first byte for the
+    descriptor's."""
+
+    def refused(sock: socket.socket, fds: list[int]) -> None:
+        raise OSError(errno.ETOOMANYREFS, os.strerror(errno.ETOOMANYREFS))
+
+    ours, theirs = socket.socketpair()
+    with monkeypatch.context() as patch, ours, theirs:
+        patch.setattr(child_module, "sendfds", refused)
+        with pytest.raises(OSError, match="many references"):
+            frame = {"op": "client", "client_id": "p1-lost"}
+            send_control(manager.control, frame, theirs.fileno())
+
+
+@pytest.mark.timeout(60)  # a frame read out of step would wait for ever
+@pytest.mark.parametrize("lose", [_dropped_on_arrival, _refused_by_sendmsg])
+def test_a_client_whose_descriptor_was_lost_is_dropped_not_the_child(
+    pipes: tuple[Manager, ChildChannels],
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lose: Callable[[Manager, pytest.MonkeyPatch], None],
+) -> None:
+    """That client is lost, logged, and the child goes on taking others."""
     manager, channels = pipes
     publisher = PublisherBroker(data_dir, channels)
     try:
-        protocol.send(manager.control, {"op": "client", "client_id": "p1-lost"})
-        with protocol.borrowed_socket(manager.control) as sock:
-            sock.sendmsg([b"\x01"])  # what sendfds sends, without its SCM_RIGHTS
+        lose(manager, monkeypatch)
         publisher.loop(0.5)
         assert not publisher.clients
         client = manager.hand_over("p2-7")

@@ -80,11 +80,21 @@ def child_setup(name: str, log_level: str) -> None:
 
 
 def send_control(conn: Connection, frame: dict[str, Any], fd: int | None = None) -> None:
-    """A control frame, optionally followed by a file descriptor (SCM_RIGHTS)."""
+    """A control frame, optionally followed by a file descriptor (SCM_RIGHTS).
+
+    The descriptor travels with one byte, which ``receive_fd`` reads after the frame.
+    Should ``sendmsg`` refuse the descriptor (ETOOMANYREFS: too many in flight, ENOBUFS),
+    the byte still goes, alone, and the OSError is raised: the child reads one byte as
+    always, finds no descriptor and drops that client, and the frames after it stay
+    whole. Without the byte, it would take the next frame's first byte for it."""
     protocol.send(conn, frame)
     if fd is not None:
         with protocol.borrowed_socket(conn) as sock:
-            sendfds(sock, [fd])
+            try:
+                sendfds(sock, [fd])
+            except OSError:
+                sock.sendall(b"\x01")
+                raise
 
 
 def receive_fd(conn: Connection) -> int:
