@@ -4,7 +4,9 @@ client sits on half a frame), and no file appears outside the data directory."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
 import random
 import socket
@@ -372,10 +374,13 @@ def test_a_flood_of_silent_connections_is_greeted_a_bounded_number_at_a_time(
         broker.stop()
 
 
-def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> None:
+def test_the_accept_loop_outlives_running_out_of_descriptors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """accept() failing with EMFILE (or ENOMEM...) pauses the loop instead of ending it,
     and a connection gone before its accept (ECONNABORTED) is skipped; the loop ends only
-    when its listener is closed."""
+    when its listener is closed. Failures in a row are logged once (per 10 s), not once
+    per pause."""
     import errno
     import threading
 
@@ -395,6 +400,8 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> 
         def __init__(self) -> None:
             self.outcomes: list[Any] = [
                 OSError(errno.EMFILE, "Too many open files"),
+                OSError(errno.EMFILE, "Too many open files"),
+                OSError(errno.ENFILE, "Too many open files in system"),
                 OSError(errno.ECONNABORTED, "Software caused connection abort"),
                 Refused(),
             ]
@@ -414,14 +421,22 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(tmp_path: Path) -> 
 
     listener = Listener()
     loop = threading.Thread(target=manager._accept_loop, args=(listener,))
-    loop.start()
-    loop.join(60)
+    with caplog.at_level(logging.WARNING, logger="spoolmq.broker"):
+        loop.start()
+        loop.join(60)
     assert not loop.is_alive()
-    assert listener.calls == 4 and refused.is_set()
+    assert listener.calls == 6 and refused.is_set()
     # After EMFILE the loop paused (as long as _ACCEPT_PAUSE_S) before accepting again.
     from spoolmq.broker.manager import _ACCEPT_PAUSE_S
 
-    assert listener.times[1] - listener.times[0] >= _ACCEPT_PAUSE_S * 0.9
+    assert all(
+        later - earlier >= _ACCEPT_PAUSE_S * 0.9
+        for earlier, later in itertools.pairwise(listener.times[:4])
+    )
+    failures = [r.getMessage() for r in caplog.records if "accepting" in r.getMessage()]
+    assert failures == [
+        "accepting a connection failed (Too many open files); trying again every 0.5 s"
+    ]
 
 
 def test_out_of_descriptors_the_manager_still_cuts_silent_connections_off(

@@ -87,6 +87,7 @@ _GREETING = 512
 _ACCEPT_AGAIN = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
 _ACCEPT_LATER = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_PAUSE_S = 0.5
+_ACCEPT_WARN_EVERY_S = 10.0  # one warning per this many seconds of failing accepts
 
 
 def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
@@ -527,6 +528,7 @@ class BrokerManager:
         until ``handshake_timeout_s``: without a bound, a flood of such connections grew
         the manager by two threads each until it could start no more)."""
         slots = threading.BoundedSemaphore(_GREETING)
+        failed, warn_at = 0, 0.0  # failed accepts not yet logged; when to log again
         while not self._stopping.is_set():
             slots.acquire()
             try:
@@ -538,12 +540,17 @@ class BrokerManager:
                 if exc.errno not in _ACCEPT_LATER or self._stopping.is_set():
                     return  # the listener was closed
                 # Out of descriptors or memory for now: stop accepting for a moment (the
-                # connections wait in the backlog), as asyncio does, not for good.
-                logger.warning(
-                    "accepting a connection failed (%s); trying again in %g s",
-                    exc.strerror or exc,
-                    _ACCEPT_PAUSE_S,
-                )
+                # connections wait in the backlog), as asyncio does, not for good. One
+                # line per _ACCEPT_WARN_EVERY_S, not one per pause.
+                failed += 1
+                if time.monotonic() >= warn_at:
+                    logger.warning(
+                        "accepting a connection failed (%s)%s; trying again every %g s",
+                        exc.strerror or exc,
+                        f", {failed} times since the last warning" if failed > 1 else "",
+                        _ACCEPT_PAUSE_S,
+                    )
+                    failed, warn_at = 0, time.monotonic() + _ACCEPT_WARN_EVERY_S
                 self._stopping.wait(_ACCEPT_PAUSE_S)
                 continue
             thread = threading.Thread(target=self._handshake, args=(conn, slots), daemon=True)
