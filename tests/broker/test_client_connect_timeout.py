@@ -6,9 +6,11 @@ welcomed, the connection has no bound left on its reads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -123,22 +125,74 @@ def test_the_asyncio_client_gives_up_too(
         assert SILENT in str(exc)
 
 
-def test_a_welcomed_connection_has_no_bound_on_its_reads(
-    data_dir: Path, broker: BrokerProcess
+def test_a_client_waits_its_turn_in_a_full_unix_backlog_then_gives_up(tmp_path: Path) -> None:
+    """A Unix socket's connect to a full backlog waits for room (as a blocking connect
+    does), bounded like the rest, instead of failing at once with EAGAIN."""
+    path = str(tmp_path / "full.sock")
+    queued: list[socket.socket] = []
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(0)
+        try:
+            for _ in range(64):  # fill the backlog: a non-blocking connect then fails
+                sock = socket.socket(socket.AF_UNIX)
+                sock.setblocking(False)
+                queued.append(sock)
+                try:
+                    sock.connect(path)
+                except BlockingIOError:
+                    break
+            else:
+                pytest.fail("the backlog never filled")
+            started = time.monotonic()
+            exc = _bounded(lambda: connect(path, b"key", "publisher"))
+            assert isinstance(exc, BrokerUnavailableError)
+            assert SILENT in str(exc)
+            assert time.monotonic() - started >= 0.3 * 0.9  # it waited, not failed at once
+        finally:
+            for sock in queued:
+                sock.close()
+
+
+@pytest.mark.parametrize("default_timeout", [None, 30.0])
+def test_a_welcomed_connection_is_blocking_with_no_bound_on_its_reads(
+    data_dir: Path, broker: BrokerProcess, default_timeout: float | None
 ) -> None:
-    conn, client_id = connect(
-        str(data_dir / "broker.sock"), protocol.read_authkey(data_dir), "publisher"
-    )
+    """Whatever ``socket.setdefaulttimeout`` says in the client's process."""
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(default_timeout)
+    try:
+        conn, client_id = connect(
+            str(data_dir / "broker.sock"), protocol.read_authkey(data_dir), "publisher"
+        )
+    finally:
+        socket.setdefaulttimeout(before)
     try:
         assert client_id
+        assert os.get_blocking(conn.fileno())
         with socket.socket(fileno=conn.fileno()) as sock:
             try:
                 for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
                     assert sock.getsockopt(socket.SOL_SOCKET, option, 16) == struct.pack(
                         "@ll", 0, 0
                     )
-                assert sock.getblocking()
             finally:
                 sock.detach()
     finally:
         conn.close()
+
+
+def test_a_consumer_receives_in_a_process_with_a_default_socket_timeout(
+    data_dir: Path, broker: BrokerProcess
+) -> None:
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30.0)
+    try:
+        with Publisher(data_dir) as publisher:
+            publisher.publish("t", {"n": 1})
+        with Consumer("t", "g", data=data_dir) as consumer:
+            message = consumer.receive(timeout=30)
+            assert message is not None and message.value == {"n": 1}
+            message.ack()
+    finally:
+        socket.setdefaulttimeout(before)

@@ -3,6 +3,7 @@ challenge, then ``hello``/``welcome``."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import select
@@ -89,33 +90,43 @@ def hello_frame(role: str, name: str) -> dict[str, Any]:
 
 
 def _io_timeout(sock: socket.socket, seconds: float) -> None:
-    """Bound each blocking read and write of ``sock`` (0: no bound). A timeout set with
-    ``settimeout`` would make the descriptor non-blocking, which ``Connection`` does not
-    expect; these options keep it blocking, and a read that waits too long fails with
-    EAGAIN instead."""
+    """Bound each blocking connect, read and write of ``sock`` (0: no bound). A timeout
+    set with ``settimeout`` would make the descriptor non-blocking, which ``Connection``
+    does not expect, and would make a Unix socket's connect to a full backlog fail at
+    once instead of waiting its turn; these options keep it blocking, and a step that
+    waits too long fails with EAGAIN (EINPROGRESS for a TCP connect) instead."""
     whole = int(seconds)
-    bound = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    micro = int((seconds - whole) * 1_000_000)
+    if seconds > 0 and not whole and not micro:
+        micro = 1  # (0, 0) would mean no bound at all
+    bound = struct.pack("@ll", whole, micro)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
 
 
 def _open(address: Address, timeout: float) -> Connection:
-    """A connected, still unauthenticated ``Connection`` whose reads and writes give up
-    after ``timeout`` seconds (until ``connect`` lifts the bound)."""
+    """A connected, still unauthenticated ``Connection`` on a blocking socket whose
+    connect, reads and writes give up after ``timeout`` seconds each (until ``connect``
+    lifts the bound)."""
     sock = socket.socket(socket.AF_UNIX if isinstance(address, str) else socket.AF_INET)
     try:
-        sock.settimeout(timeout)
-        sock.connect(address)
-        sock.settimeout(None)  # blocking again: the bound is now per read and write
+        sock.setblocking(True)  # whatever socket.setdefaulttimeout() says
         _io_timeout(sock, timeout)
+        sock.connect(address)
         return Connection(sock.detach())
     finally:
         sock.close()  # nothing left to close once detached
 
 
+def _gave_up(exc: OSError) -> bool:
+    """Whether ``exc`` is a step of the greeting running out of its time."""
+    return isinstance(exc, BlockingIOError) or exc.errno == errno.EINPROGRESS
+
+
 def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:
     """An authenticated connection that has been welcomed; returns it and the client id.
-    Each read and write of the greeting gives up after ``CONNECT_TIMEOUT_S``."""
+    The connect, and each read and write of the greeting, give up after
+    ``CONNECT_TIMEOUT_S``."""
     silent = f"the broker at {address} did not answer within {CONNECT_TIMEOUT_S:g} s"
     start = "`spoolmq broker`"
     if isinstance(address, str):  # the data directory's socket: name that directory
@@ -123,11 +134,11 @@ def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tupl
     absent = f"no broker is listening at {address}; start one with {start}"
     try:
         conn = _open(address, CONNECT_TIMEOUT_S)
-    except TimeoutError:
-        raise BrokerUnavailableError(silent) from None
     except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
         raise BrokerUnavailableError(absent) from None
     except OSError as exc:
+        if _gave_up(exc):  # no room in a full backlog, or no SYN-ACK, in time
+            raise BrokerUnavailableError(silent) from None
         raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None
     try:
         try:
@@ -146,11 +157,10 @@ def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tupl
     except _MPAuthenticationError as exc:
         conn.close()
         raise AuthenticationError(f"the broker refused the authkey: {exc}") from None
-    except BlockingIOError:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
-        conn.close()
-        raise BrokerUnavailableError(silent) from None
     except (EOFError, OSError) as exc:
         conn.close()
+        if isinstance(exc, OSError) and _gave_up(exc):  # SO_RCVTIMEO or SO_SNDTIMEO ran out
+            raise BrokerUnavailableError(silent) from None
         raise BrokerUnavailableError(f"the broker closed the connection: {exc}") from None
     except BaseException:
         conn.close()

@@ -22,13 +22,13 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 import threading
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from spoolmq import protocol
+from spoolmq.client.connection import connect
 from spoolmq.errors import BrokerUnavailableError
 
 log = logging.getLogger(__name__)
@@ -83,24 +83,9 @@ class PublisherLink:
 
     def _connect(self) -> Connection:
         path = str(self.data_dir / protocol.SOCKET_FILE)
-        conn = None
         try:
-            conn = Client(path, family="AF_UNIX", authkey=protocol.read_authkey(self.data_dir))
-            protocol.send(
-                conn,
-                {
-                    "op": "hello",
-                    "version": protocol.PROTOCOL_VERSION,
-                    "role": "publisher",
-                    "pid": os.getpid(),
-                    "name": self.name,
-                },
-            )
-            welcome = protocol.receive(conn)
-            protocol.raise_if_error(welcome)
-        except Exception as exc:  # OSError, EOFError, AuthenticationError, a refusal
-            if conn is not None:
-                conn.close()
+            conn, _ = connect(path, protocol.read_authkey(self.data_dir), "publisher", self.name)
+        except Exception as exc:  # BrokerUnavailableError, AuthenticationError, a refusal
             raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc!r}") from None
         return conn
 

@@ -83,14 +83,19 @@ def receive(conn: Connection) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def borrowed_socket(conn: Connection) -> Iterator[socket.socket]:
-    """A socket object on ``conn``'s own descriptor, given back (not closed) on leaving:
-    no ``dup``, which fails in a process that is out of descriptors, the state in which
-    cutting a connection off or handing one over must still work."""
-    sock = socket.socket(fileno=conn.fileno())
+    """A socket object on ``conn``'s own descriptor, given back (not closed, in the
+    blocking mode it had) on leaving: no ``dup``, which fails in a process that is out of
+    descriptors, the state in which cutting a connection off or handing one over must
+    still work."""
+    fd = conn.fileno()
+    blocking = os.get_blocking(fd)
+    sock = socket.socket(fileno=fd)  # non-blocking if socket.setdefaulttimeout() was set
     try:
         yield sock
     finally:
         sock.detach()
+        if os.get_blocking(fd) != blocking:
+            os.set_blocking(fd, blocking)  # as the connection's owner left it
 
 
 def cut_off(conn: Connection) -> None:
