@@ -331,8 +331,17 @@ def _refused_by_sendmsg(manager: Manager, monkeypatch: pytest.MonkeyPatch) -> No
             send_control(manager.control, frame, theirs.fileno())
 
 
+def _notice_pipe_dropped(manager: Manager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConsumerBroker's notice pipe, handed to the PublisherBroker the same way, lost
+    the same way: the child logs it and goes on (the ConsumerBroker's rescan finds new
+    messages without notices)."""
+    protocol.send(manager.control, {"op": "notices"})
+    with protocol.borrowed_socket(manager.control) as sock:
+        sock.sendmsg([b"\x01"])
+
+
 @pytest.mark.timeout(60)  # a frame read out of step would wait for ever
-@pytest.mark.parametrize("lose", [_dropped_on_arrival, _refused_by_sendmsg])
+@pytest.mark.parametrize("lose", [_dropped_on_arrival, _refused_by_sendmsg, _notice_pipe_dropped])
 def test_a_client_whose_descriptor_was_lost_is_dropped_not_the_child(
     pipes: tuple[Manager, ChildChannels],
     data_dir: Path,

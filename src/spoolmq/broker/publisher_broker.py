@@ -905,7 +905,15 @@ class PublisherBroker(BrokerChild[ClientConnection]):
 
     def on_control(self, op: str, frame: dict[str, Any]) -> None:
         if op == "notices":
-            fd = receive_fd(self.control)
+            try:
+                fd = receive_fd(self.control)
+            except (OSError, RuntimeError) as exc:  # the descriptor did not come with it
+                logger.error(
+                    "the ConsumerBroker's notice pipe did not arrive (%s): it learns of new "
+                    "messages from its rescan (within a second) until the next restart",
+                    exc,
+                )
+                return
             if self.notices is not None:
                 self.notices.close()
             self.notices = Connection(fd, readable=False)
