@@ -434,9 +434,32 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(
         for earlier, later in itertools.pairwise(listener.times[:4])
     )
     failures = [r.getMessage() for r in caplog.records if "accepting" in r.getMessage()]
-    assert failures == [
-        "accepting a connection failed (Too many open files); trying again every 0.5 s"
+    assert failures == [  # the second EMFILE is folded into the next line; ENFILE is new
+        "accepting a connection failed (Too many open files); trying again every 0.5 s",
+        "accepting a connection failed (Too many open files in system) (1 more since the "
+        "last line); trying again every 0.5 s",
+        "accepting connections again, after 3 failed accepts",
     ]
+
+
+def test_failed_accepts_are_logged_once_per_window_with_their_count() -> None:
+    from spoolmq.broker.manager import AcceptFailures
+
+    failures = AcceptFailures(every=10.0)
+    emfile = "Too many open files"
+    assert failures.failed(emfile, now=100.0) == (
+        "accepting a connection failed (Too many open files); trying again every 0.5 s"
+    )
+    assert [failures.failed(emfile, now=100.0 + t) for t in (0.5, 1.0, 9.9)] == [None] * 3
+    assert failures.failed(emfile, now=110.0) == (
+        "accepting a connection failed (Too many open files) (3 more since the last line); "
+        "trying again every 0.5 s"
+    )
+    assert failures.failed(emfile, now=110.5) is None
+    assert failures.accepted() == "accepting connections again, after 6 failed accepts"
+    # A new episode starts afresh: its first failure is logged at once.
+    assert failures.total == 0
+    assert failures.failed(emfile, now=111.0) is not None
 
 
 def test_out_of_descriptors_the_manager_still_cuts_silent_connections_off(

@@ -90,6 +90,42 @@ _ACCEPT_PAUSE_S = 0.5
 _ACCEPT_WARN_EVERY_S = 10.0  # one warning per this many seconds of failing accepts
 
 
+class AcceptFailures:
+    """What an accept loop logs while ``accept()`` fails for want of descriptors or
+    memory: the first failure, and any failure for another reason, at once; then one line
+    per ``every`` seconds, with how many failed meanwhile; and one line when a connection
+    is accepted again. A flood of connections must not flood the log (one line per pause
+    would be two a second for as long as it lasts)."""
+
+    __slots__ = ("_reason", "_unlogged", "_warn_at", "every", "total")
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.total = 0  # failures since the last accepted connection
+        self._reason = ""
+        self._unlogged = 0  # failures not yet in a line
+        self._warn_at = 0.0
+
+    def failed(self, reason: str, now: float) -> str | None:
+        """Count a failure (``now``: monotonic seconds); the line to log, if one is due."""
+        self.total += 1
+        if reason == self._reason and now < self._warn_at:
+            self._unlogged += 1
+            return None
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        self._reason, self._unlogged, self._warn_at = reason, 0, now + self.every
+        return (
+            f"accepting a connection failed ({reason}){more}; "
+            f"trying again every {_ACCEPT_PAUSE_S:g} s"
+        )
+
+    def accepted(self) -> str:
+        """Count a connection accepted after failures; the line that says so."""
+        line = f"accepting connections again, after {self.total} failed accepts"
+        self.total, self._reason, self._unlogged, self._warn_at = 0, "", 0, 0.0
+        return line
+
+
 def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
     """How long to wait before restarting a child that died, and the wait for next time.
 
@@ -528,7 +564,7 @@ class BrokerManager:
         until ``handshake_timeout_s``: without a bound, a flood of such connections grew
         the manager by two threads each until it could start no more)."""
         slots = threading.BoundedSemaphore(_GREETING)
-        failed, warn_at = 0, 0.0  # failed accepts not yet logged; when to log again
+        failures = AcceptFailures(_ACCEPT_WARN_EVERY_S)
         while not self._stopping.is_set():
             slots.acquire()
             try:
@@ -540,19 +576,14 @@ class BrokerManager:
                 if exc.errno not in _ACCEPT_LATER or self._stopping.is_set():
                     return  # the listener was closed
                 # Out of descriptors or memory for now: stop accepting for a moment (the
-                # connections wait in the backlog), as asyncio does, not for good. One
-                # line per _ACCEPT_WARN_EVERY_S, not one per pause.
-                failed += 1
-                if time.monotonic() >= warn_at:
-                    logger.warning(
-                        "accepting a connection failed (%s)%s; trying again every %g s",
-                        exc.strerror or exc,
-                        f", {failed} times since the last warning" if failed > 1 else "",
-                        _ACCEPT_PAUSE_S,
-                    )
-                    failed, warn_at = 0, time.monotonic() + _ACCEPT_WARN_EVERY_S
+                # connections wait in the backlog), as asyncio does, not for good.
+                line = failures.failed(str(exc.strerror or exc), time.monotonic())
+                if line is not None:
+                    logger.warning("%s", line)
                 self._stopping.wait(_ACCEPT_PAUSE_S)
                 continue
+            if failures.total:
+                logger.warning("%s", failures.accepted())
             thread = threading.Thread(target=self._handshake, args=(conn, slots), daemon=True)
             try:
                 thread.start()
