@@ -4,12 +4,14 @@ and nothing stored."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from spoolmq import Store
+from spoolmq.broker.manager import broker_running
 from spoolmq.testing import BrokerProcess, run_spoolmq
 
 
@@ -53,12 +55,43 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["broker", "--kafka-max-connections", "5"], "--kafka-max-connections is a setting"),
         (["broker", "--kafka-tls", "c.pem", "k.pem"], "--kafka-tls is a setting"),
         (["broker", "--listen", "::1"], "HOST:PORT"),
+        (["tasks", "list", "--limit", "0"], "'0' must be 1 or more"),
     ],
 )
 def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:
     result = run_cli(*args, "--data", str(tmp_path / "queue_data"))
     assert result.returncode == 2
     assert_one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize("option", ["--listen", "--metrics", "--kafka"])
+def test_a_port_already_taken_is_one_line_and_leaves_nothing_behind(
+    tmp_path: Path, option: str
+) -> None:
+    """Found before any child starts: the Kafka child used to be restarted in a loop for
+    60 s, and --listen and --metrics ended in a traceback."""
+    data = tmp_path / "queue_data"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_cli("broker", option, f"127.0.0.1:{port}", "--data", str(data))
+    assert result.returncode == 2
+    assert_one_line_error(
+        result, f"cannot listen on 127.0.0.1:{port} ({option}): Address already in use"
+    )
+    assert not (data / "broker.pid").exists() and not (data / "broker.sock").exists()
+    assert not broker_running(data)
+
+
+def test_a_data_directory_that_cannot_be_one_is_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    assert_one_line_error(run_cli("broker", "--data", str(a_file)), "is a file, not a directory")
+    assert_one_line_error(
+        run_cli("broker", "--data", str(a_file / "below")),
+        "cannot create the data directory",
+        "Not a directory",
+    )
+    assert a_file.read_text() == "not a directory"
 
 
 def test_an_unknown_topic_is_named(tmp_path: Path) -> None:

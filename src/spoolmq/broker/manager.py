@@ -41,7 +41,7 @@ from multiprocessing.connection import (
     wait,
 )
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from filelock import FileLock, Timeout
 
@@ -62,6 +62,7 @@ from spoolmq.broker.status import (
 from spoolmq.errors import (
     AuthenticationError,
     BrokerLockedError,
+    ConfigError,
     ProtocolError,
     SpoolError,
     UnsafePermissionsError,
@@ -88,6 +89,8 @@ _ACCEPT_AGAIN = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
 _ACCEPT_LATER = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_PAUSE_S = 0.5
 _ACCEPT_WARN_EVERY_S = 10.0  # one warning per this many seconds of failing accepts
+
+_T = TypeVar("_T")
 
 
 class AcceptFailures:
@@ -124,6 +127,25 @@ class AcceptFailures:
         line = f"accepting connections again, after {self.total} failed accepts"
         self.total, self._reason, self._unlogged, self._warn_at = 0, "", 0, 0.0
         return line
+
+
+def _listening(option: str, address: tuple[str, int], bind: Callable[[], _T]) -> _T:
+    """``bind()``, whose failure to listen on ``address`` (a port taken, an address not
+    of this host) is a ConfigError that names the option and the address."""
+    try:
+        return bind()
+    except OSError as exc:
+        host, port = address
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port} ({option}): {reason}") from None
+
+
+def _port_free(address: tuple[str, int]) -> None:
+    """Raise the OSError that binding ``address`` would raise now. The Kafka child binds
+    it itself, in its own process; this finds a port taken before the child is started
+    (and restarted in a loop)."""
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    socket.create_server(address, family=family).close()
 
 
 def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
@@ -192,8 +214,16 @@ class _Child:
 
 
 def check_data_dir(path: Path) -> None:
-    """Create the data directory 0700, or refuse one that other users can write to."""
-    make_private_dirs(path)
+    """Create the data directory 0700, or refuse one that other users can write to (or
+    that cannot be one: a file, a path through a file, no permission)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"the data directory {path} is a file, not a directory")
+    try:
+        make_private_dirs(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the data directory {path}: {exc.strerror or exc}"
+        ) from None
     mode = path.stat().st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafePermissionsError(
@@ -283,11 +313,30 @@ class BrokerManager:
                 f"{self.data_dir / LOCK_FILE})",
                 pid=pid,
             ) from None
+        try:
+            self._start_locked()
+        except BaseException:
+            # The lock, the pid file and the socket go; nothing is left running.
+            self.stop(quiet=True)
+            raise
+
+    def _start_locked(self) -> None:
         tune_allocator()
         self._started = time.monotonic()
         pid_path = self.data_dir / PID_FILE
         write_new_file(pid_path, f"{os.getpid()}\n".encode())
         self._authkey = protocol.read_or_create_authkey(self.data_dir)
+        # Every port is taken before any child starts: one taken already is a one-line
+        # error now, not a child restarted in a loop until the start times out.
+        metrics, kafka = self.settings.metrics, self.settings.kafka
+        if metrics is not None:
+            self.metrics = _listening(
+                "--metrics",
+                metrics,
+                lambda: MetricsServer(metrics, self.data_dir, self.snapshot),
+            )
+        if kafka is not None:
+            _listening("--kafka", kafka, lambda: _port_free(kafka))
         self._open_listeners()
         self._start_child(self._children["consumer"])
         self._start_child(self._children["publisher"])
@@ -296,11 +345,9 @@ class BrokerManager:
         deadline = time.monotonic() + 60
         while not all(child.ready.is_set() for child in self._children.values()):
             if time.monotonic() > deadline:
-                self.stop()
                 raise SpoolError("the broker processes did not start within 60 s")
             self.supervise_step(timeout=0.5)
-        if self.settings.metrics is not None:
-            self.metrics = MetricsServer(self.settings.metrics, self.data_dir, self.snapshot)
+        if self.metrics is not None:
             self.metrics.start()
             logger.info("metrics on http://%s:%d/metrics", *self.metrics.address)
         logger.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
@@ -318,8 +365,13 @@ class BrokerManager:
             os.umask(old_umask)
         os.chmod(self.socket_path, FILE_MODE)
         if self.settings.listen is not None:
+            address = self.settings.listen
             self._listeners.append(
-                Listener(self.settings.listen, family="AF_INET", backlog=_BACKLOG)
+                _listening(
+                    "--listen",
+                    address,
+                    lambda: Listener(address, family="AF_INET", backlog=_BACKLOG),
+                )
             )
             logger.info("also listening on tcp %s:%d", *self._listeners[-1].address)
         for listener in self._listeners:
@@ -522,9 +574,10 @@ class BrokerManager:
         with contextlib.suppress(OSError):
             self._wake_write.send(b"x")
 
-    def stop(self) -> None:
+    def stop(self, *, quiet: bool = False) -> None:
         """Stop accepting, let the PublisherBroker store and answer what it has, then the
-        ConsumerBroker tell its consumers and save its state; release the lock."""
+        ConsumerBroker tell its consumers and save its state; release the lock. ``quiet``:
+        a start that failed, whose error says enough (no "broker stopped" line after it)."""
         self._stopping.set()
         if self.metrics is not None:
             self.metrics.stop()
@@ -553,7 +606,8 @@ class BrokerManager:
             (self.data_dir / PID_FILE).unlink()
         if self._lock.is_locked:
             self._lock.release()
-        logger.info("broker stopped")
+        if not quiet:
+            logger.info("broker stopped")
 
     # -- connections ------------------------------------------------------------------------
 

@@ -417,5 +417,6 @@ class MetricsServer:
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
-            self._server.shutdown()
+            if self._thread.is_alive():  # shutdown() would wait for ever on a server never run
+                self._server.shutdown()
             self._server.server_close()

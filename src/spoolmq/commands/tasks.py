@@ -12,7 +12,13 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from spoolmq.commands.common import CommandFactory, data_dir, print_json, print_table
+from spoolmq.commands.common import (
+    CommandFactory,
+    data_dir,
+    positive,
+    print_json,
+    print_table,
+)
 from spoolmq.errors import ConfigError
 
 
@@ -181,7 +187,9 @@ def register(command: CommandFactory) -> None:
     listing = action("list", cmd_list, "the newest tasks")
     listing.add_argument("--state", choices=STATES, help="only tasks in this state")
     listing.add_argument("--name", help="only this task")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument(
+        "--limit", type=positive, default=50, help="at most this many (default 50)"
+    )
     for name, handler, help_text in (
         ("inspect", cmd_inspect, "everything about one task"),
         ("result", cmd_result, "one task's result (exit 2 if it did not succeed)"),
