@@ -72,6 +72,23 @@ def test_arguments_json_cannot_carry_are_refused_at_send(data_dir: Path, app: Mo
     assert not (data_dir / "tasks.db").exists() or app.tasks.store.recent() == []
 
 
+def test_arguments_the_function_cannot_take_are_refused_at_send(
+    data_dir: Path, app: ModuleType
+) -> None:
+    """A call the worker could only fail (after every retry) is refused before anything is
+    stored, as calling the function here would be."""
+    for send, wrong in [
+        (lambda: app.add.send(1, 2, bogus=3), "unexpected keyword argument 'bogus'"),
+        (lambda: app.add.send(1), "missing a required argument: 'b'"),
+        (lambda: app.add.send(1, 2, 3), "too many positional arguments"),
+        (lambda: app.async_add.send_with(args=[1], kwargs={"a": 2}), "multiple values"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match="cannot take these arguments") as refused:
+            send()
+        assert wrong in str(refused.value)
+    assert not (data_dir / "tasks.db").exists() or app.tasks.store.recent() == []
+
+
 def test_bad_declarations_and_options_are_refused(data_dir: Path) -> None:
     tasks = Tasks(data_dir)
 
@@ -133,10 +150,13 @@ def test_results_outlive_a_broker_restart_and_expire_after_their_ttl(
 
 
 def test_arguments_that_do_not_fit_fail_the_task_not_the_worker(
-    broker: BrokerProcess, app: ModuleType, start_worker: Any
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """send() refuses such a call; a sender with another version of the function (here: no
+    signature to check against) can still send one, and the worker must survive it."""
     start_worker()
     for task in (app.add, app.async_add):
+        monkeypatch.setattr(task, "signature", None)
         with pytest.raises(TaskFailed, match="TypeError"):
             task.send(1, 2, 3).result(timeout=60)
     assert app.add.send(1, 2).result(timeout=60) == 3  # the same worker goes on

@@ -171,6 +171,12 @@ class Task(Generic[P, R]):
         self.priority = priority
         self.result_ttl = result_ttl
         self.is_async = inspect.iscoroutinefunction(fn)
+        # What send() checks its arguments against (None: a callable with no signature to
+        # read, such as some builtins: anything goes, as for a call).
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self.signature = None
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
 
@@ -426,6 +432,13 @@ class Tasks:
         unique_key: str | None,
         task_id: str | None = None,
     ) -> TaskHandle:
+        if task.signature is not None:
+            try:
+                task.signature.bind(*args, **kwargs)
+            except TypeError as exc:  # a call the worker could only fail, five times over
+                raise InvalidArgumentError(
+                    f"{task.name}{task.signature} cannot take these arguments: {exc}"
+                ) from None
         check_json(args, "args")
         check_json(kwargs, "kwargs")
         if key is not None and not isinstance(key, str):
