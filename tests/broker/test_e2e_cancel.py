@@ -86,3 +86,30 @@ def test_what_cannot_be_cancelled_is_refused(broker: BrokerProcess, data_dir: Pa
             admin.cancel_message("one", 0, 1)
         with pytest.raises(InvalidArgumentError, match="whole"):
             admin.cancel_message("one", 0, -1)
+
+
+def test_the_answer_names_the_groups_that_read_the_topic_only(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A group that reads other topics is not in the answer (it was said to be ``pending``);
+    one that read the topic and has no consumer now is (it was left out), from its
+    committed offset."""
+    with Publisher(data=data_dir) as publisher:
+        first = publisher.publish("work", "a", partition=0)
+        publisher.publish("work", "b", partition=0)
+        last = publisher.publish("work", "c", partition=0)
+        publisher.publish("elsewhere", "x", partition=0)
+    with Consumer("work", group="done", data=data_dir) as consumer:
+        message = consumer.receive(timeout=60)
+        assert message is not None and message.offset == first.offset
+        message.ack()
+    broker.stop()  # "done" is now only its committed offset in state.db
+    broker.start()
+    with Consumer("elsewhere", group="other", data=data_dir) as other:
+        message = other.receive(timeout=60)
+        assert message is not None
+        message.ack()
+        with Admin(data_dir) as admin:
+            assert admin.cancel_message("work", 0, first.offset) == {"done": "finished"}
+            assert admin.cancel_message("work", 0, last.offset) == {"done": "pending"}
+            assert admin.cancel_message("elsewhere", 0, 0) == {"other": "finished"}

@@ -686,8 +686,9 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         for name, runtime in self.groups.items():
             state = runtime.group.partitions.get(key)
             if state is None:
-                outcomes[name] = "pending"
-                continue
+                if any(held.topic == topic for held in runtime.group.partitions):
+                    outcomes[name] = "pending"  # reads the topic, not that partition yet
+                continue  # a group that does not read the topic has nothing to say
             outcome = runtime.group.cancel(state, offset, now, reason)
             if (
                 outcome == "finished"
@@ -697,9 +698,31 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 outcome = "pending"  # parked: passed over when it is read back
             outcomes[name] = outcome
             self._drain_events(runtime)
+        outcomes.update(self._cancel_outcomes_at_rest(key, offset, outcomes))
         self._pump()
         logger.info("cancelled %s/%d@%d: %s", topic, partition, offset, outcomes)
         return {"groups": outcomes}
+
+    def _cancel_outcomes_at_rest(
+        self, key: TopicPartition, offset: int, answered: dict[str, str]
+    ) -> dict[str, str]:
+        """What a cancel means to the groups that read ``key``'s topic but have no consumer
+        in this broker now, from their committed offsets: ``finished`` below the offset,
+        ``pending`` from it on (or parked). Kafka consumer groups are left out: Fetch reads
+        the log itself, and they still see the message."""
+        state = self.store.state
+        kafka = {row.group_name for row in state.kafka_groups()}
+        outcomes = {}
+        for name in state.groups():
+            if name in answered or name in kafka:
+                continue
+            committed = state.committed_offsets(name, key.topic)
+            if not committed:
+                continue  # it never read the topic
+            end = committed.get(key, 0)
+            parked = bool(state.parked_offsets(name, key.topic, key.partition, offset, offset))
+            outcomes[name] = "finished" if offset < end and not parked else "pending"
+        return outcomes
 
     def drop_topic(self, topic: str) -> dict[str, Any]:
         """The first step of deleting a topic while the broker runs: stop serving it.
