@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spoolmq.client.connection import resolve
-from spoolmq.errors import InvalidArgumentError
+from spoolmq.client.connection import connect, resolve
+from spoolmq.errors import AuthenticationError, BrokerUnavailableError, InvalidArgumentError
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,16 @@ def test_an_existing_socket_file_with_a_colon_stays_a_path(
 def test_a_broken_host_and_port_is_refused(tmp_path: Path, address: str) -> None:
     with pytest.raises(InvalidArgumentError, match="an address is HOST:PORT"):
         resolve(tmp_path, address, b"key")
+
+
+def test_a_tcp_client_without_the_key_is_told_what_it_needs(tmp_path: Path) -> None:
+    """Not "no broker has run at <a local directory>": the broker is elsewhere."""
+    with pytest.raises(AuthenticationError, match="needs the broker's key: pass authkey="):
+        resolve(tmp_path, "127.0.0.1:7070", None)
+    with pytest.raises(InvalidArgumentError, match=r"authkey must be bytes .* not str"):
+        resolve(tmp_path, "127.0.0.1:7070", "00ff")  # type: ignore[arg-type]
+
+
+def test_a_host_without_a_port_is_pointed_at_host_and_port(tmp_path: Path) -> None:
+    with pytest.raises(BrokerUnavailableError, match=r"a TCP listener's address is HOST:PORT"):
+        connect("127.0.0.1", b"key", "publisher")

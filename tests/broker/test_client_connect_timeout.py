@@ -6,6 +6,7 @@ welcomed, the connection has no bound left on its reads."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import struct
@@ -18,6 +19,7 @@ import pytest
 
 from spoolmq import Admin, AsyncPublisher, Consumer, Publisher, protocol
 from spoolmq.client import connection
+from spoolmq.client.common import lost_broker
 from spoolmq.client.connection import Address, connect
 from spoolmq.errors import BrokerUnavailableError
 from spoolmq.testing import BrokerProcess
@@ -196,3 +198,17 @@ def test_a_consumer_receives_in_a_process_with_a_default_socket_timeout(
             message.ack()
     finally:
         socket.setdefaulttimeout(before)
+
+
+def test_a_lost_connection_says_why_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """An EOFError's text is empty: the line said "lost the broker ()"."""
+    logger = logging.getLogger("spoolmq.client")
+    with caplog.at_level(logging.WARNING, logger="spoolmq.client"):
+        lost_broker(logger, EOFError())
+        lost_broker(logger, ConnectionResetError(104, "Connection reset by peer"))
+        lost_broker(logger, OSError())
+    assert [r.getMessage() for r in caplog.records] == [
+        "lost the broker (it closed the connection); reconnecting",
+        "lost the broker ([Errno 104] Connection reset by peer); reconnecting",
+        "lost the broker (OSError); reconnecting",
+    ]

@@ -61,6 +61,7 @@ from spoolmq.client.common import (
     expired_error,
     frame_partition,
     handler_failure,
+    lost_broker,
     numbered_bodies,
     producer_id_or_new,
     refusal_error,
@@ -533,7 +534,7 @@ class AsyncPublisher:
     def _lost(self, stream: FrameStream, exc: BaseException) -> None:
         if stream is not self._stream:
             return  # an old connection's reader ending late
-        logger.warning("lost the broker (%s); reconnecting", exc)
+        lost_broker(logger, exc)
         stream.close()
         self._stream = None
         self._wake.poke()

@@ -226,6 +226,14 @@ def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> 
     return frame
 
 
+def lost_broker(logger: logging.Logger, exc: BaseException) -> None:
+    """Log a connection lost, saying why: an EOFError says nothing by itself."""
+    reason = str(exc) or (
+        "it closed the connection" if isinstance(exc, EOFError) else type(exc).__name__
+    )
+    logger.warning("lost the broker (%s); reconnecting", reason)
+
+
 def handler_failure(exc: BaseException) -> str:
     """The NACK reason ``run()`` gives when the handler raised: the error, shortened."""
     return f"{type(exc).__name__}: {exc}"[:500]

@@ -16,7 +16,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.config import resolve_data_dir
-from spoolmq.errors import AuthenticationError, BrokerUnavailableError
+from spoolmq.errors import AuthenticationError, BrokerUnavailableError, InvalidArgumentError
 
 Address = str | tuple[str, int]
 
@@ -30,8 +30,6 @@ CONNECT_TIMEOUT_S = 10.0
 
 def parse_address(text: str) -> tuple[str, int]:
     """``"127.0.0.1:7070"`` -> ("127.0.0.1", 7070)."""
-    from spoolmq.errors import InvalidArgumentError
-
     host, _, port = text.rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
     if bracketed:
@@ -74,6 +72,20 @@ def resolve(
     if isinstance(address, str) and _host_and_port(address):
         address = parse_address(address)
     target: Address = address if address is not None else str(data_dir / protocol.SOCKET_FILE)
+    if (
+        authkey is None
+        and isinstance(target, tuple)
+        and not (data_dir / protocol.AUTHKEY_FILE).exists()
+    ):
+        raise AuthenticationError(
+            f"a client of the TCP listener {target[0]}:{target[1]} needs the broker's key: "
+            f"pass authkey= (the bytes of .authkey in the broker's data directory), or "
+            f"data= that directory if this host has it"
+        )
+    if authkey is not None and not isinstance(authkey, bytes):
+        raise InvalidArgumentError(
+            f"authkey must be bytes (the contents of .authkey), not {type(authkey).__name__}"
+        )
     key = authkey if authkey is not None else protocol.read_authkey(data_dir)
     return target, key, data_dir
 
@@ -132,6 +144,8 @@ def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tupl
     if isinstance(address, str):  # the data directory's socket: name that directory
         start = f"`spoolmq broker --data {Path(address).parent}`"
     absent = f"no broker is listening at {address}; start one with {start}"
+    if isinstance(address, str) and "/" not in address:  # "127.0.0.1", "localhost"
+        absent += " (a TCP listener's address is HOST:PORT)"
     try:
         conn = _open(address, CONNECT_TIMEOUT_S)
     except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):

@@ -27,6 +27,7 @@ from spoolmq.client.common import (
     consumer_topics,
     delivery_entries,
     handler_failure,
+    lost_broker,
     refusal_error,
     settle_frame,
     subscription_settings,
@@ -284,7 +285,7 @@ class Consumer:
                         if self._wait(remaining if remaining is not None else 1.0):
                             self._read_frame()
                     except (EOFError, OSError) as exc:
-                        logger.warning("lost the broker (%s); reconnecting", exc)
+                        lost_broker(logger, exc)
                         self._drop()
                 if self._woken:
                     self._woken = False

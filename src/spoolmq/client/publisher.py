@@ -33,6 +33,7 @@ from spoolmq.client.common import (
     encode_many,
     expired_error,
     frame_partition,
+    lost_broker,
     numbered_bodies,
     producer_id_or_new,
 )
@@ -574,7 +575,7 @@ class Publisher:
                 self._send_ready_frames()
                 self._wait_and_read()
             except (EOFError, OSError) as exc:
-                logger.warning("lost the broker (%s); reconnecting", exc)
+                lost_broker(logger, exc)
                 if self._conn is not None:
                     with contextlib.suppress(OSError):
                         self._conn.close()
