@@ -213,6 +213,21 @@ def test_runtime_files_are_private(
     assert wrong == {}
 
 
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701])
+def test_a_data_directory_others_can_read_is_made_private(tmp_path: Path, mode: int) -> None:
+    """As git checks the repository's queue_data/ out (0755 under the usual umask)."""
+    data_dir = tmp_path / "checked-out"
+    data_dir.mkdir()
+    os.chmod(data_dir, mode)
+    broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log", log_level="info")
+    broker.start()
+    try:
+        assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    finally:
+        broker.stop()
+    assert "made " + str(data_dir) + " private" in (tmp_path / "broker.log").read_text()
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
 def test_a_data_directory_others_can_write_is_refused(
     tmp_path: Path, mode: int, figure: Callable[[str], None]
