@@ -52,10 +52,17 @@ def _parse_headers(items: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _parse_value(text: str) -> Any:
-    """A JSON value if the text is JSON, else the text as a string."""
+    """A JSON value if the text is JSON, else the text as a string; but text that opens
+    as a JSON object or array and does not parse is a mistake (a trailing comma, a quote
+    missing), not a message: it is refused rather than stored as a string."""
     try:
         return orjson.loads(text)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if text.lstrip()[:1] in ("{", "["):
+            raise InvalidArgumentError(
+                f"VALUE opens as JSON but is not: {exc} (to send that text as it is, "
+                f"quote it as a JSON string: '\"...\"')"
+            ) from None
         return text
 
 
@@ -72,12 +79,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
         "priority": args.priority,
         "acks": args.acks,
     }
+    value = None if args.value is None else _parse_value(args.value)  # before connecting
     existed = _topic_exists(args, args.topic)
     with Publisher(data=args.data) as publisher:
         if args.value is not None:
-            _print_positions(
-                [publisher.publish_async(args.topic, _parse_value(args.value), **options)]
-            )
+            _print_positions([publisher.publish_async(args.topic, value, **options)])
             publisher.flush()
         else:
             for values in _stdin_values():

@@ -56,6 +56,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["broker", "--kafka-tls", "c.pem", "k.pem"], "--kafka-tls is a setting"),
         (["broker", "--listen", "::1"], "HOST:PORT"),
         (["tasks", "list", "--limit", "0"], "'0' must be 1 or more"),
+        (["publish", "t", '{"a": 1,}'], "VALUE opens as JSON but is not"),
+        (["publish", "t", "[1, 2"], "VALUE opens as JSON but is not"),
     ],
 )
 def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:
