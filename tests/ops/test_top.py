@@ -15,7 +15,7 @@ import pytest
 
 from spoolmq import Consumer, Publisher
 from spoolmq.commands.stats import Sample, duration, rates, stats_rows
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
 
 SPOOLMQ = [sys.executable, "-m", "spoolmq"]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
@@ -170,3 +170,12 @@ def test_stats_watch_json_lines_until_sigint(broker: BrokerProcess, data_dir: Pa
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_top_without_a_terminal_is_one_line(data_dir: Path) -> None:
+    """Into a pipe it drew nothing and never ended."""
+    data_dir.mkdir()
+    result = run_spoolmq("top", "--data", str(data_dir), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("spoolmq: spoolmq top needs a terminal")
+    assert "stats --watch" in result.stderr and result.stderr.count("\n") == 1

@@ -30,6 +30,7 @@ from spoolmq.commands.stats import (
     sample,
     seconds_argument,
 )
+from spoolmq.errors import ConfigError
 
 
 @contextlib.contextmanager
@@ -151,6 +152,12 @@ def cmd_top(args: argparse.Namespace) -> int:
     from spoolmq.client import Admin
 
     every = check_interval(args.interval, "--interval")
+    if not sys.stdout.isatty():
+        # Its screen needs one: into a pipe or a file, it wrote nothing and never ended.
+        raise ConfigError(
+            "spoolmq top needs a terminal; for a pipe or a log, `spoolmq stats --watch N` "
+            "(add --json for one object a line)"
+        )
     data = data_dir(args, must_exist=True)
     with Admin(data) as admin:
         before: Sample | None = None
