@@ -204,7 +204,9 @@ def test_auto_creation_is_a_broker_setting_and_the_cli_says_when_it_happens(
         assert run("publish", "fresh", "2", *d).stderr == ""  # only the first time
     with BrokerProcess(data, args=["--auto-create-topics", "off"], log_file=tmp_path / "b2.log"):
         refused = run("publish", "typo", "1", *d)
-        one_line_error(refused, "'typo' does not exist", "spoolmq topics create typo")
+        one_line_error(
+            refused, "'typo' does not exist", f"`spoolmq topics create typo --data {data}`"
+        )
         refused = run("consume", "typo", "--group", "g", "--timeout", "1", *d)
         one_line_error(refused, "'typo' does not exist")
         assert ok("publish", "fresh", "3", *d)  # an existing topic is fine

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Unpack
 
 from spoolmq.clock import SYSTEM_CLOCK, Clock
@@ -76,14 +77,16 @@ class CheckProblem:
     offset: int = -1  # the damaged record's offset: the one after the last good record
 
 
-def _missing(name: str, would_create: bool) -> str:
+def _missing(name: str, would_create: bool, data_dir: Path) -> str:
     """Why topic ``name`` is refused: it does not exist, and (where using it would have
-    created it) topics are not created on first use here."""
+    created it) topics are not created on first use here: the command that creates it,
+    with this store's directory (the user's shell may not be where the broker runs)."""
     if not would_create:
         return f"topic {name!r} does not exist"
     return (
         f"topic {name!r} does not exist, and topics are not created on first use here "
-        f"(auto_create_topics is off): create it with `spoolmq topics create {name}`"
+        f"(auto_create_topics is off): create it with "
+        f"`spoolmq topics create {name} --data {data_dir}`"
     )
 
 
@@ -159,7 +162,7 @@ class Store:
         config = self.state.topic(name)
         if config is None:
             if not (create and self.config.auto_create_topics):
-                raise UnknownTopicError(_missing(name, create))
+                raise UnknownTopicError(_missing(name, create, self.path))
             config = self.state.create_topic(name, self.config.default_topic, exist_ok=True)
         self._topics[name] = config
         return config
@@ -316,7 +319,7 @@ class Store:
         config = self._existing_topic(topic)
         if config is None:
             if not self.config.auto_create_topics:
-                raise UnknownTopicError(_missing(topic, True))
+                raise UnknownTopicError(_missing(topic, True, self.path))
             for message in batch:
                 self._check_partition(topic, self.config.default_topic, message.partition)
             config = self.topic_config(topic, create=True)
