@@ -16,13 +16,13 @@ from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess
 
 
-def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(data_dir: Path, *args: str, columns: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "spoolmq", "tasks", *args, "--data", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "COLUMNS": "300"},  # rich wraps a table to the terminal width
+        env={**os.environ, "COLUMNS": str(columns)},  # rich fits a table to the width
     )
 
 
@@ -42,6 +42,9 @@ def test_the_tasks_commands(
     )
     table = _cli(data_dir, "list")
     assert table.returncode == 0 and "task_app.add" in table.stdout
+    # However narrow, the ids stay whole: they are copied into `tasks inspect ID`.
+    narrow = _cli(data_dir, "list", columns=80).stdout
+    assert all(task.id in narrow for task in (done, failed, waiting)), narrow
 
     result = _cli(data_dir, "result", done.id)
     assert result.returncode == 0 and result.stdout.strip() == "42"

@@ -30,15 +30,28 @@ def print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    whole: Sequence[str] = (),
+) -> None:
+    """A table on stdout. The columns named in ``whole`` are never cut short, however
+    narrow the terminal (ids to copy into another command): the others give way."""
     from rich.console import Console
     from rich.table import Table
 
+    cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    for index, column in enumerate(columns):
+        if column in whole:
+            widest = max((len(row[index]) for row in cells), default=0)
+            table.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            table.add_column(column)
+    for row in cells:
+        table.add_row(*row)
     Console().print(table)
 
 

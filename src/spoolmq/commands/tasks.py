@@ -73,6 +73,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             [r.id, r.name, r.state, r.attempts, _when(r.created_ms), _when(r.finished_ms), r.error]
             for r in rows
         ],
+        whole=["id"],  # to copy into `tasks inspect ID`
     )
     return 0
 
