@@ -438,3 +438,18 @@ def test_live_updates_are_server_sent_events(ui: UIProcess, token: str) -> None:
             events.append((event, orjson.loads(data.removeprefix(b"data: "))))
     assert [event for event, _ in events] == [b"event: groups\n"] * 2
     assert events[0][1]["billing"]["partitions"][0]["committed"] == 10
+
+
+def test_a_cancelled_delayed_message_is_not_pending(tmp_path: Path) -> None:
+    """``/api/pending``'s ``delayed`` (views.pending): a message cancelled while it waits
+    for its time will never be delivered, so it is not listed as waiting."""
+    from spoolmq.ui.views import pending
+
+    root = tmp_path / "queue_data"
+    due = int(time.time() * 1000) + 3_600_000
+    with Store(root) as store:
+        store.create_topic("later", partitions=1)
+        kept = store.append("later", {"n": 1}, deliver_at=due)
+        cancelled = store.append("later", {"n": 2}, deliver_at=due)
+        store.cancel_message("later", 0, cancelled.offset, "not needed")
+    assert [d["offset"] for d in pending(root)["delayed"]] == [kept.offset]

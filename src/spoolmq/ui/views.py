@@ -258,7 +258,8 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
     """Retries waiting for their time (``scheduled``, and ``parked`` rows that failed
     before) and deliveries in flight, as the
     ConsumerBroker last checkpointed them to ``state.db``, and delayed messages (a
-    ``deliver_at`` still ahead) among the newest ``limit`` records of each partition."""
+    ``deliver_at`` still ahead, not cancelled) among the newest ``limit`` records of each
+    partition."""
     now = int(time.time() * 1000)
     with Store(data) as store:
         # A retry with a backoff over 5 s is parked (a ``parked`` row with its attempts).
@@ -274,14 +275,20 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
             "lease_expires_at FROM deliveries ORDER BY delivered_at LIMIT ?",
             (limit,),
         )
+        cancels = store.state.cancels()  # a cancelled message waits for nothing
         delayed = []
         for name, config in sorted(store.topics().items()):
             for p in range(config.partitions):
+                cancelled = cancels.get(TopicPartition(name, p), {})
                 end = store.log_end_offset(name, p)
                 start = max(store.log_start_offset(name, p), end - limit)
                 with store.reader(name, p, offset=start) as reader:
                     for record in reader:
-                        if record.deliver_at is not None and record.deliver_at > now:
+                        if (
+                            record.deliver_at is not None
+                            and record.deliver_at > now
+                            and record.offset not in cancelled
+                        ):
                             delayed.append({"topic": name, **message(record, p)})
     keys = ("group", "topic", "partition", "offset")
     return {
