@@ -96,3 +96,21 @@ def test_worker_mistakes_are_one_line(tmp_path: Path, args: list[str], message: 
     )
     assert answer.returncode != 0
     assert message in answer.stderr and len(answer.stderr.strip().splitlines()) == 1
+
+
+def test_periodic_list_shows_each_jobs_last_tick_as_a_time(data_dir: Path) -> None:
+    """A tick is numbered by its time: shown bare, a cron job's 1795766400 read like
+    nothing a user could place."""
+    from spoolmq.tasks.results import ResultStore
+
+    store = ResultStore(data_dir)
+    store.periodic_last_tick("hourly", "jobs.report", "0 * * * *")
+    store.periodic_advance("hourly", 1_795_766_400, None, fired=False)  # 2026-11-27 08:00 UTC
+    store.periodic_last_tick("minutely", "jobs.ping", "every 60s")
+    store.periodic_advance("minutely", 29_929_440, None, fired=False)  # the same minute
+    store.close()
+    table = _cli(data_dir, "periodic", "list").stdout
+    lines = {line.split("│")[1].strip(): line for line in table.splitlines() if "│" in line}
+    assert "2026-11-27 08:00:00" in lines["hourly"], table
+    assert "2026-11-27 08:00:00" in lines["minutely"], table
+    assert "1795766400" not in table
