@@ -53,6 +53,32 @@ def test_rfc7677_example_exchange() -> None:
     assert server.user == "user"
 
 
+def _final_with_nonce(nonce: bytes, password: str = "pencil") -> bytes:
+    """A client-final message with ``nonce`` and the proof a client computes over it."""
+    without_proof = b"c=biws,r=" + nonce
+    auth = RFC_CLIENT_FIRST[3:] + b"," + RFC_SERVER_FIRST + b"," + without_proof
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), RFC_SALT, 4096)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth, hashlib.sha256).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    return without_proof + b",p=" + proof
+
+
+def test_older_librdkafkas_nonce_is_taken_and_no_other() -> None:
+    """librdkafka before 2.6.1 (Debian's kcat: 2.0.2) sends its own nonce again in front
+    of the server's (confluentinc/librdkafka#4895): taken, as Kafka 3.x takes it. Any
+    other nonce is still refused, a proof over it or not."""
+    client_nonce, full = b"rOprNGfwEbeRWgbNEkqO", RFC_SERVER_FIRST[2:].split(b",")[0]
+    server = rfc_server()
+    server.first(RFC_CLIENT_FIRST)
+    assert server.final(_final_with_nonce(client_nonce + full)).startswith(b"v=")
+    for nonce in (b"x" + full, full + client_nonce, client_nonce + client_nonce + full):
+        server = rfc_server()
+        server.first(RFC_CLIENT_FIRST)
+        with pytest.raises(ScramError, match="nonce differs"):
+            server.final(_final_with_nonce(nonce))
+
+
 def test_wrong_password_and_unknown_user_fail_alike() -> None:
     server = rfc_server("not-pencil")
     server.first(RFC_CLIENT_FIRST)
@@ -144,8 +170,9 @@ def authenticate(ctx: RequestContext, token: bytes) -> tuple[int, bytes]:
     return error, r.bytes_()
 
 
-def handshake(ctx: RequestContext, mechanism: str) -> int:
-    body = asyncio.run(handle_sasl_handshake(ctx, 1, Reader(Writer().string(mechanism).getvalue())))
+def handshake(ctx: RequestContext, mechanism: str, version: int = 1) -> int:
+    request = Reader(Writer().string(mechanism).getvalue())
+    body = asyncio.run(handle_sasl_handshake(ctx, version, request))
     r = Reader(body)
     error = r.int16()
     assert r.array(Reader.string) == ["SCRAM-SHA-256"]
@@ -184,6 +211,15 @@ def test_handlers_refuse_and_close(tmp_path: Path) -> None:
     authenticate(ctx, RFC_CLIENT_FIRST)
     error, _ = authenticate(ctx, RFC_CLIENT_FINAL)  # a proof for another nonce and password
     assert error == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert ctx.close_after_response and not ctx.authenticated
+
+
+def test_a_v0_handshake_is_refused_and_closes(tmp_path: Path) -> None:
+    """v0 is in the table (older librdkafka looks for it, then speaks v1), but its exchange
+    (raw SASL tokens) is not served: a client that picks it is told, not left hanging."""
+    save_users(tmp_path, {"user": Credential.derive("pencil", salt=RFC_SALT, iterations=4096)})
+    ctx = ctx_for(tmp_path)
+    assert handshake(ctx, "SCRAM-SHA-256", version=0) == ErrorCode.UNSUPPORTED_VERSION
     assert ctx.close_after_response and not ctx.authenticated
 
 

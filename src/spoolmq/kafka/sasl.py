@@ -1,5 +1,5 @@
-"""SASL authentication of the Kafka front: SaslHandshake v1 and SaslAuthenticate v0 with
-SCRAM-SHA-256, at the versions docs/KAFKA.md lists.
+"""SASL authentication of the Kafka front: SaslHandshake v1 (v0 advertised, refused) and
+SaslAuthenticate v0 with SCRAM-SHA-256, at the versions docs/KAFKA.md lists.
 
 The client names its mechanism in SaslHandshake, then sends each SCRAM message in a
 SaslAuthenticate frame and gets the server's answer in the response's ``auth_bytes``
@@ -34,7 +34,14 @@ def _secret() -> bytes:
 async def handle_sasl_handshake(ctx: RequestContext, version: int, r: Reader) -> bytes:
     mechanism = r.string()
     w = Writer()
-    if ctx.authenticated or _STATE in ctx.conn:
+    if version == 0:
+        # v0 is advertised because older librdkafka (2.0.2: Debian's kcat is built with it)
+        # looks for it in the table before it uses SASL at all, and then speaks v1. A v0
+        # exchange itself (raw SASL tokens after it, clients older than Kafka 1.0) is
+        # not served: said so, and the connection closed after the answer.
+        error = ErrorCode.UNSUPPORTED_VERSION
+        ctx.close_after_response = True
+    elif ctx.authenticated or _STATE in ctx.conn:
         error = ErrorCode.ILLEGAL_SASL_STATE
         ctx.close_after_response = True
     elif mechanism != MECHANISM:
@@ -81,6 +88,6 @@ async def handle_sasl_authenticate(ctx: RequestContext, version: int, r: Reader)
 
 
 APIS: list[ApiHandler] = [
-    ApiHandler(ApiKey.SASL_HANDSHAKE, 1, 1, handle_sasl_handshake, name="SaslHandshake"),
+    ApiHandler(ApiKey.SASL_HANDSHAKE, 0, 1, handle_sasl_handshake, name="SaslHandshake"),
     ApiHandler(ApiKey.SASL_AUTHENTICATE, 0, 0, handle_sasl_authenticate, name="SaslAuthenticate"),
 ]

@@ -216,6 +216,7 @@ class ScramServer:
         self.user: str | None = None
         self._credential: Credential | None = None
         self._nonce = ""
+        self._client_nonce = ""
         self._gs2 = ""
         self._auth_prefix = ""
 
@@ -241,6 +242,7 @@ class ScramServer:
         self.user = user
         self._credential = self._users.get(user)
         cred = self._credential or self._decoy(user)
+        self._client_nonce = client_nonce
         self._nonce = client_nonce + (self._server_nonce or secrets.token_urlsafe(24))
         server_first = f"r={self._nonce},s={_b64(cred.salt)},i={cred.iterations}"
         self._auth_prefix = f"{bare},{server_first}"
@@ -255,7 +257,15 @@ class ScramServer:
             raise ScramError("no proof")
         if _unb64(attrs["c"]) != self._gs2.encode():
             raise ScramError("channel binding data differs from the gs2 header")
-        if not hmac.compare_digest(attrs["r"].encode(), self._nonce.encode()):
+        nonce = attrs["r"].encode()
+        # RFC 5802: the nonce the server sent. librdkafka before 2.6.1 (Debian's kcat is
+        # built with 2.0.2) sends its own nonce once more in front of it
+        # (confluentinc/librdkafka#4895); Kafka 3.x takes that form too. Either way the
+        # server's whole nonce, fresh for this exchange, is in it and under the proof.
+        if not (
+            hmac.compare_digest(nonce, self._nonce.encode())
+            or hmac.compare_digest(nonce, (self._client_nonce + self._nonce).encode())
+        ):
             raise ScramError("nonce differs")
         without_proof = text[: -len(",p=" + attrs["p"])]
         auth_message = f"{self._auth_prefix},{without_proof}".encode()
