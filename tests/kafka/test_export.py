@@ -12,7 +12,7 @@ from kafka_helpers import free_port, kafka_broker
 
 from spoolmq.cli import main
 from spoolmq.kafka.core import fields_to_kafka
-from spoolmq.store import Store
+from spoolmq.store import Message, Store
 
 # (partition, key, value, headers) as given to Store.append: JSON values, raw bytes
 # values, text and raw-bytes keys, no key, headers of text and of bytes that are not UTF-8.
@@ -158,16 +158,21 @@ def test_export_of_part_of_a_topic_to_fewer_partitions(
     assert {r.partition for r in got} == {0}
 
 
-def test_delivery_failures_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("records", "to"), [(3, "orders"), (20_000, "_refused")])
+def test_delivery_failures_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], records: int, to: str
+) -> None:
     """A target that refuses the topic (no auto-creation) fails every record: the export
-    says how many, in one line, and exits non-zero instead of claiming a copy."""
+    says how many, in one line, and exits non-zero instead of claiming a copy. A name the
+    target calls invalid (spoolmq's names do not start with "_"), with many records:
+    librdkafka learns of it while they are still being queued and refuses the next one
+    at once (that was a traceback); the export stops there."""
     from spoolmq.testing import BrokerProcess
 
     source, target = tmp_path / "source", tmp_path / "target"
     with Store(source) as store:
         store.create_topic("orders", partitions=1)
-        for n in range(3):
-            store.append("orders", {"n": n})
+        store.append_batch("orders", [Message(value={"n": n}) for n in range(records)])
     port = free_port()
     broker = BrokerProcess(
         target, args=["--kafka", f"127.0.0.1:{port}", "--auto-create-topics", "off"]
@@ -184,10 +189,31 @@ def test_delivery_failures_are_counted(tmp_path: Path, capsys: pytest.CaptureFix
                 "--timeout",
                 "5",
                 "orders",
+                "--to",
+                to,
             ]
         )
     finally:
         broker.stop()
     err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and "3 of 3 records were not delivered" in err
+    assert code == 2 and err.count("\n") == 1, err
+    if records == 3:
+        assert "3 of 3 records were not delivered" in err
+    else:
+        assert (
+            "stopped: the cluster refused it" in err and "0 records were delivered before" in err
+        ) or f"{records} of {records} records were not delivered" in err, err
+
+
+def test_export_to_a_name_kafka_would_refuse_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--to ""`` exported the topic into itself."""
+    with Store(tmp_path / "source") as store:
+        store.create_topic("orders")
+        store.append("orders", {"n": 1})
+    for name in ("", "a b", "..", "x" * 250):
+        argv = ["export", "--data", str(tmp_path / "source"), "--kafka", "127.0.0.1:9"]
+        assert main([*argv, "orders", "--to", name]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is not a Kafka topic name" in err, err

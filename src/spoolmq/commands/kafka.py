@@ -20,6 +20,7 @@ hashes the key there instead.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from spoolmq.errors import BrokerUnavailableError, InvalidArgumentError, Publish
 
 # Records read from a partition per store call: few calls, bounded memory.
 _READ_BATCH = 500
+_KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # How long the end of an export waits for the last deliveries, past the connect timeout:
 # librdkafka's own message timeout (below) ends each one before this.
 _FLUSH_EXTRA_S = 30.0
@@ -77,6 +79,8 @@ def export(
     from spoolmq.kafka.core import fields_to_kafka
     from spoolmq.store import Store
 
+    if to is not None:
+        check_kafka_topic(to)
     target = to or topic
     with Store(data) as store:
         config = store.topic_config(topic)  # an unknown topic is an error before connecting
@@ -105,18 +109,19 @@ def export(
             else:
                 failures.append(str(err))
 
+        refused: str | None = None
         for partition in chosen:
             log = store.partition_log(topic, partition)
             start = max(from_offset, log.log_start_offset())
             reader = store.reader(topic, partition, offset=start)
             try:
-                while entries := reader.read_entries(_READ_BATCH):
+                while refused is None and (entries := reader.read_entries(_READ_BATCH)):
                     for fields, _line in entries:
                         key, value, headers = fields_to_kafka(fields)
                         extra: dict[str, Any] = {}
                         if partition < target_count:
                             extra["partition"] = partition
-                        _produce(
+                        refused = _produce(
                             producer,
                             target,
                             key=key,
@@ -126,9 +131,18 @@ def export(
                             on_delivery=on_delivery,
                             **extra,
                         )
+                        if refused is not None:
+                            break
             finally:
                 reader.close()
+            if refused is not None:
+                break
         left = producer.flush(timeout + _FLUSH_EXTRA_S)
+    if refused is not None:
+        raise PublishTimeoutError(
+            f"the export to {target} at {address} stopped: the cluster refused it ({refused}); "
+            f"{delivered} records were delivered before, {len(failures) + left} failed"
+        )
     if failures or left:
         first = failures[0] if failures else "no answer"
         raise PublishTimeoutError(
@@ -139,15 +153,30 @@ def export(
     return delivered
 
 
-def _produce(producer: Any, topic: str, **record: Any) -> None:
+def check_kafka_topic(name: str) -> None:
+    """A name Kafka takes for a topic (1-249 of ``[A-Za-z0-9._-]``, not "." or ".."):
+    ``--to ""`` used to export a topic into itself."""
+    if name in (".", "..") or not _KAFKA_TOPIC.fullmatch(name):
+        raise InvalidArgumentError(
+            f"--to {name!r} is not a Kafka topic name (1-249 of letters, digits, '.', '_', '-')"
+        )
+
+
+def _produce(producer: Any, topic: str, **record: Any) -> str | None:
     """Queue one record, waiting for room when librdkafka's local queue is full (a large
-    topic is read faster than the cluster takes it)."""
+    topic is read faster than the cluster takes it); the error that refused it, if the
+    producer would take no record for ``topic`` (librdkafka raises once it has learnt
+    the cluster refuses the topic: no later record could go either)."""
+    from confluent_kafka import KafkaException
+
     while True:
         try:
             producer.produce(topic, **record)
-            return
+            return None
         except BufferError:
             producer.poll(0.1)
+        except KafkaException as exc:
+            return str(exc.args[0].str() if exc.args else exc)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
