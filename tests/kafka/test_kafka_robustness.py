@@ -471,3 +471,38 @@ def test_over_tls_a_stalled_handshake_counts_and_is_cut_off_in_time(tmp_path: Pa
             assert _api_versions_answered(again)
 
     asyncio.run(scenario())
+
+
+def test_tls_files_that_cannot_serve_are_one_line_before_any_child_starts(
+    tmp_path: Path,
+) -> None:
+    """A missing file, the certificate and key swapped, a key of another certificate: the
+    Kafka child was restarted in a loop (a traceback each time) until the start gave up
+    after 60 s with an error that did not say why."""
+    from groups_helpers import self_signed_certificate
+
+    from spoolmq.testing import run_spoolmq
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    cert, key = self_signed_certificate(tmp_path / "one", "127.0.0.1")
+    _, other_key = self_signed_certificate(tmp_path / "two", "127.0.0.1")
+    for pair, says in [
+        ((tmp_path / "nope.pem", key), "No such file or directory"),
+        ((key, cert), "CERT is the PEM certificate, KEY its private key"),
+        ((cert, other_key), "KEY_VALUES_MISMATCH"),
+    ]:
+        result = run_spoolmq(
+            "broker",
+            "--data",
+            str(tmp_path / "queue_data"),
+            "--kafka",
+            f"127.0.0.1:{free_port()}",
+            "--kafka-tls",
+            *map(str, pair),
+            timeout=60,
+        )
+        assert result.returncode == 2
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith("spoolmq: cannot use --kafka-tls") and says in lines[0]

@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import stat
 import threading
 import time
@@ -138,6 +139,21 @@ def _listening(option: str, address: tuple[str, int], bind: Callable[[], _T]) ->
         host, port = address
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port} ({option}): {reason}") from None
+
+
+def _check_tls(cert: str, key: str) -> None:
+    """Load ``--kafka-tls CERT KEY`` as the Kafka child will: a missing file, a key that
+    is not the certificate's, or PEM that does not parse is a ConfigError now, not a
+    child restarted in a loop until the start times out."""
+    from spoolmq.kafka.child import KafkaSettings
+
+    try:
+        KafkaSettings("127.0.0.1", 0, cert, key).ssl_context()
+    except OSError as exc:  # ssl.SSLError is one
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        if isinstance(exc, ssl.SSLError):
+            reason = f"{reason} (CERT is the PEM certificate, KEY its private key)"
+        raise ConfigError(f"cannot use --kafka-tls {cert} {key}: {reason}") from None
 
 
 def _port_free(address: tuple[str, int]) -> None:
@@ -344,6 +360,8 @@ class BrokerManager:
             )
         if kafka is not None:
             _listening("--kafka", kafka, lambda: _port_free(kafka))
+            if self.settings.kafka_tls is not None:
+                _check_tls(*self.settings.kafka_tls)
         self._open_listeners()
         self._start_child(self._children["consumer"])
         self._start_child(self._children["publisher"])
