@@ -187,6 +187,7 @@ class KafkaServer:
         if task is not None:
             self._connections.add(task)
         ctx = self.new_context(str(peername))
+        ctx.host = advertised_host(ctx.host, writer.get_extra_info("sockname"))
         deadline = None
         if ctx.auth_required and task is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -374,6 +375,22 @@ class KafkaServer:
         if body is None:
             return None
         return _frame(correlation_id, body)
+
+
+def advertised_host(bound: str, local: Any) -> str:
+    """The host Metadata and FindCoordinator name for this broker on one connection: the
+    listener's own address, or, for a listener on every address (0.0.0.0, ::), the
+    address this connection reached (``local``: its socket's name), which the client can
+    reach again. "0.0.0.0" itself would send a client on another host to itself.
+
+    >>> advertised_host("0.0.0.0", ("192.0.2.7", 9093)), advertised_host("::", ("::1", 1, 0, 0))
+    ('192.0.2.7', '::1')
+    >>> advertised_host("127.0.0.1", ("127.0.0.1", 9092))
+    '127.0.0.1'
+    """
+    if bound in ("", "0.0.0.0", "::") and isinstance(local, tuple) and local:
+        return str(local[0])
+    return bound
 
 
 def _has_room(started: dict[asyncio.Task[Any], int], size: int) -> bool:
