@@ -96,6 +96,23 @@ def test_a_data_directory_that_cannot_be_one_is_one_line(tmp_path: Path) -> None
     assert a_file.read_text() == "not a directory"
 
 
+def test_analytics_mistakes_are_one_line_before_spark_starts(tmp_path: Path) -> None:
+    """A bad --master or --out was a traceback, after seconds of starting Spark."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("t")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for extra, says in [
+        (["--master", "bogus://x"], "is not a Spark master URL"),
+        (["--out", str(a_file)], "exists and is not a directory"),
+        (["--out", str(a_file / "below")], "cannot make the output directory"),
+    ]:
+        result = run_cli("analytics", "--data", str(data), *extra, timeout=120)
+        assert result.returncode == 2
+        assert_one_line_error(result, says)
+
+
 def test_an_unknown_topic_is_named(tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
     with Store(data):

@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import hashlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -389,10 +390,7 @@ def run(
     tell = step or (lambda _: None)
     if not data_dir.is_dir():
         raise InvalidArgumentError(f"no data directory at {data_dir}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InvalidArgumentError(f"--out {out_dir} exists and is not a directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "charts").mkdir(exist_ok=True)
+    _make_out_dir(out_dir)
 
     tell("listing the store's files")
     inputs = extract.list_inputs(data_dir)
@@ -893,6 +891,25 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# The master URLs Spark takes (SparkSubmit refuses anything else, after starting a JVM).
+_SPARK_MASTER = re.compile(
+    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[.+\]|(spark|k8s|mesos)://.+|yarn"
+)
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    """The output directory and its ``charts``, made if missing; an InvalidArgumentError
+    (one line from the CLI) for one that cannot be: a file there, no permission."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InvalidArgumentError(f"--out {out_dir} exists and is not a directory")
+    try:
+        (out_dir / "charts").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"cannot make the output directory {out_dir}: {exc.strerror or exc}"
+        ) from None
+
+
 def analyse(
     data_dir: Path,
     out_dir: Path | None = None,
@@ -910,6 +927,12 @@ def analyse(
     if not data_dir.is_dir():
         raise InvalidArgumentError(f"no data directory at {data_dir}")
     out = out_dir or default_out_dir(data_dir)
+    _make_out_dir(out)  # before Spark's start: a mistake here costs no JVM
+    if master is not None and not _SPARK_MASTER.fullmatch(master):
+        raise InvalidArgumentError(
+            f"--master {master!r} is not a Spark master URL (local, local[N], local[*], "
+            "spark://HOST:PORT, yarn, k8s://...)"
+        )
     console = Console(stderr=True)
     with Progress(
         SpinnerColumn(),
@@ -935,15 +958,21 @@ def analyse(
             {"segments": inputs.segment_files, "events": inputs.event_files},
             fingerprint=_fingerprint(),
         )  # fmt: skip
-        spark = build_session(
-            master or (None if _under_spark_submit() else "local[*]"),
-            small=small,
-            rerun=not small
-            and new_bytes is not None
-            and new_bytes < SMALL_INPUT_BYTES
-            and KeptTables.present(out / "cache" / "kept"),
-            class_archive=archive,
-        )
+        try:
+            spark = build_session(
+                master or (None if _under_spark_submit() else "local[*]"),
+                small=small,
+                rerun=not small
+                and new_bytes is not None
+                and new_bytes < SMALL_INPUT_BYTES
+                and KeptTables.present(out / "cache" / "kept"),
+                class_archive=archive,
+            )
+        except (RuntimeError, ValueError) as exc:  # pyspark's errors: a bad master, no Java
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise InvalidArgumentError(
+                f"Spark did not start (master {master or 'local[*]'}; Java 17 is needed): {first}"
+            ) from None
         try:
             result = run(spark, data_dir, out, step, full=full, keep=not small)
         finally:
