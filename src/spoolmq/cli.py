@@ -165,6 +165,14 @@ def _say_if_created(args: argparse.Namespace, topic: str, existed: bool | None) 
         )
 
 
+def _idle_seconds(text: str) -> float:
+    """consume's --timeout: more than 0 seconds, or --follow for no end at all."""
+    try:
+        return _seconds_positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or --follow, to wait for ever)") from None
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     from spoolmq.client import Consumer
 
@@ -760,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     wait = p.add_mutually_exclusive_group()
     wait.add_argument(
         "--timeout",
-        type=_seconds_positive,
+        type=_idle_seconds,
         default=5.0,
         help="stop after this many seconds with no message (default 5)",
     )

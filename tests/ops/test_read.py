@@ -74,7 +74,8 @@ def test_read_starts_filters_and_formats(
         (["--header", "novalue"], "NAME=VALUE"),
         (["--from-time", "soon"], "ISO 8601"),
         (["--partition", "5"], "no partition 5"),
-        (["--max", "-1"], "--max must be at least 0"),
+        (["--max", "-1"], "--max must be at least 1"),
+        (["--max", "0"], "--max must be at least 1, not 0"),
     ]:
         status, out, err = run(capsys, "read", "orders", *d, *bad)
         assert status == 2 and out == ""

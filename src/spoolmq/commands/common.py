@@ -116,12 +116,11 @@ def seconds(text: str) -> float:
 
 def seconds_positive(text: str) -> float:
     """Like :func:`seconds`, but more than 0: a wait of 0 would end before the first
-    answer could arrive, so it would print nothing however much is waiting."""
+    answer could arrive (``export``'s cluster, ``consume``'s first delivery)."""
     value = seconds(text)
     if value == 0:
         raise argparse.ArgumentTypeError(
-            "0 would stop before the broker's first delivery could arrive: "
-            "give a positive number of seconds (or --follow)"
+            "0 would stop before the first answer could arrive: give a positive number of seconds"
         )
     return value
 

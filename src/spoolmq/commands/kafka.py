@@ -148,7 +148,7 @@ def export(
         raise PublishTimeoutError(
             f"{len(failures) + left} of {delivered + len(failures) + left} records were not "
             f"delivered to {target} at {address} (first error: {first}); "
-            f"{delivered} were"
+            f"{delivered} were delivered"
         )
     return delivered
 

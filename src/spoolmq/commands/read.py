@@ -166,8 +166,8 @@ def cmd_read(args: argparse.Namespace) -> int:
     from spoolmq.types import TopicPartition
 
     template = check_template(args.format) if args.format is not None else None
-    if args.max is not None and args.max < 0:
-        raise InvalidArgumentError(f"--max must be at least 0, not {args.max}")
+    if args.max is not None and args.max < 1:  # as consume's: 0 would print nothing
+        raise InvalidArgumentError(f"--max must be at least 1, not {args.max}")
     if args.offset is not None and args.offset < 0:
         raise InvalidArgumentError(f"--offset must be at least 0, not {args.offset}")
     filters = Filters.parse(key=args.key, headers=args.header, tags=args.tag, fields=args.field)
