@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spoolmq.client.connection import connect, resolve
-from spoolmq.errors import AuthenticationError, BrokerUnavailableError, InvalidArgumentError
+from spoolmq.errors import BrokerUnavailableError, InvalidArgumentError
 
 
 @pytest.mark.parametrize(
@@ -50,10 +50,13 @@ def test_a_broken_host_and_port_is_refused(tmp_path: Path, address: str) -> None
 
 def test_a_tcp_client_without_the_key_is_told_what_it_needs(tmp_path: Path) -> None:
     """Not "no broker has run at <a local directory>": the broker is elsewhere."""
-    with pytest.raises(AuthenticationError, match="needs the broker's key: pass authkey="):
+    with pytest.raises(BrokerUnavailableError, match="needs the broker's key: pass authkey="):
         resolve(tmp_path, "127.0.0.1:7070", None)
     with pytest.raises(InvalidArgumentError, match=r"authkey must be bytes .* not str"):
         resolve(tmp_path, "127.0.0.1:7070", "00ff")  # type: ignore[arg-type]
+    # Bytes-like keys are taken, as multiprocessing takes them.
+    assert resolve(tmp_path, "127.0.0.1:7070", bytearray(b"k"))[1] == b"k"  # type: ignore[arg-type]
+    assert resolve(tmp_path, "127.0.0.1:7070", memoryview(b"k"))[1] == b"k"  # type: ignore[arg-type]
 
 
 def test_a_host_without_a_port_is_pointed_at_host_and_port(tmp_path: Path) -> None:

@@ -77,15 +77,18 @@ def resolve(
         and isinstance(target, tuple)
         and not (data_dir / protocol.AUTHKEY_FILE).exists()
     ):
-        raise AuthenticationError(
+        # A BrokerUnavailableError, as protocol.read_authkey's was: callers that wait for
+        # a broker to come up retry on it.
+        raise BrokerUnavailableError(
             f"a client of the TCP listener {target[0]}:{target[1]} needs the broker's key: "
             f"pass authkey= (the bytes of .authkey in the broker's data directory), or "
             f"data= that directory if this host has it"
         )
-    if authkey is not None and not isinstance(authkey, bytes):
-        raise InvalidArgumentError(
-            f"authkey must be bytes (the contents of .authkey), not {type(authkey).__name__}"
-        )
+    given: Any = authkey  # what a caller passed, whatever the annotation says
+    if isinstance(given, str):
+        raise InvalidArgumentError("authkey must be bytes (the contents of .authkey), not str")
+    if given is not None and not isinstance(given, bytes):
+        authkey = bytes(given)  # a bytearray or memoryview, as multiprocessing takes
     key = authkey if authkey is not None else protocol.read_authkey(data_dir)
     return target, key, data_dir
 
