@@ -89,6 +89,41 @@ def test_arguments_the_function_cannot_take_are_refused_at_send(
     assert not (data_dir / "tasks.db").exists() or app.tasks.store.recent() == []
 
 
+def test_the_signature_checked_is_the_functions_own(data_dir: Path) -> None:
+    """A functools.wraps decorator that supplies an argument takes fewer than the function
+    it wraps: its own signature is checked. A periodic job's arguments are checked when it
+    is declared (each tick would fail). A value JSON cannot carry stays a
+    SerializationError, whatever the signature says."""
+    import functools
+
+    tasks = Tasks(data_dir)
+
+    def with_session(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn("session", *args, **kwargs)
+
+        return wrapper
+
+    @tasks.task
+    @with_session
+    def uses_session(session: str, x: int) -> str:
+        return f"{session}:{x}"
+
+    @tasks.task
+    def pair(a: int, b: int) -> int:
+        return a + b
+
+    uses_session.check_call([1], {})  # what calling it here takes
+    assert uses_session(1) == "session:1"
+    with pytest.raises(InvalidArgumentError, match="missing a required argument: 'b'"):
+        tasks.periodic("* * * * *", pair, args=[1])
+    assert tasks.periodics == {}
+    with pytest.raises(SerializationError):
+        pair.send_with(kwargs={1: 2})  # type: ignore[dict-item]
+    tasks.close()
+
+
 def test_bad_declarations_and_options_are_refused(data_dir: Path) -> None:
     tasks = Tasks(data_dir)
 

@@ -173,8 +173,10 @@ class Task(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         # What send() checks its arguments against (None: a callable with no signature to
         # read, such as some builtins: anything goes, as for a call).
+        # The function's own signature, not the one functools.wraps points at: a decorator
+        # that supplies an argument itself (a session, a connection) takes fewer.
         try:
-            self.signature: inspect.Signature | None = inspect.signature(fn)
+            self.signature: inspect.Signature | None = inspect.signature(fn, follow_wrapped=False)
         except (TypeError, ValueError):
             self.signature = None
         self.__doc__ = fn.__doc__
@@ -182,6 +184,18 @@ class Task(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """InvalidArgumentError for arguments the function cannot take: a call the worker
+        could only fail, on every retry (or every tick of a periodic job)."""
+        if self.signature is None:
+            return
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArgumentError(
+                f"{self.name}{self.signature} cannot take these arguments: {exc}"
+            ) from None
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Enqueue a run with these arguments; returns once the message is stored."""
@@ -392,6 +406,7 @@ class Tasks:
             raise InvalidArgumentError("periodic() needs a task declared on these Tasks")
         check_json(list(args), "args")
         check_json(dict(kwargs or {}), "kwargs")
+        fn.check_call(list(args), dict(kwargs or {}))
         job = Periodic.build(
             fn.name,
             cron=cron,
@@ -432,15 +447,9 @@ class Tasks:
         unique_key: str | None,
         task_id: str | None = None,
     ) -> TaskHandle:
-        if task.signature is not None:
-            try:
-                task.signature.bind(*args, **kwargs)
-            except TypeError as exc:  # a call the worker could only fail, five times over
-                raise InvalidArgumentError(
-                    f"{task.name}{task.signature} cannot take these arguments: {exc}"
-                ) from None
         check_json(args, "args")
         check_json(kwargs, "kwargs")
+        task.check_call(args, kwargs)
         if key is not None and not isinstance(key, str):
             raise InvalidArgumentError("a task's key must be text")
         if unique_key is not None and unique_for is None:
