@@ -84,6 +84,16 @@ def test_a_port_already_taken_is_one_line_and_leaves_nothing_behind(
     assert not broker_running(data)
 
 
+def test_two_of_our_own_listeners_on_one_port_are_one_line(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]  # free once closed
+    data = str(tmp_path / "queue_data")
+    address = f"127.0.0.1:{port}"
+    result = run_cli("broker", "--listen", address, "--kafka", address, "--data", data)
+    assert result.returncode == 2
+    assert_one_line_error(result, f"cannot listen on {address} (--kafka): Address already in use")
+
+
 def test_a_data_directory_that_cannot_be_one_is_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")

@@ -137,8 +137,12 @@ def _listening(option: str, address: tuple[str, int], bind: Callable[[], _T]) ->
         return bind()
     except OSError as exc:
         host, port = address
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen on {host}:{port} ({option}): {reason}") from None
+        if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
+            reason = exc.strerror or str(exc)  # a name that does not resolve, for one
+        else:
+            reason = os.strerror(exc.errno)  # without create_server's "(while attempting...)"
+        shown = f"[{host}]" if ":" in host else host
+        raise ConfigError(f"cannot listen on {shown}:{port} ({option}): {reason}") from None
 
 
 def _check_tls(cert: str, key: str) -> None:
@@ -160,8 +164,22 @@ def _port_free(address: tuple[str, int]) -> None:
     """Raise the OSError that binding ``address`` would raise now. The Kafka child binds
     it itself, in its own process; this finds a port taken before the child is started
     (and restarted in a loop)."""
-    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-    socket.create_server(address, family=family).close()
+    host, port = address
+    bound = []
+    try:
+        # Every address the name gives, as asyncio.start_server binds them all.
+        for family, kind, proto, _, where in socket.getaddrinfo(
+            host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(where)
+    finally:
+        for sock in bound:
+            sock.close()
 
 
 def restart_backoff(backoff: float, served: bool, cap: float) -> tuple[float, float]:
@@ -232,9 +250,9 @@ class _Child:
 def check_data_dir(path: Path) -> None:
     """Create the data directory 0700 (or make ours 0700), or refuse one that other users
     can write to (or that cannot be one: a file, a path through a file, no permission)."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"the data directory {path} is a file, not a directory")
     try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"the data directory {path} is a file, not a directory")
         make_private_dirs(path)
     except OSError as exc:
         raise ConfigError(
@@ -350,7 +368,9 @@ class BrokerManager:
         write_new_file(pid_path, f"{os.getpid()}\n".encode())
         self._authkey = protocol.read_or_create_authkey(self.data_dir)
         # Every port is taken before any child starts: one taken already is a one-line
-        # error now, not a child restarted in a loop until the start times out.
+        # error now, not a child restarted in a loop until the start times out. The
+        # Kafka port is tried last, so that one of ours (--listen, --metrics) counts.
+        self._open_listeners()
         metrics, kafka = self.settings.metrics, self.settings.kafka
         if metrics is not None:
             self.metrics = _listening(
@@ -362,7 +382,6 @@ class BrokerManager:
             _listening("--kafka", kafka, lambda: _port_free(kafka))
             if self.settings.kafka_tls is not None:
                 _check_tls(*self.settings.kafka_tls)
-        self._open_listeners()
         self._start_child(self._children["consumer"])
         self._start_child(self._children["publisher"])
         if "kafka" in self._children:
@@ -375,6 +394,8 @@ class BrokerManager:
         if self.metrics is not None:
             self.metrics.start()
             logger.info("metrics on http://%s:%d/metrics", *self.metrics.address)
+        if self.tcp_address is not None:  # once started: a failed start says one line
+            logger.info("also listening on tcp %s:%d", *self.tcp_address)
         logger.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
 
     def _open_listeners(self) -> None:
@@ -398,7 +419,6 @@ class BrokerManager:
                     lambda: Listener(address, family="AF_INET", backlog=_BACKLOG),
                 )
             )
-            logger.info("also listening on tcp %s:%d", *self._listeners[-1].address)
         for listener in self._listeners:
             thread = threading.Thread(
                 target=self._accept_loop, args=(listener,), name="accept", daemon=True
