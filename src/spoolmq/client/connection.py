@@ -3,29 +3,25 @@ challenge, then ``hello``/``welcome``."""
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import select
-import socket
-import struct
-from multiprocessing import AuthenticationError as _MPAuthenticationError
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from spoolmq import protocol
 from spoolmq.config import resolve_data_dir
-from spoolmq.errors import AuthenticationError, BrokerUnavailableError, InvalidArgumentError
-
-Address = str | tuple[str, int]
+from spoolmq.errors import BrokerUnavailableError, InvalidArgumentError
+from spoolmq.protocol.greeting import GREETING_TIMEOUT_S, greet
+from spoolmq.protocol.greeting import Address as Address
 
 #: How long a client waits to connect and be welcomed (the authkey challenge both ways,
 #: then ``hello``/``welcome``) before it gives up with BrokerUnavailableError. A broker
 #: that accepted the connection but never answers (stopped with SIGSTOP, or a connect
 #: whose last packet the kernel dropped from a full accept queue) would otherwise hold
 #: the client for ever. The broker gives a greeting 5 s; this leaves room for a busy host.
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = GREETING_TIMEOUT_S
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -104,84 +100,11 @@ def hello_frame(role: str, name: str) -> dict[str, Any]:
     }
 
 
-def _io_timeout(sock: socket.socket, seconds: float) -> None:
-    """Bound each blocking connect, read and write of ``sock`` (0: no bound). A timeout
-    set with ``settimeout`` would make the descriptor non-blocking, which ``Connection``
-    does not expect, and would make a Unix socket's connect to a full backlog fail at
-    once instead of waiting its turn; these options keep it blocking, and a step that
-    waits too long fails with EAGAIN (EINPROGRESS for a TCP connect) instead."""
-    whole = int(seconds)
-    micro = int((seconds - whole) * 1_000_000)
-    if seconds > 0 and not whole and not micro:
-        micro = 1  # (0, 0) would mean no bound at all
-    bound = struct.pack("@ll", whole, micro)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
-
-
-def _open(address: Address, timeout: float) -> Connection:
-    """A connected, still unauthenticated ``Connection`` on a blocking socket whose
-    connect, reads and writes give up after ``timeout`` seconds each (until ``connect``
-    lifts the bound)."""
-    sock = socket.socket(socket.AF_UNIX if isinstance(address, str) else socket.AF_INET)
-    try:
-        sock.setblocking(True)  # whatever socket.setdefaulttimeout() says
-        _io_timeout(sock, timeout)
-        sock.connect(address)
-        return Connection(sock.detach())
-    finally:
-        sock.close()  # nothing left to close once detached
-
-
-def _gave_up(exc: OSError) -> bool:
-    """Whether ``exc`` is a step of the greeting running out of its time."""
-    return isinstance(exc, BlockingIOError) or exc.errno == errno.EINPROGRESS
-
-
 def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:
     """An authenticated connection that has been welcomed; returns it and the client id.
     The connect, and each read and write of the greeting, give up after
-    ``CONNECT_TIMEOUT_S``."""
-    silent = f"the broker at {address} did not answer within {CONNECT_TIMEOUT_S:g} s"
-    start = "`spoolmq broker`"
-    if isinstance(address, str):  # the data directory's socket: name that directory
-        start = f"`spoolmq broker --data {Path(address).parent}`"
-    absent = f"no broker is listening at {address}; start one with {start}"
-    if isinstance(address, str) and "/" not in address:  # "127.0.0.1", "localhost"
-        absent += " (a TCP listener's address is HOST:PORT)"
-    try:
-        conn = _open(address, CONNECT_TIMEOUT_S)
-    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
-        raise BrokerUnavailableError(absent) from None
-    except OSError as exc:
-        if _gave_up(exc):  # no room in a full backlog, or no SYN-ACK, in time
-            raise BrokerUnavailableError(silent) from None
-        raise BrokerUnavailableError(f"cannot connect to {address}: {exc}") from None
-    try:
-        try:
-            answer_challenge(conn, authkey)
-            deliver_challenge(conn, authkey)
-        except (EOFError, ConnectionResetError):  # closed before it said anything
-            raise BrokerUnavailableError(absent) from None
-        protocol.send(conn, hello_frame(role, name))
-        welcome = protocol.receive(conn)
-        protocol.raise_if_error(welcome)
-        with protocol.borrowed_socket(conn) as sock:
-            _io_timeout(sock, 0)
-    except BrokerUnavailableError:  # an OSError too: said already
-        conn.close()
-        raise
-    except _MPAuthenticationError as exc:
-        conn.close()
-        raise AuthenticationError(f"the broker refused the authkey: {exc}") from None
-    except (EOFError, OSError) as exc:
-        conn.close()
-        if isinstance(exc, OSError) and _gave_up(exc):  # SO_RCVTIMEO or SO_SNDTIMEO ran out
-            raise BrokerUnavailableError(silent) from None
-        raise BrokerUnavailableError(f"the broker closed the connection: {exc}") from None
-    except BaseException:
-        conn.close()
-        raise
+    ``CONNECT_TIMEOUT_S`` (protocol.greeting)."""
+    conn, welcome = greet(address, authkey, hello_frame(role, name), CONNECT_TIMEOUT_S)
     return conn, str(welcome.get("client_id", ""))
 
 

@@ -22,14 +22,15 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from spoolmq import protocol
-from spoolmq.client.connection import connect
 from spoolmq.errors import BrokerUnavailableError
+from spoolmq.protocol.greeting import greet
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,14 @@ class PublisherLink:
     def _connect(self) -> Connection:
         path = str(self.data_dir / protocol.SOCKET_FILE)
         try:
-            conn, _ = connect(path, protocol.read_authkey(self.data_dir), "publisher", self.name)
+            hello = {
+                "op": "hello",
+                "version": protocol.PROTOCOL_VERSION,
+                "role": "publisher",
+                "pid": os.getpid(),
+                "name": self.name,
+            }
+            conn, _ = greet(path, protocol.read_authkey(self.data_dir), hello)
         except Exception as exc:  # BrokerUnavailableError, AuthenticationError, a refusal
             raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc!r}") from None
         return conn

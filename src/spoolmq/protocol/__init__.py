@@ -2,7 +2,8 @@
 
 ``frames`` frames, checks and sends every frame; ``publish`` is the codec of a publish
 frame's messages, used by the Publisher client to encode and by the PublisherBroker to
-decode; ``auth`` names the socket and the authkey of a data directory. The names most
+decode; ``auth`` names the socket and the authkey of a data directory; ``greeting``
+connects and authenticates a client, every step bounded. The names most
 callers need are here: ``from spoolmq import protocol; protocol.send(conn, frame)``.
 """
 
