@@ -710,34 +710,14 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         in this broker now, from their committed offsets: ``finished`` below the offset,
         ``pending`` from it on (or parked). Kafka consumer groups are left out: Fetch reads
         the log itself, and they still see the message (one that only assigns partitions
-        and commits, with no group membership, cannot be told from a spoolmq group).
-        Three queries, whatever the number of groups: this runs on the loop."""
+        and commits, with no group membership, cannot be told from a spoolmq group)."""
         state = self.store.state
         kafka = {row.group_name for row in state.kafka_groups()}
-        committed = dict(
-            state.query(
-                "SELECT group_name, committed_offset FROM group_offsets "
-                "WHERE topic = ? AND partition = ?",
-                (key.topic, key.partition),
-            )
-        )
-        readers = {
-            row[0]
-            for row in state.query(
-                "SELECT DISTINCT group_name FROM group_offsets WHERE topic = ?", (key.topic,)
-            )
-        }
-        parked = {
-            row[0]
-            for row in state.query(
-                "SELECT group_name FROM parked WHERE topic = ? AND partition = ? AND offset = ?",
-                (key.topic, key.partition, offset),
-            )
-        }
+        readers = state.readers_of(key.topic, key.partition, offset)
         outcomes = {}
-        for name in sorted(readers - kafka - set(answered)):
-            end = int(committed.get(name, 0))
-            outcomes[name] = "finished" if offset < end and name not in parked else "pending"
+        for name in sorted(readers.keys() - kafka - answered.keys()):
+            end, parked = readers[name]
+            outcomes[name] = "finished" if offset < end and not parked else "pending"
         return outcomes
 
     def drop_topic(self, topic: str) -> dict[str, Any]:

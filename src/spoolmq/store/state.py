@@ -676,6 +676,29 @@ class StateDB:
             params.append(topic)
         return {TopicPartition(t, p): o for t, p, o in self.query(sql, params)}
 
+    def readers_of(self, topic: str, partition: int, offset: int) -> dict[str, tuple[int, bool]]:
+        """Every group with a committed offset in ``topic``: its committed offset in
+        ``partition`` (0 if none there yet) and whether it has parked ``offset`` of it.
+        Three queries, however many groups (a cancel asks on the ConsumerBroker's loop)."""
+        committed = dict(
+            self.query(
+                "SELECT group_name, committed_offset FROM group_offsets "
+                "WHERE topic = ? AND partition = ?",
+                (topic, partition),
+            )
+        )
+        names = self.query(
+            "SELECT DISTINCT group_name FROM group_offsets WHERE topic = ?", (topic,)
+        )
+        parked = {
+            row[0]
+            for row in self.query(
+                "SELECT group_name FROM parked WHERE topic = ? AND partition = ? AND offset = ?",
+                (topic, partition, offset),
+            )
+        }
+        return {name: (int(committed.get(name, 0)), name in parked) for (name,) in names}
+
     def commit_offsets(self, group: str, offsets: PartitionOffsets) -> None:
         timestamp = self._clock.now_ms()
         with self.write() as db:
