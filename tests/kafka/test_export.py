@@ -37,6 +37,12 @@ def _stores(tmp_path: Path) -> tuple[Path, Path]:
     return source, tmp_path / "target"
 
 
+def _one_record_store(path: Path) -> None:
+    with Store(path) as store:
+        store.create_topic("orders")
+        store.append("orders", {"n": 1})
+
+
 def _read_back(address: str, topic: str, count: int, partitions: int = 3) -> list[Any]:
     """Up to ``count`` records of ``topic`` read with kafka-python from the start of each
     of its ``partitions`` (waiting at most 60 s for them)."""
@@ -114,9 +120,7 @@ def test_export_of_an_unknown_topic_is_one_line(
 def test_export_to_an_unreachable_cluster_fails_within_the_timeout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with Store(tmp_path / "source") as store:
-        store.create_topic("orders")
-        store.append("orders", {"n": 1})
+    _one_record_store(tmp_path / "source")
     began = time.monotonic()
     code = main(
         [
@@ -209,9 +213,7 @@ def test_export_to_a_name_kafka_would_refuse_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--to ""`` exported the topic into itself."""
-    with Store(tmp_path / "source") as store:
-        store.create_topic("orders")
-        store.append("orders", {"n": 1})
+    _one_record_store(tmp_path / "source")
     for name in ("", "a b", "..", "x" * 250):
         argv = ["export", "--data", str(tmp_path / "source"), "--kafka", "127.0.0.1:9"]
         assert main([*argv, "orders", "--to", name]) == 2
