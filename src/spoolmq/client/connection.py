@@ -15,6 +15,7 @@ from spoolmq.config import resolve_data_dir
 from spoolmq.errors import BrokerUnavailableError, InvalidArgumentError
 from spoolmq.protocol.greeting import GREETING_TIMEOUT_S, greet
 from spoolmq.protocol.greeting import Address as Address
+from spoolmq.protocol.greeting import hello_frame as hello_frame
 
 #: How long a client waits to connect and be welcomed (the authkey challenge both ways,
 #: then ``hello``/``welcome``) before it gives up with BrokerUnavailableError. A broker
@@ -87,17 +88,6 @@ def resolve(
         authkey = bytes(given)  # a bytearray or memoryview, as multiprocessing takes
     key = authkey if authkey is not None else protocol.read_authkey(data_dir)
     return target, key, data_dir
-
-
-def hello_frame(role: str, name: str) -> dict[str, Any]:
-    """The first frame of every connection, after the authkey challenge."""
-    return {
-        "op": "hello",
-        "version": protocol.PROTOCOL_VERSION,
-        "role": role,
-        "pid": os.getpid(),
-        "name": name,
-    }
 
 
 def connect(address: Address, authkey: bytes, role: str, name: str = "") -> tuple[Connection, str]:

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from spoolmq import protocol
 from spoolmq.errors import BrokerUnavailableError
-from spoolmq.protocol.greeting import greet
+from spoolmq.protocol.greeting import greet, hello_frame
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +84,7 @@ class PublisherLink:
     def _connect(self) -> Connection:
         path = str(self.data_dir / protocol.SOCKET_FILE)
         try:
-            hello = {
-                "op": "hello",
-                "version": protocol.PROTOCOL_VERSION,
-                "role": "publisher",
-                "pid": os.getpid(),
-                "name": self.name,
-            }
+            hello = hello_frame("publisher", self.name)
             conn, _ = greet(path, protocol.read_authkey(self.data_dir), hello)
         except Exception as exc:  # BrokerUnavailableError, AuthenticationError, a refusal
             raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc!r}") from None

@@ -7,6 +7,7 @@ PublisherBroker (kafka/link.py) greet through :func:`greet`."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import struct
 from multiprocessing import AuthenticationError as _MPAuthenticationError
@@ -15,12 +16,29 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq.errors import AuthenticationError, BrokerUnavailableError
-from spoolmq.protocol.frames import borrowed_socket, raise_if_error, receive, send
+from spoolmq.protocol.frames import (
+    PROTOCOL_VERSION,
+    borrowed_socket,
+    raise_if_error,
+    receive,
+    send,
+)
 
 Address = str | tuple[str, int]
 
 #: How long each step of a greeting waits (client.connection.CONNECT_TIMEOUT_S is this).
 GREETING_TIMEOUT_S = 10.0
+
+
+def hello_frame(role: str, name: str) -> dict[str, Any]:
+    """The first frame of every connection, after the authkey challenge."""
+    return {
+        "op": "hello",
+        "version": PROTOCOL_VERSION,
+        "role": role,
+        "pid": os.getpid(),
+        "name": name,
+    }
 
 
 def _io_timeout(sock: socket.socket, seconds: float) -> None:
