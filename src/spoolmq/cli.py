@@ -432,18 +432,22 @@ def _print_members(data: Path, args: argparse.Namespace) -> int:
         return 0
     _table(
         f"members of group {args.group}" + ("" if members else " (none connected)"),
-        ["consumer", "pid", "name", "connected", "last seen", "in-flight"],
+        ["consumer", "kind", "pid", "name", "connected", "last seen", "in-flight"],
         [
             [
                 m["consumer"],
+                m["kind"],
                 m["pid"],
                 m["name"],
                 _moment(m["since"] * 1000) if m["since"] else None,
                 _moment(m["last_seen"]) if m["last_seen"] else "not yet",
                 m["in_flight"],
             ]
+            if m["kind"] == "spoolmq"
+            else [m["consumer"], "kafka", None, f"{m['name']} at {m['host']}", None, None, None]
             for m in members
         ],
+        whole=["consumer"],
     )
     return 0
 

@@ -31,7 +31,11 @@ from spoolmq.errors import (
     UnknownTopicError,
 )
 from spoolmq.files import write_durably
-from spoolmq.kafka.group_store import kafka_group_members, kafka_partition_owners
+from spoolmq.kafka.group_store import (
+    kafka_group_members,
+    kafka_members_by_group,
+    kafka_partition_owners,
+)
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic, topic_dir
 from spoolmq.types import TopicPartition
@@ -152,14 +156,44 @@ def delete_group(data: Path, group: str) -> None:
 
 
 def group_members(data: Path, group: str) -> list[dict[str, Any]]:
-    """The consumers connected in ``group`` (consumer id, client id, pid, name, connected
-    since in epoch s, last seen in epoch ms, in-flight): from the running broker, so none
-    when no broker runs."""
+    """The consumers in ``group`` now, from the running broker (none when no broker runs):
+    see :func:`members_by_group`."""
+    return members_by_group(data, group).get(group, [])
+
+
+def members_by_group(data: Path, group: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The consumers in ``group`` (or in every group) now, by group, from the running
+    broker; none when no broker runs. Each is a dict with ``kind`` ``"spoolmq"``, a
+    consumer connected to the broker (consumer id, client id, pid, name, connected since in
+    epoch s, last seen in epoch ms, in-flight), or ``"kafka"``, a member the Kafka front
+    has joined to the group (its member id as ``consumer``, its client id as ``name``, its
+    ``host`` and ``assignment``; what the broker does not know of it is None)."""
     if not broker_running(data):
-        return []
+        return {}
     with Admin(data) as admin:
-        described = admin.describe_groups().get(group, {})
-    return list(described.get("members", []))
+        described = admin.describe_groups()
+    members = {
+        name: [{**m, "kind": "spoolmq"} for m in info.get("members", [])]
+        for name, info in described.items()
+        if group is None or name == group
+    }
+    for name, joined in kafka_members_by_group(data, group).items():
+        members.setdefault(name, []).extend(
+            {
+                "consumer": m["member_id"],
+                "kind": "kafka",
+                "client_id": m["client_id"],
+                "pid": None,
+                "name": m["client_id"],
+                "since": None,
+                "last_seen": None,
+                "in_flight": None,
+                "host": m["client_host"],
+                "assignment": m["assignment"],
+            }
+            for m in joined
+        )
+    return members
 
 
 # -- dead letters ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,17 +23,22 @@ T = TypeVar("T")
 
 
 def run_spoolmq(
-    *args: str, stdin: str | None = None, timeout: float = 120.0
+    *args: str,
+    stdin: str | None = None,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``spoolmq ARGS...`` as a user runs it (``python -m spoolmq``, this interpreter):
     the finished process with its exit code and text output. ``timeout`` bounds a command
-    that should finish (a broker refused at start, a CLI command)."""
+    that should finish (a broker refused at start, a CLI command); ``env`` is added to
+    this process's environment (``{"COLUMNS": "200"}``: a wide terminal's tables)."""
     return subprocess.run(
         [sys.executable, "-m", "spoolmq", *args],
         input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

@@ -491,8 +491,8 @@ def test_groups_members_and_delete_with_a_broker_running(
         held = consumer.receive(timeout=30)
         assert held is not None
         members = orjson.loads(ok("groups", "describe", "g", "--members", "--json", *d))
-        assert [(m["consumer"], m["pid"], m["in_flight"]) for m in members] == [
-            (consumer.consumer_id, os.getpid(), 1)
+        assert [(m["consumer"], m["kind"], m["pid"], m["in_flight"]) for m in members] == [
+            (consumer.consumer_id, "spoolmq", os.getpid(), 1)
         ]
         assert type(members[0]["last_seen"]) is int and members[0]["last_seen"] > 0
         assert consumer.consumer_id in ok("groups", "describe", "g", "--members", *d)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from kafka_helpers import kafka_broker
 
@@ -21,7 +22,8 @@ from spoolmq import Store
 from spoolmq.errors import GroupActiveError
 from spoolmq.kafka.group_store import kafka_group_members
 from spoolmq.operations import ResetTo, apply_reset, group_rows, plan_reset
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
+from spoolmq.ui import views
 
 PARTITIONS = 3
 
@@ -34,6 +36,14 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
             store.create_topic(topic, partitions=PARTITIONS)
     with kafka_broker(data, log_file=data.parent / "broker.log") as (broker, address):
         yield broker, address, data
+
+
+def spoolmq_cli(*args: str) -> str:
+    """What ``spoolmq ARGS`` prints, run as a user would (a wide terminal: a Kafka
+    member's id alone is some 60 characters)."""
+    done = run_spoolmq(*args, env={"COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def produce(address: str, topic: str, values: list[bytes]) -> None:
@@ -106,6 +116,24 @@ def test_two_members_share_rebalance_on_leave_and_the_survivor_resumes_from_comm
             lambda: len(m := kafka_group_members(data, "g1")) == 2 and m, 30, "two members"
         )
         assert sorted(p for m in members for p in m["assignment"]["orders"]) == [0, 1, 2]
+        # `spoolmq groups describe g1 --members` lists them (with no spoolmq consumer there).
+        listed = orjson.loads(
+            spoolmq_cli("groups", "describe", "g1", "--members", "--json", "--data", str(data))
+        )
+        assert sorted((m["kind"], m["consumer"], m["pid"]) for m in listed) == sorted(
+            ("kafka", m["member_id"], None) for m in members
+        )
+        assert sorted(m["name"] for m in listed) == sorted([a.name_, b.name_])
+        assert {tuple(sorted(m["assignment"]["orders"])) for m in listed} == {
+            tuple(sorted(m["assignment"]["orders"])) for m in members
+        }
+        table = spoolmq_cli("groups", "describe", "g1", "--members", "--data", str(data))
+        assert all(m["member_id"] in table for m in members) and "kafka" in table
+        # The console's /api/groups names them too.
+        shown = views.groups(data)["g1"]["consumers"]
+        assert sorted((c["id"], c["kind"], c["host"]) for c in shown) == sorted(
+            (m["member_id"], "kafka", m["client_host"]) for m in members
+        )
         produce(address, "orders", [f"first-{i}".encode() for i in range(30)])
         wait_until(lambda: len(seen) >= 30, 60, "the first 30 records to be consumed")
         assert {name for name, _, _ in seen} == {a.name_, b.name_}, "both members consumed"

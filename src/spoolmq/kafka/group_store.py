@@ -133,24 +133,34 @@ def kafka_group_members(data_dir: Path, group: str) -> list[dict[str, Any]]:
     """The members a running Kafka front has joined to ``group`` (member id, client id,
     host, assigned partitions), for ``spoolmq groups describe`` and to refuse a reset while
     any is joined. With no broker running nobody can be joined, whatever was recorded."""
+    return kafka_members_by_group(data_dir, group).get(group, [])
+
+
+def kafka_members_by_group(
+    data_dir: Path, group: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`kafka_group_members` of ``group``, or of every Kafka group, by group (one
+    query)."""
     from spoolmq.broker.manager import broker_running
 
     if not broker_running(Path(data_dir)):
-        return []
+        return {}
     state = StateDB(Path(data_dir) / "state.db")
     try:
         rows = state.kafka_members(group)
     finally:
         state.close()
-    return [
-        {
-            "member_id": r.member_id,
-            "client_id": r.client_id,
-            "client_host": r.client_host,
-            "assignment": None if r.assignment is None else json.loads(r.assignment),
-        }
-        for r in rows
-    ]
+    members: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        members.setdefault(r.group_name, []).append(
+            {
+                "member_id": r.member_id,
+                "client_id": r.client_id,
+                "client_host": r.client_host,
+                "assignment": None if r.assignment is None else json.loads(r.assignment),
+            }
+        )
+    return members
 
 
 def kafka_partition_owners(data_dir: Path, group: str) -> dict[TopicPartition, list[str]]:

@@ -761,10 +761,14 @@ class StateDB:
     def kafka_groups(self) -> list[KafkaGroupRow]:
         return [KafkaGroupRow(*row) for row in self.query("SELECT * FROM kafka_groups ORDER BY 1")]
 
-    def kafka_members(self, group: str) -> list[KafkaMemberRow]:
-        rows = self.query(
-            "SELECT * FROM kafka_members WHERE group_name = ? ORDER BY member_id", (group,)
-        )
+    def kafka_members(self, group: str | None = None) -> list[KafkaMemberRow]:
+        """The recorded members of Kafka ``group``, or of every Kafka group."""
+        if group is None:
+            rows = self.query("SELECT * FROM kafka_members ORDER BY group_name, member_id")
+        else:
+            rows = self.query(
+                "SELECT * FROM kafka_members WHERE group_name = ? ORDER BY member_id", (group,)
+            )
         return [KafkaMemberRow(*row) for row in rows]
 
     # -- deliveries (the ConsumerBroker's checkpoint) -------------------------------------

@@ -223,16 +223,14 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
 
 def groups(data: Path) -> dict[str, Any]:
     """Per group its partitions' committed offset, log end, lag, in-flight, parked and consumers,
-    and, while a broker runs, its members as the broker sees them (consumer id, pid, name,
-    connected since, last seen, in flight: what ``groups describe --members`` shows)."""
+    and, while a broker runs, its members as the broker sees them (consumer id, kind, pid,
+    name, last seen, in flight, and a Kafka member's host: what ``groups describe
+    --members`` shows)."""
     rows = operations.group_rows(data)
-    members: dict[str, list[dict[str, Any]]] = {}
-    if broker_running(data):
-        try:
-            with Admin(data) as admin:
-                members = {n: g.get("members", []) for n, g in admin.describe_groups().items()}
-        except SpoolError:
-            members = {}  # it stopped meanwhile: the rows from state.db are what there is
+    try:
+        members = operations.members_by_group(data)
+    except SpoolError:
+        members = {}  # it stopped meanwhile: the rows from state.db are what there is
     result = {}
     for name, partitions in sorted(rows.items()):
         result[name] = {
@@ -242,10 +240,12 @@ def groups(data: Path) -> dict[str, Any]:
             "consumers": [
                 {
                     "id": m["consumer"],
+                    "kind": m["kind"],
                     "pid": m.get("pid"),
                     "name": m.get("name"),
                     "last_seen": m.get("last_seen"),
                     "in_flight": m.get("in_flight"),
+                    **({"host": m["host"]} if m["kind"] == "kafka" else {}),
                 }
                 for m in sorted(members.get(name, []), key=lambda m: str(m["consumer"]))
             ],

@@ -277,7 +277,8 @@ pages.groups = async () => {
       section.className = "group"; section.dataset.group = name;
       section.innerHTML = `<h2>${esc(name)} <span class="muted">lag ${n(g.lag)}, in flight ${n(g.in_flight)}, parked ${n(g.parked)}</span></h2>
         <p>Consumers: ${g.consumers.length ? g.consumers.map(c => `<span class="member">${esc(c.id)}` + (c.name ? ` “${esc(c.name)}”` : "") +
-          ` (pid ${esc(c.pid ?? "?")}, in flight ${n(c.in_flight)}, last seen ${esc(when(c.last_seen || lastSeen[c.id]).slice(11) || "not yet")})</span>`).join(", ") : '<span class="muted">none connected</span>'}</p>` +
+          (c.kind === "kafka" ? ` (Kafka client at ${esc(c.host)})</span>` :
+          ` (pid ${esc(c.pid ?? "?")}, in flight ${n(c.in_flight)}, last seen ${esc(when(c.last_seen || lastSeen[c.id]).slice(11) || "not yet")})</span>`)).join(", ") : '<span class="muted">none connected</span>'}</p>` +
         table(["topic", "#partition", "#committed", "#log end", "#lag", "#in flight", "#parked", "consumers"], g.partitions.map(r =>
           `<tr><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num committed">${n(r.committed)}</td><td class="num">${n(r.log_end_offset)}</td>
           <td class="num lag">${n(r.lag)}</td><td class="num">${n(r.in_flight)}</td><td class="num parked">${n(r.parked)}</td><td>${(r.consumers || []).map(esc).join(", ")}</td></tr>`)) +
