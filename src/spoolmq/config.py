@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,32 @@ _SIZE_UNITS = {
     "gb": 1000**3,
     "gib": 1024**3,
 }
+
+
+def host_port(host: str, port: int) -> str:
+    """An address as a user writes it: an IPv6 host in brackets.
+
+    >>> host_port("127.0.0.1", 9092), host_port("::1", 9092)
+    ('127.0.0.1:9092', '[::1]:9092')
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """The family of the first address ``host`` names (AF_INET6 for ``::1``, a name by
+    what it resolves to first); a name that does not resolve raises ``socket.gaierror``."""
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+
+
+def listen_error(address: tuple[str, int], exc: OSError, option: str = "") -> ConfigError:
+    """The one-line error for failing to listen on ``address`` (a port taken, an
+    address not of this host, a name that does not resolve), naming ``option``."""
+    if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
+        reason = exc.strerror or str(exc)  # a name that does not resolve, for one
+    else:
+        reason = os.strerror(exc.errno)  # without create_server's "(while attempting...)"
+    where = host_port(*address) + (f" ({option})" if option else "")
+    return ConfigError(f"cannot listen on {where}: {reason}")
 
 
 def parse_duration_ms(text: str | int | float) -> int:

@@ -217,6 +217,22 @@ def test_buckets() -> None:
     assert buckets.figures() == {"bounds": [1, 10], "counts": [2, 4, 1], "sum": 62.5, "count": 7}
 
 
+def test_metrics_on_ipv6_loopback(tmp_path: Path, data_dir: Path) -> None:
+    """``--metrics [::1]:PORT`` serves: the server was IPv4 only ("Address family for
+    hostname not supported"), though ::1 passes the loopback check."""
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = int(probe.getsockname()[1])
+    log = tmp_path / "broker.log"
+    metrics = ["--metrics", f"[::1]:{port}"]
+    with BrokerProcess(data_dir, args=metrics, log_level="info", log_file=log):
+        with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["spoolmq_broker_up"].samples[0].value == 1
+        assert f"metrics on http://[::1]:{port}/metrics" in log.read_text()
+
+
 def test_only_loopback() -> None:
     assert check_loopback(("127.0.0.1", 9464)) == ("127.0.0.1", 9464)
     assert check_loopback(("::1", 9464)) == ("::1", 9464)

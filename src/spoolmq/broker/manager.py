@@ -60,6 +60,7 @@ from spoolmq.broker.status import (
     StatusMessage,
     decode_status,
 )
+from spoolmq.config import host_port, listen_error
 from spoolmq.errors import (
     AuthenticationError,
     BrokerLockedError,
@@ -136,13 +137,7 @@ def _listening(option: str, address: tuple[str, int], bind: Callable[[], _T]) ->
     try:
         return bind()
     except OSError as exc:
-        host, port = address
-        if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
-            reason = exc.strerror or str(exc)  # a name that does not resolve, for one
-        else:
-            reason = os.strerror(exc.errno)  # without create_server's "(while attempting...)"
-        shown = f"[{host}]" if ":" in host else host
-        raise ConfigError(f"cannot listen on {shown}:{port} ({option}): {reason}") from None
+        raise listen_error(address, exc, option) from None
 
 
 def _check_tls(cert: str, key: str) -> None:
@@ -393,9 +388,9 @@ class BrokerManager:
             self.supervise_step(timeout=0.5)
         if self.metrics is not None:
             self.metrics.start()
-            logger.info("metrics on http://%s:%d/metrics", *self.metrics.address)
+            logger.info("metrics on http://%s/metrics", host_port(*self.metrics.address))
         if self.tcp_address is not None:  # once started: a failed start says one line
-            logger.info("also listening on tcp %s:%d", *self.tcp_address)
+            logger.info("also listening on tcp %s", host_port(*self.tcp_address))
         logger.info("broker ready on %s (pid %d)", self.socket_path, os.getpid())
 
     def _open_listeners(self) -> None:

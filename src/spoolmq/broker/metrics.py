@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq.broker.group_view import add_parked, partition_rows
+from spoolmq.config import address_family
 from spoolmq.errors import InvalidArgumentError, SpoolError
 from spoolmq.store import Store
 from spoolmq.store.names import DLQ_SUFFIX, dlq_topic
@@ -369,6 +370,16 @@ def check_loopback(address: tuple[str, int]) -> tuple[str, int]:
     return address
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """An HTTP server on an IPv4 or IPv6 address, as ``host`` names (``::1`` too)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = address_family(address[0])
+        super().__init__(address, handler)
+
+
 class MetricsServer:
     """``GET /metrics`` on a thread of its own: a scrape reads files and asks the consumer
     broker for its groups, which must not hold up the manager's supervision."""
@@ -401,8 +412,7 @@ class MetricsServer:
 
         self.data_dir = data_dir
         self.snapshot = snapshot
-        self._server = ThreadingHTTPServer(address, Handler)
-        self._server.daemon_threads = True
+        self._server = _HTTPServer(address, Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="spoolmq-metrics", daemon=True
         )

@@ -23,6 +23,7 @@ from spoolmq.commands.common import (
     print_table,
     require_extra,
 )
+from spoolmq.config import address_family, host_port, listen_error
 from spoolmq.errors import ConfigError, InvalidArgumentError
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -71,11 +72,10 @@ def _serve(data: Path, host: str, port: int, *, read_only: bool) -> int:
 
     from spoolmq.ui import create_app
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        sock = socket.create_server((host, port), family=family)
+        sock = socket.create_server((host, port), family=address_family(host))
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise listen_error((host, port), exc) from None
     address, bound = sock.getsockname()[:2]
     if not ipaddress.ip_address(address).is_loopback:
         print(
@@ -86,9 +86,9 @@ def _serve(data: Path, host: str, port: int, *, read_only: bool) -> int:
     app = create_app(data, read_only=read_only)
     # An open live page is a stream that never ends: shutdown waits at most 3 s for them.
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
-    shown = f"[{address}]" if family == socket.AF_INET6 else address
     print(
-        f"spoolmq console at http://{shown}:{bound}/" + (" (read-only)" if read_only else ""),
+        f"spoolmq console at http://{host_port(address, bound)}/"
+        + (" (read-only)" if read_only else ""),
         flush=True,
     )
     uvicorn.Server(config).run(sockets=[sock])
