@@ -145,3 +145,51 @@ def test_the_children_do_not_outlive_a_killed_manager(broker: BrokerProcess) -> 
     broker.kill()
     for name, pid in children.items():
         wait_until(lambda pid=pid: not alive(pid), 30, f"the {name} broker to die with its manager")
+
+
+NEVER_READY = """
+import sys, time
+from pathlib import Path
+from spoolmq.broker.consumer_broker import ConsumerBroker
+from spoolmq.broker.manager import BrokerManager, BrokerSettings
+
+class NeverReady(ConsumerBroker):
+    def run(self):  # a ConsumerBroker that never says it is ready
+        time.sleep(600)
+
+if __name__ == "__main__":
+    manager = BrokerManager(BrokerSettings(data_dir=Path(sys.argv[1])))
+    manager._children["consumer"].child_class = NeverReady
+    sys.exit(manager.run())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_broker_whose_children_are_not_ready_yet(
+    tmp_path: Path, signum: int
+) -> None:
+    """The start waited up to 60 s for its children whatever the user pressed, then
+    failed with "did not start within 60 s"."""
+    script = tmp_path / "never_ready.py"
+    script.write_text(NEVER_READY)
+    data = tmp_path / "queue_data"
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        # The pid file is written after the signal handlers are in place.
+        wait_until(lambda: (data / "broker.pid").exists(), 60, "the broker to start starting")
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=45)  # well inside the start's own 60 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert "did not start" not in stderr and "Traceback" not in stderr
+    assert not (data / "broker.pid").exists()
+    assert not (data / protocol.SOCKET_FILE).exists()

@@ -383,6 +383,8 @@ class BrokerManager:
             self._start_child(self._children["kafka"])
         deadline = time.monotonic() + 60
         while not all(child.ready.is_set() for child in self._children.values()):
+            if self._stopping.is_set():
+                return  # SIGINT or SIGTERM while starting: run() stops what started
             if time.monotonic() > deadline:
                 raise SpoolError("the broker processes did not start within 60 s")
             self.supervise_step(timeout=0.5)
@@ -630,7 +632,12 @@ class BrokerManager:
             child = self._children.get(name)
             if child is None or child.process is None:
                 continue
-            if child.control is not None:
+            if child.ready_at is None:
+                # Still starting (a stop while the broker starts, or a restart): it serves
+                # nobody yet and reads no control frame before it is ready, and whatever it
+                # was recovering is safe to cut, as after a crash.
+                child.process.terminate()
+            elif child.control is not None:
                 with self._control_lock, contextlib.suppress(OSError):
                     protocol.send(child.control, {"op": "stop"})
             self._join(child, 15)
