@@ -210,6 +210,33 @@ def test_confluent_kafka_produces_with_each_codec(
     assert got == [(f"k{i}".encode(), v, [("i", str(i).encode())]) for i, v in enumerate(values)]
 
 
+def test_a_transactional_producer_is_refused_at_once(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    """Transactions are not supported: a transactional producer fails in
+    init_transactions() with a fatal error, where librdkafka retried the transaction
+    coordinator's lookup until its timeout (COORDINATOR_NOT_AVAILABLE is retriable)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import Producer as CKProducer
+    from kafka.errors import TransactionalIdAuthorizationFailedError
+
+    from kafka import KafkaProducer
+
+    _, address, _ = running
+    producer = CKProducer({"bootstrap.servers": address, "transactional.id": "tx-ck"})
+    with pytest.raises(KafkaException) as refused:
+        producer.init_transactions(60)  # the timeout it ran into before
+    error = refused.value.args[0]
+    assert error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error
+    assert error.fatal()
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        python_producer = KafkaProducer(bootstrap_servers=address, transactional_id="tx-kp")
+        try:
+            python_producer.init_transactions()
+        finally:
+            python_producer.close(timeout=10)
+
+
 def test_aiokafka_produces_and_consumes(running: tuple[BrokerProcess, str, Path]) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 

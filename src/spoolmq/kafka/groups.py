@@ -76,8 +76,10 @@ async def handle_find_coordinator(ctx: RequestContext, version: int, r: Reader) 
     r.string()  # the group id: this node coordinates every group
     key_type = r.int8() if version >= 1 else 0
     w = _throttle(Writer(), version, 1)
-    # Key type 1 asks for a transaction coordinator: spoolmq has no transactions.
-    error = ErrorCode.NONE if key_type == 0 else ErrorCode.COORDINATOR_NOT_AVAILABLE
+    # Key type 1 asks for a transaction coordinator. spoolmq has no transactions, but
+    # answers with this node, which refuses the transactional InitProducerId with a fatal
+    # error: COORDINATOR_NOT_AVAILABLE here had clients retry until their timeout.
+    error = ErrorCode.NONE if key_type in (0, 1) else ErrorCode.COORDINATOR_NOT_AVAILABLE
     w.int16(error)
     if version >= 1:
         w.nullable_string(None if error == ErrorCode.NONE else "transactions are not supported")
