@@ -500,3 +500,35 @@ def test_groups_members_and_delete_with_a_broker_running(
         held.ack()
     wait_until(lambda: run("groups", "delete", "g", *d).returncode == 0 or None, 60, "deleted")
     assert orjson.loads(ok("groups", "list", "--json", *d)) == []
+
+
+def test_tables_into_a_pipe_keep_every_cell_whole(tmp_path: Path) -> None:
+    """Into a pipe (no terminal, no COLUMNS), a table is as wide as its cells: it was cut
+    to 80 columns, so `topics list | grep` saw "orders-xxxx…"."""
+    data = str(tmp_path / "queue_data")
+    names = ["orders-" + "x" * 100, "billing-" + "y" * 90]
+    for name in names:
+        ok("topics", "create", name, "--partitions", "2", "--data", data)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    listed = subprocess.run(
+        [*SPOOLMQ, "topics", "list", "--data", data],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if any(n in line for n in names)]
+    assert len(rows) == 2, listed.stdout
+    for name, row in zip(sorted(names), sorted(rows), strict=True):
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells[:2] == [name, "2"], row
+    # A terminal's width still rules where one is given.
+    narrow = subprocess.run(
+        [*SPOOLMQ, "topics", "list", "--data", data],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "COLUMNS": "80"},
+    )
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80

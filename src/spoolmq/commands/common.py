@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -39,7 +43,6 @@ def print_table(
 ) -> None:
     """A table on stdout. The columns named in ``whole`` are never cut short, however
     narrow the terminal (ids to copy into another command): the others give way."""
-    from rich.console import Console
     from rich.table import Table
 
     cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
@@ -52,7 +55,21 @@ def print_table(
             table.add_column(column)
     for row in cells:
         table.add_row(*row)
-    Console().print(table)
+    table_console().print(table)
+
+
+def table_console() -> Console:
+    """A console for tables: a terminal's width, and in a pipe or a file (with no
+    ``COLUMNS`` set) as wide as each table needs, so that ``| grep`` and ``> file`` get
+    every cell whole instead of cut to 80 columns."""
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=_PIPE_WIDTH)
+
+
+_PIPE_WIDTH = 100_000  # a table is no wider than its cells need
 
 
 def data_dir(args: argparse.Namespace, *, must_exist: bool = False) -> Path:

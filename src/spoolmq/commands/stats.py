@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from spoolmq.commands.common import CommandFactory, print_json
+from spoolmq.commands.common import CommandFactory, print_json, table_console
 from spoolmq.errors import InvalidArgumentError
 
 # The counters a rate is shown for: (label, where in the stats answer).
@@ -162,12 +162,10 @@ def check_interval(seconds: float, option: str = "--watch") -> float:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from spoolmq.client import Admin
 
     interval = None if args.watch is None else check_interval(args.watch)
-    console = Console()
+    console = table_console()
     with Admin(args.data) as admin:
         before = None
         now = sample(admin)
