@@ -16,6 +16,7 @@ module exports ``APIS: list[ApiHandler]`` and kafka/dispatch.py joins them.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,65 @@ class ApiKey(enum.IntEnum):
 PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
+class HeldBytes:
+    """The bytes the requests of every connection hold together, against one bound
+    (Kafka's ``queued.max.request.bytes``): what was read of their frames and not answered
+    yet, and what their handlers made of them (:meth:`RequestContext.holds`). A frame is
+    read once it fits, in the order the connections asked, or when nothing is held at all
+    (one request larger than the bound is served, alone). Each connection keeps its own
+    count (``RequestContext.held``) and gives it all back when it ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.held == 0 or self.held + nbytes <= self.limit
+
+    async def take(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` fit, then count them."""
+        if not self._waiting and self._fits(nbytes):
+            self.held += nbytes
+            return
+        entry = (nbytes, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry[1].done() and not entry[1].cancelled():
+                self.give_back(nbytes)  # taken for it just before it was cancelled
+            else:
+                self._waiting.remove(entry)
+                self._wake()  # the next in line may fit now
+            raise
+
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more at once (what a running request made of its frame)."""
+        self.held += nbytes
+
+    def give_back(self, nbytes: int) -> None:
+        self.held -= nbytes
+        self._wake()
+
+    @property
+    def waiting(self) -> int:
+        """Frames waiting to be read for want of room."""
+        return len(self._waiting)
+
+    def _wake(self) -> None:
+        while self._waiting:
+            nbytes, future = self._waiting[0]
+            if future.done():  # cancelled
+                self._waiting.popleft()
+                continue
+            if not self._fits(nbytes):
+                return
+            self._waiting.popleft()
+            self.held += nbytes
+            future.set_result(None)
+
+
 @dataclass
 class RequestContext:
     """Per-connection state handed to every handler of that connection.
@@ -142,14 +202,22 @@ class RequestContext:
     # The connection's pipelined requests started and not answered yet, with the bytes
     # each holds (server.py waits for room among them before starting another).
     pipelined: dict[asyncio.Task[Any], int] = field(default_factory=dict)
+    # The bytes of every connection's requests (one object for the whole child), and
+    # this connection's share of them, given back when it ends.
+    memory: HeldBytes | None = None
+    held: int = 0
 
     def holds(self, nbytes: int) -> None:
         """Count ``nbytes`` more against the pipelining budget for the request running
-        now, beside its frame's size: what its handler made of it (Produce: the records
-        its compressed batches inflated to). No effect on a request not pipelined."""
+        now, beside its frame's size, and against the child's bound on every
+        connection's requests: what its handler made of it (Produce: the records its
+        compressed batches inflated to). No effect on a request not pipelined."""
         task = asyncio.current_task()
         if task in self.pipelined:
             self.pipelined[task] += nbytes
+            if self.memory is not None:
+                self.memory.add(nbytes)
+                self.held += nbytes
 
 
 Handle = Callable[[RequestContext, int, Reader], Awaitable[bytes | None]]

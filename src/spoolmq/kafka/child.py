@@ -85,6 +85,8 @@ class KafkaChild(BrokerChild[Any]):
             figures["max_connections"] = self.server.max_connections
             figures["connections_refused"] = self.server.refused_connections
             figures["auth_timeouts"] = self.server.auth_timeouts
+            figures["held_bytes"] = self.server.memory.held
+            figures["frames_waiting_for_room"] = self.server.memory.waiting
         if self.core is not None:
             figures.update(self.core.figures)
         return figures

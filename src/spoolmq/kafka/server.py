@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from spoolmq.errors import KafkaDecodeError
-from spoolmq.kafka.api import PRE_AUTH_APIS, ApiKey, ErrorCode, RequestContext
+from spoolmq.kafka.api import PRE_AUTH_APIS, ApiKey, ErrorCode, HeldBytes, RequestContext
 from spoolmq.kafka.dispatch import Dispatcher, default_dispatcher
 from spoolmq.kafka.wire import Reader
 
@@ -82,12 +82,22 @@ MIN_REQUEST_BYTES = _HEADER.size + 2
 # produce.MAX_RECORDS_PER_REQUEST records.
 MAX_PIPELINED = 16
 MAX_PIPELINED_BYTES = 32 * 1024 * 1024
+# What the requests of every connection hold together (api.HeldBytes; Kafka's
+# queued.max.request.bytes, unbounded there by default): past it, no connection's next
+# frame is read until answers make room, so many connections cannot add up what each may
+# hold alone. A request being decoded may add one request's inflating and records beyond
+# it. Frames read before a connection has authenticated are not counted: they are
+# bounded on their own (MAX_UNAUTHENTICATED_REQUEST_BYTES, one at a time), and peers
+# without credentials must not be able to fill the room of those with them.
+DEFAULT_MAX_HELD_BYTES = 256 * 1024 * 1024
 
 # What the reading side of a connection hands to the answering side, in request order:
 # a started pipelined request, a request to serve alone (and the future that lets the
-# reading go on once it is answered), the end of the connection (None), or the error
-# that ended its reading.
-_Request = asyncio.Task[bytes | None] | tuple[bytes, asyncio.Future[None]] | BaseException | None
+# reading go on once it is answered, and the bytes of it counted in HeldBytes), the end of
+# the connection (None), or the error that ended its reading.
+_Request = (
+    asyncio.Task[bytes | None] | tuple[bytes, asyncio.Future[None], int] | BaseException | None
+)
 
 
 class CloseConnection(Exception):
@@ -119,6 +129,7 @@ class KafkaServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         auth_timeout_s: float = AUTH_TIMEOUT_S,
+        max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
         shared: dict[str, Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
@@ -140,6 +151,7 @@ class KafkaServer:
             auth_required=auth_required,
             tls=ssl_context is not None,
             shared=shared if shared is not None else {},
+            memory=HeldBytes(max_held_bytes),
         )
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -175,8 +187,20 @@ class KafkaServer:
     def new_context(self, peer: str) -> RequestContext:
         # Each connection gets its own context; ``shared`` stays the one dict.
         return replace(
-            self.template, peer=peer, conn={}, pipelined={}, authenticated=False, principal=None
+            self.template,
+            peer=peer,
+            conn={},
+            pipelined={},
+            authenticated=False,
+            principal=None,
+            held=0,
         )
+
+    @property
+    def memory(self) -> HeldBytes:
+        """What every connection's requests hold (DEFAULT_MAX_HELD_BYTES)."""
+        assert self.template.memory is not None
+        return self.template.memory
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")
@@ -218,7 +242,7 @@ class KafkaServer:
                 if isinstance(request, asyncio.Task):
                     response = await request
                 else:
-                    frame, answered = request
+                    frame, answered, counted = request
                     response = await self.handle_frame(ctx, frame)
                 if response is not None:
                     writer.write(response)
@@ -226,10 +250,11 @@ class KafkaServer:
                 if ctx.close_after_response:
                     return
                 if isinstance(request, asyncio.Task):
-                    del started[request]
+                    self._give_back(ctx, started.pop(request))
                     async with room:
                         room.notify()
                 else:
+                    self._give_back(ctx, counted)
                     answered.set_result(None)
         except (CloseConnection, KafkaDecodeError) as exc:
             log.info("kafka: closing %s: %s", ctx.peer, exc)
@@ -263,6 +288,7 @@ class KafkaServer:
                         with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
                             await writer.wait_closed()
             finally:
+                self._give_back(ctx, ctx.held)  # what its requests read and made
                 if task is not None:  # counted, and waited for by close(), until here
                     self._connections.discard(task)
 
@@ -310,11 +336,14 @@ class KafkaServer:
         started = ctx.pipelined
         try:
             while True:
-                frame = await self._read_frame(ctx, reader)
-                if frame is None:
+                read = await self._read_frame(ctx, reader)
+                if read is None:
                     requests.put_nowait(None)
                     return
-                if self._pipelined(frame):
+                frame, counted = read
+                # One read before authenticating is served alone: it closes the
+                # connection unless it is part of the SASL exchange.
+                if counted and self._pipelined(frame):
                     async with room:
                         await room.wait_for(functools.partial(_has_room, started, len(frame)))
                     request = asyncio.create_task(self.handle_frame(ctx, frame))
@@ -326,7 +355,7 @@ class KafkaServer:
                     await asyncio.sleep(0)
                 else:
                     answered = asyncio.get_running_loop().create_future()
-                    requests.put_nowait((frame, answered))
+                    requests.put_nowait((frame, answered, counted))
                     await answered
         except Exception as exc:  # answered in its turn: after the requests before it
             requests.put_nowait(exc)
@@ -336,7 +365,16 @@ class KafkaServer:
         handler = self.dispatcher.get(api_key)
         return handler is not None and handler.pipelined and handler.supports(version)
 
-    async def _read_frame(self, ctx: RequestContext, reader: asyncio.StreamReader) -> bytes | None:
+    def _give_back(self, ctx: RequestContext, nbytes: int) -> None:
+        ctx.held -= nbytes
+        self.memory.give_back(nbytes)
+
+    async def _read_frame(
+        self, ctx: RequestContext, reader: asyncio.StreamReader
+    ) -> tuple[bytes, int] | None:
+        """The next frame (None at a clean close between requests), and the bytes of it
+        counted in the child's :class:`HeldBytes` (all of it once the connection may send
+        more than the SASL exchange: its reading waits for room first)."""
         try:
             head = await reader.readexactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
@@ -349,7 +387,11 @@ class KafkaServer:
             limit = min(limit, MAX_UNAUTHENTICATED_REQUEST_BYTES)
         if size < MIN_REQUEST_BYTES or size > limit:
             raise CloseConnection(f"request size {size} outside [{MIN_REQUEST_BYTES}, {limit}]")
-        return await reader.readexactly(size)
+        counted = 0 if ctx.auth_required and not ctx.authenticated else size
+        if counted:
+            await self.memory.take(counted)  # given back when answered, or at the end
+            ctx.held += counted
+        return await reader.readexactly(size), counted
 
     async def handle_frame(self, ctx: RequestContext, frame: bytes) -> bytes | None:
         """One request frame (without its size prefix) to one response frame, or None."""
