@@ -214,6 +214,39 @@ def test_auto_creation_is_a_broker_setting_and_the_cli_says_when_it_happens(
         assert set(store.topics()) == {"fresh"}
 
 
+def test_dead_letters_are_written_with_topic_auto_creation_off(tmp_path: Path) -> None:
+    """The DLQ is the broker's own topic: it was refused as a missing topic, so the dead
+    letter was retried for ever, holding the group's committed offset, and every message
+    ACKed after it came back after a restart."""
+    data = tmp_path / "queue_data"
+    d = ["--data", str(data)]
+    with Store(data) as store:
+        store.create_topic("jobs")
+    args = ["--auto-create-topics", "off"]
+    with BrokerProcess(data, args=args, log_file=tmp_path / "broker.log"):
+        with Publisher(data=data) as publisher:
+            publisher.publish_many("jobs", ["poison", *range(5)])
+        with Consumer("jobs", "g", data=data, max_deliveries=1, prefetch=10) as consumer:
+            for _ in range(6):
+                message = consumer.receive(timeout=30)
+                assert message is not None
+                if message.value == "poison":
+                    message.nack(reason="bad input")
+                else:
+                    message.ack()
+
+        def committed() -> list[Any] | None:
+            rows = orjson.loads(ok("groups", "describe", "g", "--json", *d))
+            return rows if rows[0]["committed"] == 6 else None
+
+        [row] = wait_until(committed, 60, "the group to commit past the dead letter")
+        assert row["lag"] == 0
+        [letter] = orjson.loads(ok("dlq", "list", "jobs", "--json", *d))
+        assert letter["offset"] == 0 and letter["reason"] == "bad input"
+        assert run("publish", "jobs.dlq.typo", "1", *d).returncode != 0  # still refused
+    assert "could not dead-letter" not in (tmp_path / "broker.log").read_text()
+
+
 # -- 15: --data, --version, help, error hints -----------------------------------------------
 
 

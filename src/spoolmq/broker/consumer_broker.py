@@ -305,10 +305,10 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             return
         while group.dead:
             pending = group.dead[0]
+            dlq = dlq_topic(pending.topic)
             try:
-                self.store.append_batch(
-                    dlq_topic(pending.topic), [dead_letter_message(group.name, pending)]
-                )
+                self.store.own_topic(dlq)  # with --auto-create-topics off as well
+                self.store.append_batch(dlq, [dead_letter_message(group.name, pending)])
             except SpoolError as exc:
                 backoff = min(max(2 * runtime.dead_letter_backoff_ms, 500), 60_000)
                 runtime.dead_letter_backoff_ms = backoff

@@ -167,6 +167,18 @@ class Store:
         self._topics[name] = config
         return config
 
+    def own_topic(self, name: str) -> TopicConfig:
+        """A topic the broker writes on its own (``<topic>.dlq``): created with the
+        default settings when missing, whatever ``auto_create_topics`` says. That setting
+        guards against clients' typos; a dead letter that found its DLQ refused would
+        hold its partition's committed offset for ever."""
+        check_topic(name)
+        config = self._topics.get(name) or self.state.topic(name)
+        if config is None:
+            config = self.state.create_topic(name, self.config.default_topic, exist_ok=True)
+        self._topics[name] = config
+        return config
+
     def alter_topic(self, name: str, **settings: Any) -> TopicConfig:
         """Change retention, compaction or segment settings (not the partition count)."""
         check_topic(name)
