@@ -200,3 +200,34 @@ def test_mistakes_with_a_broker_running_store_nothing(
     with Store(data_dir) as store:
         assert store.topics().keys() == {"ok"}
         assert [r.value for r in store.reader("ok", 0)] == [{"n": 1}]
+
+
+@pytest.mark.parametrize(
+    ("hidden", "args", "what"),
+    [
+        ("cramjam", ["broker", "--kafka", "127.0.0.1:0"], "spoolmq broker --kafka"),
+        ("confluent_kafka", ["export", "t", "--kafka", "127.0.0.1:9"], "spoolmq export"),
+    ],
+)
+def test_a_kafka_command_without_the_kafka_extra_says_what_to_install(
+    tmp_path: Path, hidden: str, args: list[str], what: str
+) -> None:
+    """The broker started without its codecs (lz4 and snappy batches were refused one by
+    one, with nothing in its log), and export ended in a ModuleNotFoundError."""
+    (tmp_path / "sitecustomize.py").write_text(  # the module looks uninstalled, in the child
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {hidden!r}:\n"
+        "            raise ModuleNotFoundError(name, name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.append("t", 1)
+    result = run_spoolmq(*args, "--data", str(data), env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2
+    assert_one_line_error(
+        result, f"{what} needs the 'kafka' extra ({hidden} is not installed)", "spoolmq[kafka]"
+    )
+    assert not broker_running(data)

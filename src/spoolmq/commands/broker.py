@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from spoolmq.commands.common import CommandFactory, data_dir, positive
+from spoolmq.commands.common import CommandFactory, data_dir, positive, require_extra
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -24,6 +24,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if kafka is None and (args.kafka_tls or args.kafka_max_connections is not None):
         option = "--kafka-tls" if args.kafka_tls else "--kafka-max-connections"
         raise InvalidArgumentError(f"{option} is a setting of the Kafka listener: give --kafka too")
+    if kafka is not None:
+        # Without its codecs the listener would refuse lz4 and snappy batches, one by one.
+        require_extra("kafka", "spoolmq broker --kafka", modules=["cramjam"])
     manager = BrokerManager(
         BrokerSettings(
             data_dir=data_dir(args),

@@ -148,19 +148,20 @@ def seconds_positive(text: str) -> float:
 EXTRAS: dict[str, tuple[str, ...]] = {
     "analytics": ("pyspark", "matplotlib"),
     "ui": ("starlette", "uvicorn", "multipart"),
-    "kafka": ("cramjam",),
+    "kafka": ("cramjam", "confluent_kafka"),
 }
 
 
-def require_extra(extra: str, what: str) -> None:
+def require_extra(extra: str, what: str, modules: Sequence[str] | None = None) -> None:
     """Refuse, as one line and a non-zero exit, to run ``what`` (a command) when a module of
     ``extra`` cannot be imported, naming the install command, instead of the
     ``ModuleNotFoundError`` traceback the first import deep inside would give. Call it at
     the command's entry point, before anything starts.
 
     A module that is there but fails to import for another reason still raises its own
-    error: that is not a missing extra."""
-    for module in EXTRAS[extra]:
+    error: that is not a missing extra. ``modules``: the ones of the extra that ``what``
+    needs, when not all."""
+    for module in EXTRAS[extra] if modules is None else modules:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

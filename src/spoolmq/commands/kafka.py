@@ -25,7 +25,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from spoolmq.commands.common import CommandFactory, data_dir, natural, seconds_positive
+from spoolmq.commands.common import (
+    CommandFactory,
+    data_dir,
+    natural,
+    require_extra,
+    seconds_positive,
+)
 from spoolmq.errors import BrokerUnavailableError, InvalidArgumentError, PublishTimeoutError
 
 # Records read from a partition per store call: few calls, bounded memory.
@@ -181,6 +187,7 @@ def _produce(producer: Any, topic: str, **record: Any) -> str | None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     address = _check_address(args.kafka)
+    require_extra("kafka", "spoolmq export", modules=["confluent_kafka"])
     count = export(
         data_dir(args, must_exist=True),
         args.topic,
