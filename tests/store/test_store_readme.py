@@ -34,3 +34,56 @@ def test_the_format_example_lines_are_valid_records() -> None:
     assert first.value == {"order_id": 1, "amount": 12.5}
     assert first.headers == [("trace", "abc")]
     assert (second.key, second.value) == (b"\x01k", b"\x00\xffraw")
+
+
+def test_the_fields_are_written_in_the_order_the_readme_lists_them(tmp_path: Path) -> None:
+    """A record with every field, written by the store, against the README's table (the
+    broker's records must come in the same order: check_line refuses any other). The
+    table had producer_id before sequence."""
+    import re
+
+    from readme_examples import README
+    from spoolmq import Store
+    from spoolmq.store.message import Message
+
+    section = README.read_text().split("## On-disk format", 1)[1].split("\n## ", 1)[0]
+    table = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert table[:3] == ["offset", "timestamp", "key"] and table[-1] == "crc"
+    with Store(tmp_path / "d") as store:
+        message = Message(
+            value={"n": 1},
+            key="k",
+            headers=[("h", "v")],
+            tags=["t"],
+            deliver_at=10**13,
+            expires_at=10**13 + 1,
+            producer_id="p-1",
+            sequence=4,
+        )
+        store.append_batch("t", [message, Message(value=2)])
+        [segment] = (tmp_path / "d" / "logs" / "t" / "0").glob("*.jsonl")
+        line = segment.read_bytes().splitlines()[0]
+    fields = list(check_line(line + b"\n"))
+    assert fields == [name for name in table if name in fields], "order as the README lists"
+    assert {"producer_id", "sequence", "batch_records", "tags", "deliver_at"} <= set(fields)
+
+
+def test_the_format_documents_example_line_is_a_valid_record() -> None:
+    from readme_examples import README
+
+    text = (README.parent / "docs" / "FORMAT.md").read_text()
+    example = text.split("Example (one line in the file, wrapped here):", 1)[1]
+    block = example.split("```json\n", 1)[1].split("```", 1)[0]
+    line = "".join(part.strip() for part in block.splitlines()).encode() + b"\n"
+    record = record_from_fields(check_line(line))  # its CRC checks out
+    assert (record.offset, record.key, record.tags) == (7, "customer-7", ("vip",))
+
+
+def test_the_record_modules_example_line_is_a_valid_record() -> None:
+    from spoolmq.store import record as record_module
+
+    doc = record_module.__doc__ or ""
+    block = doc.split("fields in this order::", 1)[1].split("\n\n", 2)[1]
+    line = "".join(part.strip() for part in block.splitlines()).encode() + b"\n"
+    fields = check_line(line)
+    assert list(fields)[-3:] == ["producer_id", "batch_records", "crc"]

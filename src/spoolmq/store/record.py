@@ -4,8 +4,8 @@ A record is one JSON object on one line, fields in this order::
 
     {"offset":7,"timestamp":1763830000123,"key":"customer-7","value":{"order_id":1},
      "headers":[["trace","abc"]],"tags":["vip"],"deliver_at":1763830005123,
-     "expires_at":1763830060123,"producer_id":"p-1","sequence":41,"batch_records":3,
-     "crc":2246317035}
+     "expires_at":1763830060123,"sequence":41,"producer_id":"p-1","batch_records":3,
+     "crc":580266162}
 
 ``key``/``value`` hold JSON; a raw-bytes key or value is stored as ``key_b64``/``value_b64``
 (standard base64) instead, so bytes round-trip exactly. Optional fields are left out when
