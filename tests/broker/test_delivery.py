@@ -391,3 +391,19 @@ def test_a_long_run_filtered_out_is_dropped_from_memory_and_the_next_match_deliv
     assert state.committed() == 10_000 and len(state.status) < 10_000  # the window was cut
     feed(group, state, [record(10_000, tags=["vip"]), record(10_001)])
     assert offsets(dispatch(group, now=0), "a") == [10_000]
+
+
+def test_max_deliveries_stays_below_where_a_tags_attempt_would_wrap(tmp_path: Path) -> None:
+    """A tag keeps its attempt in 10 bits: with max_deliveries 100,000 (accepted before),
+    attempt 1,025's tag was attempt 1's, so a late ACK of attempt 1 settled attempt 1,025."""
+    from spoolmq.errors import InvalidArgumentError
+    from spoolmq.protocol.limits import MAX_DELIVERIES
+    from spoolmq.tasks import Tasks
+
+    assert len({delivery_tag(3, 7, a) for a in range(1, MAX_DELIVERIES + 1)}) == MAX_DELIVERIES
+    assert GroupSettings(max_deliveries=MAX_DELIVERIES).max_deliveries == 1000
+    for bad in (0, MAX_DELIVERIES + 1, 100_000):
+        with pytest.raises(InvalidArgumentError, match="max_deliveries must be from 1 to 1000"):
+            GroupSettings(max_deliveries=bad)
+    with pytest.raises(InvalidArgumentError, match="max_deliveries must be from 1 to 1000"):
+        Tasks(data=tmp_path / "d").task(topic="t", max_deliveries=5000)(print)

@@ -52,7 +52,7 @@ from spoolmq.errors import (
     SpoolError,
     UnknownDeliveryError,
 )
-from spoolmq.protocol.limits import Limit, check_limits
+from spoolmq.protocol.limits import MAX_DELIVERIES, Limit, check_limits
 from spoolmq.store.message import PRIORITY_HEADER, PRIORITY_VALUES
 from spoolmq.store.record import key_identity, record_offset_and_timestamp
 from spoolmq.types import EventType, TopicPartition
@@ -127,9 +127,9 @@ class GroupSettings:
             raise InvalidArgumentError(f"auto_ack must be true or false, not {self.auto_ack!r}")
         if self.lease_ms < 1:
             raise InvalidArgumentError(f"lease must be positive, not {self.lease_ms} ms")
-        if self.max_deliveries < 1:
+        if not 1 <= self.max_deliveries <= MAX_DELIVERIES:
             raise InvalidArgumentError(
-                f"max_deliveries must be at least 1, not {self.max_deliveries}"
+                f"max_deliveries must be from 1 to {MAX_DELIVERIES}, not {self.max_deliveries}"
             )
         if self.retry_backoff_ms < 0 or self.retry_backoff_max_ms < 0:
             raise InvalidArgumentError("retry backoff must not be negative")
@@ -214,13 +214,14 @@ _NOT_DONE = (bytes([WAITING]), _READY_BYTE, _IN_FLIGHT_BYTE)
 # in the group (13 bits) and the offset (its low 40 bits). Consecutive offsets sent at one
 # attempt have consecutive tags, so ACKs travel as runs; a tag from an earlier attempt no
 # longer matches the message's attempt, so a late ACK is refused (an attempt 1,024
-# deliveries back would match again: far past any max_deliveries in use).
+# deliveries back would match again: MAX_DELIVERIES keeps every attempt below that).
 _OFFSET_BITS = 40
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 MAX_SLOTS = 1 << 13
 _SLOT_MASK = MAX_SLOTS - 1
 _ATTEMPT_SHIFT = _OFFSET_BITS + 13
 _ATTEMPT_MASK = (1 << 10) - 1
+assert MAX_DELIVERIES <= _ATTEMPT_MASK  # attempts never wrap in a tag
 _TRIM_AT = 4096  # finished entries at a window's start before it is cut
 
 

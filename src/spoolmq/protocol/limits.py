@@ -18,6 +18,9 @@ from spoolmq.store.names import check_topic
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|m|h)\s*$")
 _WINDOW_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000}
 _MAX_COUNT = 1_000_000_000
+# The most attempts a message may be given (a subscription's max_deliveries): a delivery
+# tag keeps its attempt in 10 bits, so that a tag from an earlier attempt is refused.
+MAX_DELIVERIES = 1000
 
 
 class Limit(NamedTuple):

@@ -40,7 +40,7 @@ from spoolmq.errors import (
 )
 from spoolmq.files import make_private_dirs
 from spoolmq.inotify import open_inotify
-from spoolmq.protocol.limits import check_concurrency, parse_rate
+from spoolmq.protocol.limits import MAX_DELIVERIES, check_concurrency, parse_rate
 from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
 from spoolmq.tasks.codec import check_json
@@ -321,8 +321,10 @@ class Tasks:
         limited = rate_limit is not None or concurrency is not None
         if topic is not None:
             check_topic(topic)
-        if max_deliveries < 1:
-            raise InvalidArgumentError("max_deliveries must be at least 1")
+        if not 1 <= max_deliveries <= MAX_DELIVERIES:
+            raise InvalidArgumentError(
+                f"max_deliveries must be from 1 to {MAX_DELIVERIES}, not {max_deliveries}"
+            )
         if time_limit is not None and time_limit <= 0:
             raise InvalidArgumentError("time_limit must be positive")
         if rate_limit is not None:
