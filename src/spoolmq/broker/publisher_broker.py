@@ -539,7 +539,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             self.stats.batches += 1
             self.stats.messages += count
             self.stats.by_topic[topic] = self.stats.by_topic.get(topic, 0) + count
-            stored_bytes = sum(map(len, batch.bodies))
+            stored_bytes = written.length  # the lines as stored: offsets, CRCs and all
             self.stats.bytes_by_topic[topic] = (
                 self.stats.bytes_by_topic.get(topic, 0) + stored_bytes
             )
