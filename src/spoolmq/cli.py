@@ -235,7 +235,10 @@ def cmd_topics(args: argparse.Namespace) -> int:
                 if not settings:
                     raise InvalidArgumentError("topics alter needs --retention or --compact")
                 config = store.alter_topic(args.name, **settings)
-                done = f"topic {args.name} now keeps messages {_duration(config.retention_ms)}"
+                done = (
+                    f"topic {args.name} now keeps messages {_duration(config.retention_ms)}"
+                    f" ({config.cleanup_policy}); a running broker applies it within 5 s"
+                )
             if args.json:
                 _print_json({"name": args.name, **config.as_dict()})
             else:

@@ -47,3 +47,28 @@ def test_a_running_broker_compacts_a_compacted_topic(broker: BrokerProcess, data
         seen = {record.key: record.offset for record in store.reader("prices", 0)}
         assert seen == newest
         assert len(list(store.reader("prices", 0))) == len(expected) + (121 - active)
+
+
+def test_topics_alter_takes_effect_in_a_running_broker(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """`spoolmq topics alter` writes state.db from its own process; the broker's store
+    kept the settings it had read (retention took effect only after a restart)."""
+    from spoolmq.testing import run_spoolmq
+
+    with Store(data_dir) as store:
+        store.create_topic("aged", segment_bytes=1024)
+    with Publisher(data=data_dir) as publisher:
+        for n in range(100):  # a batch at a time: a segment rolls between batches
+            publisher.publish("aged", {"n": n, "pad": "y" * 60})
+    closed, active = closed_segment_offsets(data_dir, "aged")
+    assert active > 50 and len(closed) == active
+    altered = run_spoolmq("topics", "alter", "aged", "--retention", "1s", "--data", str(data_dir))
+    assert altered.returncode == 0, altered.stderr
+    assert altered.stdout.startswith("topic aged now keeps messages 1s (delete)")
+    # Retention runs every 5 s; every closed segment is older than 1 s by then.
+    wait_until(
+        lambda: closed_segment_offsets(data_dir, "aged")[0] == [], 60, "the closed segments to go"
+    )
+    with Store(data_dir) as store:
+        assert store.log_start_offset("aged", 0) == active

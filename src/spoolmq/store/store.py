@@ -189,12 +189,18 @@ class Store:
             return TopicConfig.from_mapping({**current.as_dict(), **settings})
 
         config = self.state.alter_topic(name, update)
+        self._take_config(name, config)
+        return config
+
+    def _take_config(self, name: str, config: TopicConfig) -> None:
+        """Use ``config`` for topic ``name`` from now on, in its open partitions too."""
+        if self._topics.get(name) == config:
+            return
         self._topics[name] = config
         with self._lock:
             for tp, partition in self._partitions.items():
                 if tp.topic == name:
                     partition.topic_config = config
-        return config
 
     def topics(self) -> dict[str, TopicConfig]:
         return self.state.topics()
@@ -451,9 +457,15 @@ class Store:
         """Delete closed segments past their topic's time or size retention."""
         result = RetentionResult()
         moment = self._clock.now_ms()
-        names = [topic] if topic is not None else list(self.topics())
-        for name in names:
-            config = self.topic_config(name)
+        if topic is None:
+            # Every topic's settings as state.db has them now: `spoolmq topics alter` in
+            # another process (a running broker's store caches them) takes effect here.
+            configs = self.topics()
+            for name, config in configs.items():
+                self._take_config(name, config)
+        else:
+            configs = {topic: self.topic_config(topic)}
+        for name, config in configs.items():
             for number in range(config.partitions):
                 partition_log = self.partition_log(name, number)
                 infos = partition_log.segment_infos()
