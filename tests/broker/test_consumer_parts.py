@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
+from spoolmq.broker.checkpoint import IN_FLIGHT_ROW, collect_checkpoint, mark_saved
 from spoolmq.broker.consumer_frames import (
     parse_nack,
     parse_reset_offsets,
@@ -249,7 +249,7 @@ def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> 
         {"g": {TopicPartition("orders", 0): 1}},
         [
             DeliveryRow("g", "orders", 0, 2, "c1", 1, 100, 30_100),
-            DeliveryRow("g", "orders", 0, 1, "c1", 1, 100, 30_100),
+            DeliveryRow("g", "orders", 0, 1, "", 1, 100, 0),  # a retry: nobody's, no lease
         ],
         [ScheduledRow("g", "orders", 0, 1, 1200, 1, "busy")],
         [DeliveryKey("g", "orders", 0, 3)],
@@ -257,11 +257,33 @@ def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> 
         [],
     )
     mark_saved(checkpoint, {"g": group})
-    assert state.saved == {1: (1, 1200), 2: (1, 0)}
+    assert state.saved == {1: (1, 1200), 2: (1, IN_FLIGHT_ROW)}
     assert collect_checkpoint([group], now=400, min_age_ms=200).is_empty()
     # Old enough now: the redelivered offset 4 gets its row.
     later = collect_checkpoint([group], now=500, min_age_ms=200)
     assert later.deliveries == [DeliveryRow("g", "orders", 0, 4, "c1", 1, 250, 30_250)]
+
+
+def test_a_delivery_whose_consumer_is_lost_is_saved_as_waiting_not_in_flight() -> None:
+    """Its row said in flight with the lost consumer and its lease (the console's pending
+    view showed it so for good): the row is written again, nobody's and with no lease, as
+    the delivery waits for its next consumer."""
+    group = Group("g", GroupSettings(max_deliveries=5))
+    state = group.add_partition("orders", 0, 0)
+    group.add_consumer("c1", prefetch=10, topics=["orders"])
+    fields = {"offset": 0, "timestamp": 0, "key": None, "headers": []}
+    group.add_record(state, fields, b'{"offset":0,"timestamp":0}\n', now=0)
+    group.dispatch(now=100)
+    first = collect_checkpoint([group], now=1000)
+    assert first.deliveries == [DeliveryRow("g", "orders", 0, 0, "c1", 1, 100, 30_100)]
+    mark_saved(first, {"g": group})
+    group.remove_consumer("c1", now=2000)  # its connection lost, with no goodbye
+    assert state.in_flight == 0
+    second = collect_checkpoint([group], now=3000)
+    assert second.deliveries == [DeliveryRow("g", "orders", 0, 0, "", 1, 100, 0)]
+    assert second.finished == []  # the attempt still counts: the row stays
+    mark_saved(second, {"g": group})
+    assert collect_checkpoint([group], now=4000).is_empty()
 
 
 def test_status_messages_never_block_a_child_whose_manager_is_not_reading() -> None:

@@ -453,3 +453,31 @@ def test_a_cancelled_delayed_message_is_not_pending(tmp_path: Path) -> None:
         cancelled = store.append("later", {"n": 2}, deliver_at=due)
         store.cancel_message("later", 0, cancelled.offset, "not needed")
     assert [d["offset"] for d in pending(root)["delayed"]] == [kept.offset]
+
+
+def test_a_delivery_back_from_a_lost_consumer_is_waiting_not_in_flight(tmp_path: Path) -> None:
+    """``/api/pending`` (views.pending) from the checkpoint's rows: one with a lease is in
+    flight; one the broker saved with none came back from its consumer and waits for the
+    next (it showed as in flight with its lost consumer for good)."""
+    from spoolmq.store.state import DeliveryRow, ScheduledRow
+    from spoolmq.ui.views import pending
+
+    root = tmp_path / "queue_data"
+    with Store(root) as store:
+        store.create_topic("jobs", partitions=1)
+        store.state.checkpoint(
+            committed={},
+            deliveries=[
+                DeliveryRow("g", "jobs", 0, 1, "c1-1#1", 1, 1000, 31_000),
+                DeliveryRow("g", "jobs", 0, 2, "", 2, 1000, 0),  # back, due now
+                DeliveryRow("g", "jobs", 0, 3, "", 1, 1000, 0),  # back, retry scheduled
+            ],
+            scheduled=[ScheduledRow("g", "jobs", 0, 3, 9_000, 1, "busy")],
+            finished=[],
+        )
+    seen = pending(root)
+    assert [(d["offset"], d["consumer"]) for d in seen["in_flight"]] == [(1, "c1-1#1")]
+    assert [(r["offset"], r["due_at"], r["attempt"]) for r in seen["scheduled"]] == [
+        (2, 0, 2),
+        (3, 9_000, 1),
+    ]

@@ -42,11 +42,18 @@ class Checkpoint(NamedTuple):
         )
 
 
+# The "due at" of a delivery row's saved form while the delivery is out with a consumer:
+# one that comes back (its consumer lost, its lease expired) to wait for its redelivery
+# differs from it, so its row is written again, with no consumer and no lease.
+IN_FLIGHT_ROW = -1
+
+
 def _open_deliveries(
     group: Group, state: PartitionState, now: int, min_age_ms: int
 ) -> tuple[dict[int, tuple[int, int]], list[int]]:
     """The partition's open deliveries that keep a row, by offset as (attempt, retry due
-    at), and the indexes of those to write (new or changed since their row was written)."""
+    at: ``IN_FLIGHT_ROW`` for one out with a consumer), and the indexes of those to write
+    (new or changed since their row was written)."""
     open_: dict[int, tuple[int, int]] = {}
     write: list[int] = []
     base = state.base
@@ -54,7 +61,7 @@ def _open_deliveries(
     attempts = state.attempts
     for index in state.in_flight_indexes():
         offset = base + index
-        row = (attempts[index], 0)
+        row = (attempts[index], IN_FLIGHT_ROW)
         open_[offset] = row
         if saved.get(offset) != row and (
             now - state.sent_at[index] >= min_age_ms or offset in saved
@@ -94,7 +101,8 @@ def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -
             for index in write:
                 offset = state.base + index
                 attempt, due_at = open_[offset]
-                owner = state.owners[index]
+                out = due_at == IN_FLIGHT_ROW
+                owner = state.owners[index] if out else None  # a waiting one: nobody's
                 checkpoint.deliveries.append(
                     DeliveryRow(
                         name,
@@ -104,7 +112,7 @@ def collect_checkpoint(groups: Iterable[Group], now: int, min_age_ms: int = 0) -
                         owner.consumer_id if owner is not None else "",
                         attempt,
                         state.sent_at[index],
-                        state.lease_end(index, lease_ms),
+                        state.lease_end(index, lease_ms) if out else 0,
                     )
                 )
                 if due_at > now:
@@ -152,7 +160,10 @@ def mark_saved(checkpoint: Checkpoint, groups: Mapping[str, Group]) -> None:
         )
         if state is None:
             continue
-        state.saved[row.offset] = (row.attempt, due.get(DeliveryKey(*row[:4]), 0))
+        state.saved[row.offset] = (
+            row.attempt,
+            IN_FLIGHT_ROW if row.lease_expires_at else due.get(DeliveryKey(*row[:4]), 0),
+        )
     for gone in checkpoint.finished:
         group = groups.get(gone.group_name)
         state = (

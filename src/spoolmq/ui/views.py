@@ -263,16 +263,23 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
     now = int(time.time() * 1000)
     with Store(data) as store:
         # A retry with a backoff over 5 s is parked (a ``parked`` row with its attempts).
+        # A delivery row with no lease is a message back from its consumer (lost, or its
+        # lease expired) waiting for the next one: due now, unless a retry is scheduled.
         retries = store.state.query(
             "SELECT group_name, topic, partition, offset, due_at, attempt, reason "
             "FROM scheduled UNION ALL "
             "SELECT group_name, topic, partition, offset, due_at, attempt, reason "
-            "FROM parked WHERE attempt > 0 ORDER BY due_at LIMIT ?",
+            "FROM parked WHERE attempt > 0 UNION ALL "
+            "SELECT d.group_name, d.topic, d.partition, d.offset, 0, d.attempt, NULL "
+            "FROM deliveries d LEFT JOIN scheduled s "
+            "USING (group_name, topic, partition, offset) "
+            "WHERE d.lease_expires_at = 0 AND s.due_at IS NULL ORDER BY 5 LIMIT ?",
             (limit,),
         )
         deliveries = store.state.query(
             "SELECT group_name, topic, partition, offset, consumer_id, attempt, delivered_at, "
-            "lease_expires_at FROM deliveries ORDER BY delivered_at LIMIT ?",
+            "lease_expires_at FROM deliveries WHERE lease_expires_at > 0 "
+            "ORDER BY delivered_at LIMIT ?",
             (limit,),
         )
         cancels = store.state.cancels()  # a cancelled message waits for nothing
