@@ -179,6 +179,8 @@ def test_pages_and_api_say_what_they_are(ui: UIProcess) -> None:
         ("/api/topics/orders/messages?time=yesterday", 400, "ISO 8601"),
         ("/api/topics/bad%20name!/messages", 400, "invalid topic name"),
         ("/api/topics/nope/messages", 404, "does not exist"),
+        ("/api/topics/orders/messages?direction=sideways", 400, "'back' or 'forward'"),
+        ("/api/topics/orders/search?partition=7", 404, "no partition 7"),
         ("/api/topics/orders/search?header=novalue", 400, "NAME=VALUE"),
         ("/api/topics/orders/search?max_scan=0", 400, "max_scan must be 1 to"),
         ("/api/topics/orders/search?field=a..b=1", 400, "names joined by dots"),

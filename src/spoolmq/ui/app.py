@@ -182,7 +182,7 @@ async def api_messages(request: Request, console: Console) -> Response:
         offset=inputs.optional_whole(q.get("offset"), "offset"),
         timestamp=inputs.moment(q.get("time")),
         limit=inputs.whole(q.get("limit") or 50, "limit", low=1, high=inputs.MAX_PAGE),
-        backwards=q.get("direction") == "back",
+        backwards=inputs.direction(q.get("direction")),
     )
     return _json(result)
 
@@ -192,7 +192,8 @@ async def api_search(request: Request, console: Console) -> Response:
     search over a big topic shows its first results at once and never sits in memory."""
     topic = inputs.check_topic(request.path_params["topic"])
     query = inputs.Search.parse(request.query_params)
-    await run_in_threadpool(_check_topic_exists, console.data, topic)
+    # Before the 200 goes out: an unknown topic or partition is a 404, not an error line.
+    await run_in_threadpool(_check_topic_exists, console.data, topic, query.partition)
     lines = (orjson.dumps(item) + b"\n" for item in _searched(console.data, topic, query))
     return StreamingResponse(
         iterate_in_threadpool(lines), media_type="application/x-ndjson", headers=_HEADERS
@@ -209,9 +210,12 @@ def _searched(data: Path, topic: str, query: inputs.Search) -> Iterator[dict[str
         yield {"error": str(exc)}
 
 
-def _check_topic_exists(data: Path, topic: str) -> None:
+def _check_topic_exists(data: Path, topic: str, partition: int | None = None) -> None:
     with Store(data) as store:
-        store.topic_config(topic)
+        if partition is None:
+            store.topic_config(topic)
+        else:
+            views.existing(store, topic, partition)
 
 
 async def api_groups(request: Request, console: Console) -> Response:

@@ -26,6 +26,15 @@ _GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 __all__ = ["check_topic"]
 
 
+def direction(value: str | None) -> bool:
+    """A page's ``direction``: True for ``back``; ``forward`` (or none) is False."""
+    if value in (None, "", "forward"):
+        return False
+    if value == "back":
+        return True
+    raise InvalidArgumentError(f"direction is 'back' or 'forward', not {value[:40]!r}")
+
+
 def whole(value: Any, what: str, *, low: int = 0, high: int | None = None) -> int:
     """A whole number in ``low`` .. ``high``, from a query string (text) or JSON (int)."""
     if isinstance(value, bool):

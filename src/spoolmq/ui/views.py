@@ -142,7 +142,8 @@ def topics(data: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _existing(store: Store, topic: str, partition: int) -> None:
+def existing(store: Store, topic: str, partition: int) -> None:
+    """UnknownTopicError unless ``topic`` exists and has ``partition``."""
     config = store.topic_config(topic)  # UnknownTopicError for a topic that is not there
     if partition >= config.partitions:
         raise UnknownTopicError(
@@ -163,7 +164,7 @@ def page(
     """One page of a partition: ``limit`` messages from ``offset`` (or the first at or after
     ``timestamp``; else the newest page), or the ``limit`` before ``offset`` going back."""
     with Store(data) as store:
-        _existing(store, topic, partition)
+        existing(store, topic, partition)
         first = store.log_start_offset(topic, partition)
         end = store.log_end_offset(topic, partition)
         if timestamp is not None:
@@ -202,7 +203,7 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
     with Store(data) as store:
         partitions = None if query.partition is None else [query.partition]
         if query.partition is not None:
-            _existing(store, topic, query.partition)
+            existing(store, topic, query.partition)
         for found in browse(
             store,
             topic,
