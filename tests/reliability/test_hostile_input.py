@@ -188,6 +188,10 @@ def test_malformed_frames(watched: BrokerProcess, data_dir: Path, role: str, fig
         conn = connect_raw(data_dir) if role == "hello" else welcomed(data_dir, role)
         conn.send_bytes(payload)
         seen[name] = outcome(conn)
+        if name in ("not an object", "no op", "op not a string", "unknown op"):
+            # docs/PROTOCOL.md: such a frame closes the connection (after an error frame);
+            # an admin connection answered and stayed open.
+            assert outcome(conn) == "closed", f"{role}: {name}"
         conn.close()
     served(data_dir)
     figure(f"{role}: " + ", ".join(f"{n} -> {o}" for n, o in seen.items()))

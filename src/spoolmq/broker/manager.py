@@ -804,6 +804,8 @@ class BrokerManager:
                     reply = protocol.error_frame(exc)
                 reply["id"] = frame.get("id")
                 protocol.send(conn, reply)
+                if frame.get("op") != "admin":
+                    return  # an unknown op closes the connection, as on the others
         finally:
             with self._registry_lock:
                 self.registry.pop(client_id, None)
