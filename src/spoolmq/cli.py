@@ -12,6 +12,7 @@ stays one module past 500 lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import os
@@ -81,16 +82,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
     }
     value = None if args.value is None else _parse_value(args.value)  # before connecting
     existed = _topic_exists(args, args.topic)
-    with Publisher(data=args.data) as publisher:
-        if args.value is not None:
-            _print_positions([publisher.publish_async(args.topic, value, **options)])
-            publisher.flush()
-        else:
-            for values in _stdin_values():
-                futures = publisher.publish_many_async(args.topic, values, **options)
+    try:
+        with Publisher(data=args.data) as publisher:
+            if args.value is not None:
+                _print_positions([publisher.publish_async(args.topic, value, **options)])
                 publisher.flush()
-                _print_positions(futures)
-    _say_if_created(args, args.topic, existed)
+            else:
+                for values in _stdin_values():
+                    futures = publisher.publish_many_async(args.topic, values, **options)
+                    publisher.flush()
+                    _print_positions(futures)
+    finally:
+        # Also when a later stdin line fails: the earlier ones created the topic.
+        with contextlib.suppress(SpoolError, OSError):  # never hiding the error itself
+            _say_if_created(args, args.topic, existed)
     return 0
 
 

@@ -565,3 +565,39 @@ def test_tables_into_a_pipe_keep_every_cell_whole(tmp_path: Path) -> None:
         env={**env, "COLUMNS": "80"},
     )
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+
+
+def test_a_topic_made_before_a_bad_stdin_line_is_still_told(tmp_path: Path) -> None:
+    """`publish` created the topic with the first lines and then met a line that is not
+    JSON: the "created topic" notice came only on success, so the typo passed unseen."""
+    data = tmp_path / "queue_data"
+    d = ["--data", str(data)]
+    with BrokerProcess(data, log_file=tmp_path / "broker.log"):
+        process = subprocess.Popen(
+            [*SPOOLMQ, "publish", "fresh-typo", *d],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert process.stdin is not None
+            process.stdin.write('{"a": 1}\n')
+            process.stdin.flush()
+
+            def stored() -> bool:
+                with Store(data) as store:
+                    return (
+                        "fresh-typo" in store.topics()
+                        and store.log_end_offset("fresh-typo", 0) == 1
+                    )
+
+            wait_until(stored, 60, "the first line to be stored")
+            _, stderr = process.communicate("{bad\n", timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 2
+    assert stderr.splitlines()[0].startswith("spoolmq: created topic 'fresh-typo'"), stderr
+    assert "stdin line 2 is not JSON" in stderr
