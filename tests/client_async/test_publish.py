@@ -353,3 +353,51 @@ def test_publish_many_keeps_to_max_buffered_and_a_cancel_sends_nothing_unwritten
     asyncio.run(main())
     # The written frame cannot be called back: stored once; the queued one never sent.
     assert stored_ids(data_dir, "room") == ["before", "m0", "m1", "after"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"linger_ms": -1}, "linger_ms must be a finite number of milliseconds, 0 or more"),
+        ({"linger_ms": float("nan")}, "linger_ms must be a finite number"),
+        ({"delivery_timeout": 0}, "delivery_timeout must be a finite number of seconds, more"),
+        ({"delivery_timeout": float("inf")}, "delivery_timeout must be a finite number"),
+        ({"max_buffered": 1.5}, "max_buffered must be a whole number of at least 1"),
+        ({"batch_size": "10"}, "batch_size must be a whole number of at least 1"),
+        ({"max_in_flight": True}, "max_in_flight must be a whole number"),
+    ],
+)
+def test_publisher_settings_are_checked(
+    data_dir: Path, setting: dict[str, object], says: str
+) -> None:
+    """Accepted before (a NaN linger, a zero or infinite delivery timeout, a fractional
+    buffer), or a TypeError from deep inside: now InvalidArgumentError, before connecting."""
+    for make in (Publisher, AsyncPublisher):
+        with pytest.raises(InvalidArgumentError, match=says):
+            make(data=data_dir, **setting)
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"lease": float("nan")}, "lease must be a finite number of seconds, more than 0"),
+        ({"lease": True}, "lease must be a finite number"),
+        ({"lease": 0}, "lease must be a finite number of seconds, more than 0"),
+        ({"retry_backoff": float("nan")}, "retry_backoff must be a finite number"),
+        ({"retry_backoff_max": -1}, "retry_backoff_max must be a finite number"),
+        ({"reconnect_timeout": -1}, "reconnect_timeout must be a finite number"),
+        ({"reconnect_timeout": float("nan")}, "reconnect_timeout must be a finite number"),
+        ({"filter": "x"}, "filter must be a mapping"),
+    ],
+)
+def test_consumer_settings_are_checked(
+    data_dir: Path, setting: dict[str, object], says: str
+) -> None:
+    """A NaN lease or backoff raised "cannot convert float NaN to integer"; a NaN
+    reconnect_timeout made a consumer that never gave up; lease=True was one second."""
+    from spoolmq import Consumer
+    from spoolmq.client import AsyncConsumer
+
+    for make in (Consumer, AsyncConsumer):
+        with pytest.raises(InvalidArgumentError, match=says):
+            make("orders", "g", data=data_dir, **setting)

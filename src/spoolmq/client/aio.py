@@ -51,6 +51,7 @@ from spoolmq.client.common import (
     ReconnectClock,
     add_to_group,
     after_topic_deleted,
+    amount,
     answer_errors,
     answer_ranges,
     check_publisher_limits,
@@ -176,7 +177,7 @@ class AsyncPublisher:
         producer_id: str | None = None,
         name: str = "",
     ) -> None:
-        check_publisher_limits(batch_size, max_in_flight, max_buffered)
+        check_publisher_limits(batch_size, max_in_flight, max_buffered, linger_ms, delivery_timeout)
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self.acks = normalize_acks(acks)
         self.linger = linger_ms / 1000
@@ -703,7 +704,7 @@ class AsyncConsumer:
         self.start = start
         self.handler = handler
         self.name = name
-        self.reconnect_timeout = reconnect_timeout
+        self.reconnect_timeout = amount(reconnect_timeout, "reconnect_timeout")
         self._settings = subscription_settings(
             lease=lease,
             max_deliveries=max_deliveries,

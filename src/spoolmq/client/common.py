@@ -9,6 +9,7 @@ errors."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -41,9 +42,42 @@ G = TypeVar("G")
 T = TypeVar("T")
 
 
-def check_publisher_limits(batch_size: int, max_in_flight: int, max_buffered: int) -> None:
-    if batch_size < 1 or max_in_flight < 1 or max_buffered < 1:
-        raise InvalidArgumentError("batch_size, max_in_flight and max_buffered must be at least 1")
+def check_publisher_limits(
+    batch_size: int,
+    max_in_flight: int,
+    max_buffered: int,
+    linger_ms: float = 0.0,
+    delivery_timeout: float = 1.0,
+) -> None:
+    """A publisher's settings: InvalidArgumentError for one it cannot work with."""
+    for name, value in (
+        ("batch_size", batch_size),
+        ("max_in_flight", max_in_flight),
+        ("max_buffered", max_buffered),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(
+                f"{name} must be a whole number of at least 1, not {value!r}"
+            )
+    amount(linger_ms, "linger_ms", "milliseconds")
+    amount(delivery_timeout, "delivery_timeout", "seconds", positive=True)
+
+
+def amount(value: Any, name: str, unit: str = "seconds", *, positive: bool = False) -> float:
+    """``value`` as a float: a finite number, not less than 0 (more than 0 if
+    ``positive``); InvalidArgumentError otherwise (a bool, NaN and infinity included)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        kind = "more than 0" if positive else "0 or more"
+        raise InvalidArgumentError(
+            f"{name} must be a finite number of {unit}, {kind}: not {value!r}"
+        )
+    return float(value)
 
 
 def producer_id_or_new(producer_id: str | None) -> str:
@@ -174,12 +208,15 @@ def subscription_settings(
     limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``settings`` of a ``subscribe`` frame (docs/PROTOCOL.md): seconds become ms; the
-    broker checks the values and answers a bad one with an error frame."""
+    numbers in seconds are checked here (NaN has no ms), the rest by the broker, which
+    answers a bad one with an error frame."""
+    if filter is not None and not isinstance(filter, Mapping):
+        raise InvalidArgumentError(f"filter must be a mapping (a dict), not {filter!r}"[:200])
     return {
-        "lease_ms": int(lease * 1000),
+        "lease_ms": int(amount(lease, "lease", positive=True) * 1000),
         "max_deliveries": max_deliveries,
-        "retry_backoff_ms": int(retry_backoff * 1000),
-        "retry_backoff_max_ms": int(retry_backoff_max * 1000),
+        "retry_backoff_ms": int(amount(retry_backoff, "retry_backoff") * 1000),
+        "retry_backoff_max_ms": int(amount(retry_backoff_max, "retry_backoff_max") * 1000),
         "auto_ack": auto_ack,
         "filter": dict(filter) if filter else None,
         "limits": {topic: dict(limit) for topic, limit in limits.items()} if limits else None,

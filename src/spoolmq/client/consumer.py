@@ -23,6 +23,7 @@ from spoolmq import protocol
 from spoolmq.client.common import (
     ReconnectClock,
     after_topic_deleted,
+    amount,
     check_topics_left,
     consumer_topics,
     delivery_entries,
@@ -121,7 +122,7 @@ class Consumer:
         self.start = start
         self.handler = handler
         self.name = name
-        self.reconnect_timeout = reconnect_timeout
+        self.reconnect_timeout = amount(reconnect_timeout, "reconnect_timeout")
         self._settings = subscription_settings(
             lease=lease,
             max_deliveries=max_deliveries,

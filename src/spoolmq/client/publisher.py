@@ -237,7 +237,7 @@ class Publisher:
         producer_id: str | None = None,
         name: str = "",
     ) -> None:
-        check_publisher_limits(batch_size, max_in_flight, max_buffered)
+        check_publisher_limits(batch_size, max_in_flight, max_buffered, linger_ms, delivery_timeout)
         self._address, self._authkey, _ = resolve(data, address, authkey)
         self.acks = normalize_acks(acks)
         self.linger = linger_ms / 1000
