@@ -17,6 +17,7 @@ bound cut the scan short.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -269,12 +270,12 @@ def browse(
     """Stream ``topic``'s records that pass ``filters``, from ``start`` in each of
     ``partitions`` (all by default).
 
-    Without ``follow`` the read ends at the log end as it is when each partition is
-    reached (or below offset ``until``), and records of several partitions come out in
-    timestamp order (a merge, so one partition at a time is held in memory, a batch
-    each). With ``follow``, after the partitions are caught up it calls ``follow()``,
-    which waits for the log to grow and returns False to stop; records then come out
-    partition by partition as they are polled. ``limit`` stops after that many matches;
+    The read goes to the log end as it is when each partition is reached (or below
+    offset ``until``), and records of several partitions come out in timestamp order (a
+    merge, so one partition at a time is held in memory, a batch each). With ``follow``,
+    after the partitions are caught up it calls ``follow()``, which waits for the log to
+    grow and returns False to stop; the records polled then come out in timestamp order
+    within each poll of every partition. ``limit`` stops after that many matches;
     ``scan_limit`` after reading that many records (``counts.truncated`` then says so).
     """
     if limit is not None and limit < 0:
@@ -285,16 +286,14 @@ def browse(
     chosen = _partitions(store, topic, partitions)
     readers = [store.reader(topic, p, offset=start_offset(store, topic, p, start)) for p in chosen]
     try:
-        if follow is None:
-            streams = [
-                _keyed(p, _records(reader, until))
-                for p, reader in zip(chosen, readers, strict=True)
-            ]
-            pairs: Iterator[tuple[int, Record]] = (
-                (p, record) for _, p, _, record in heapq.merge(*streams)
-            )
-        else:
-            pairs = _followed(chosen, readers, follow)
+        streams = [
+            _keyed(p, _records(reader, until)) for p, reader in zip(chosen, readers, strict=True)
+        ]
+        pairs: Iterator[tuple[int, Record]] = (
+            (p, record) for _, p, _, record in heapq.merge(*streams)
+        )
+        if follow is not None:  # what is there merged, then what comes
+            pairs = itertools.chain(pairs, _followed(chosen, readers, follow))
         if limit == 0:
             return
         for partition, record in pairs:
@@ -316,11 +315,13 @@ def _followed(
     partitions: Sequence[int], readers: Sequence[Reader], follow: Callable[[], bool]
 ) -> Iterator[tuple[int, Record]]:
     while True:
-        got = False
-        for partition, reader in zip(partitions, readers, strict=True):
-            batch = reader.poll_batch(_BATCH)
-            got = got or bool(batch)
-            for record in batch:
-                yield partition, record
-        if not got and not follow():
+        polled = [
+            (record.timestamp, partition, record.offset, record)
+            for partition, reader in zip(partitions, readers, strict=True)
+            for record in reader.poll_batch(_BATCH)
+        ]
+        polled.sort(key=lambda row: row[:3])
+        for _, partition, _, record in polled:
+            yield partition, record
+        if not polled and not follow():
             return

@@ -145,3 +145,35 @@ def test_follow_tails_a_live_broker_without_a_group(
             values.append(message.value["n"])
             message.ack()
     assert sorted(values) == list(range(-1, 51))
+
+
+def test_follow_merges_partitions_in_time_order_too(data_dir: Path) -> None:
+    """With follow, the records there already came partition by partition (`read
+    --follow --max 3` gave three of partition 0); now merged by time as without it, and
+    what comes later in time order within each poll."""
+    from spoolmq.browse import browse
+
+    clock = ManualClock(1_000_000)
+    with Store(data_dir, clock=clock) as store:
+        store.create_topic("orders", partitions=2)
+        for i in range(6):
+            clock.advance(1)
+            store.append("orders", {"n": i}, partition=i % 2)
+        rounds: list[int] = []
+
+        def follow() -> bool:  # new records once, then stop
+            rounds.append(1)
+            if len(rounds) > 1:
+                return False
+            for i in range(6, 10):
+                clock.advance(1)
+                store.append("orders", {"n": i}, partition=(i // 2) % 2)
+            return True
+
+        seen = [f.record.value["n"] for f in browse(store, "orders", follow=follow)]
+        assert seen == list(range(10))
+        assert [f.partition for f in browse(store, "orders", follow=lambda: False, limit=3)] == [
+            0,
+            1,
+            0,
+        ]
