@@ -459,61 +459,56 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
 
 
 def test_the_requests_of_every_connection_share_one_bound(tmp_path: Path) -> None:
-    """Three connections, each with a request of ~1 MB and one more that holds 0.5 MB
-    once started (ctx.holds), under a child-wide bound of 2.5 MB: the third connection's
-    frame is not read until answers make room, then it is; what each connection held is
-    given back when it ends; and a request larger than the bound is read once nothing
-    else is held."""
+    """Three connections, each with a request of ~1 MB (one of them holding 0.5 MB more
+    once started, ctx.holds), under a child-wide bound of 2 MB: the third connection's
+    frame is not read while the first two hold the bound, and is once an answer makes
+    room; what a connection held is given back when it ends. Peers that announce a large
+    frame and send nothing of it hold nothing, and stop nobody."""
     handlers = Handlers(holding={11: 500_000})
     padding = 1_000_000
     size = len(_request(PIPELINED, 0, padding)) - 4
 
     async def main() -> None:
         server = KafkaServer(
-            tmp_path,
-            "127.0.0.1",
-            0,
-            dispatcher=handlers.dispatcher(),
-            max_held_bytes=2 * size + 600_000,
+            tmp_path, "127.0.0.1", 0, dispatcher=handlers.dispatcher(), max_held_bytes=2 * size
         )
         await server.start()
         memory = server.memory
         conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+        stalled = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
         try:
+            # Written, not drained: the server may leave them unread for a while.
+            for _, writer in stalled:  # a size prefix of 100 MiB, and then nothing
+                writer.write(struct.pack(">i", server_module.DEFAULT_MAX_REQUEST_BYTES))
             for n, (_, writer) in enumerate(conns[:2], start=10):
                 writer.write(_request(PIPELINED, n, padding))
-                await writer.drain()
             await _until(lambda: handlers.running == 2, "two requests run")
             assert memory.held == 2 * size + 500_000  # request 11 holds 0.5 MB more
             conns[2][1].write(_request(PIPELINED, 12, padding))
-            await conns[2][1].drain()
-            await _until(lambda: memory.waiting == 1, "the third frame waits for room")
+            await _until(lambda: memory.waiting >= 1, "the third connection waits for room")
             assert ("start", 12) not in handlers.log
             handlers.gate(10).set()
             assert await _answer(conns[0][0]) == (10, 10)
             await _until(
                 lambda: ("start", 12) in handlers.log, "the third starts once room is made"
             )
-            assert memory.held == 2 * size + 500_000 and memory.waiting == 0
+            assert memory.held == 2 * size + 500_000
             # A connection that ends gives back what it held (the server sees the end
             # once the request before it is through).
             conns[1][1].close()
             handlers.gate(11).set()
             await _until(lambda: memory.held == size, "connection 11's bytes come back")
-            # One request larger than the bound: read once nothing is held.
+            # One request larger than the bound is read when there is room at all.
             large = _request(PIPELINED, 13, 3 * padding)
             conns[0][1].write(large)
-            await conns[0][1].drain()
-            await _until(lambda: memory.waiting == 1, "the large frame waits")
-            handlers.gate(12).set()
-            assert await _answer(conns[2][0]) == (12, 12)
-            await _until(lambda: ("start", 13) in handlers.log, "the large one runs alone")
-            assert memory.held == len(large) - 4
-            handlers.gate(13).set()
-            assert await _answer(conns[0][0]) == (13, 13)
+            await _until(lambda: ("start", 13) in handlers.log, "the large one runs")
+            assert memory.held == size + len(large) - 4
+            for n, (reader, _) in ((12, conns[2]), (13, conns[0])):
+                handlers.gate(n).set()
+                assert await _answer(reader) == (n, n)
             await _until(lambda: memory.held == 0, "everything given back")
         finally:
-            for _, writer in conns:
+            for _, writer in conns + stalled:
                 writer.close()
             await server.close()
         assert memory.held == 0 and memory.waiting == 0

@@ -83,12 +83,13 @@ MIN_REQUEST_BYTES = _HEADER.size + 2
 MAX_PIPELINED = 16
 MAX_PIPELINED_BYTES = 32 * 1024 * 1024
 # What the requests of every connection hold together (api.HeldBytes; Kafka's
-# queued.max.request.bytes, unbounded there by default): past it, no connection's next
+# queued.max.request.bytes, unbounded there by default): at it, no connection's next
 # frame is read until answers make room, so many connections cannot add up what each may
-# hold alone. A request being decoded may add one request's inflating and records beyond
-# it. Frames read before a connection has authenticated are not counted: they are
-# bounded on their own (MAX_UNAUTHENTICATED_REQUEST_BYTES, one at a time), and peers
-# without credentials must not be able to fill the room of those with them.
+# hold alone. Beyond it: one frame being received per connection (counted once whole:
+# a peer that never finishes one holds only what it sent), and what the request being
+# decoded inflates. Frames read before a connection has authenticated are not counted:
+# they are bounded on their own (MAX_UNAUTHENTICATED_REQUEST_BYTES, one at a time), and
+# peers without credentials must not be able to fill the room of those with them.
 DEFAULT_MAX_HELD_BYTES = 256 * 1024 * 1024
 
 # What the reading side of a connection hands to the answering side, in request order:
@@ -374,7 +375,7 @@ class KafkaServer:
     ) -> tuple[bytes, int] | None:
         """The next frame (None at a clean close between requests), and the bytes of it
         counted in the child's :class:`HeldBytes` (all of it once the connection may send
-        more than the SASL exchange: its reading waits for room first)."""
+        more than the SASL exchange: its reading waits while the child holds its bound)."""
         try:
             head = await reader.readexactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
@@ -389,9 +390,12 @@ class KafkaServer:
             raise CloseConnection(f"request size {size} outside [{MIN_REQUEST_BYTES}, {limit}]")
         counted = 0 if ctx.auth_required and not ctx.authenticated else size
         if counted:
-            await self.memory.take(counted)  # given back when answered, or at the end
+            await self.memory.room()
+        frame = await reader.readexactly(size)
+        if counted:
+            self.memory.add(counted)  # given back when answered, or at the end
             ctx.held += counted
-        return await reader.readexactly(size), counted
+        return frame, counted
 
     async def handle_frame(self, ctx: RequestContext, frame: bytes) -> bytes | None:
         """One request frame (without its size prefix) to one response frame, or None."""
