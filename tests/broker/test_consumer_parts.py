@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spoolmq.broker.checkpoint import IN_FLIGHT_ROW, collect_checkpoint, mark_saved
+from spoolmq.broker.checkpoint import collect_checkpoint, mark_saved
 from spoolmq.broker.consumer_frames import (
     parse_nack,
     parse_reset_offsets,
@@ -21,7 +21,7 @@ from spoolmq.broker.dead_letter import (
     dead_letter_message,
     is_dead_letter_header,
 )
-from spoolmq.broker.delivery import Group, GroupSettings, Pending
+from spoolmq.broker.delivery import IN_FLIGHT_ROW, Group, GroupSettings, Pending
 from spoolmq.broker.group_view import partition_rows
 from spoolmq.errors import InvalidArgumentError, InvalidTopicError, ProtocolError
 from spoolmq.store import Store
@@ -202,7 +202,7 @@ def test_a_checkpoint_saves_open_deliveries_and_forgets_finished_ones(data_dir: 
         state.checkpoint(
             committed={"g": {orders0: 7}},
             deliveries=[
-                DeliveryRow("g", "orders", 0, 7, "c1", 2, 1000, 31_000),
+                DeliveryRow("g", "orders", 0, 7, "", 2, 1000, 0),  # a retry: no lease
                 DeliveryRow("g", "orders", 0, 8, "c1", 1, 1000, 31_000),
                 DeliveryRow("other", "orders", 0, 7, "c9", 4, 1000, 31_000),
             ],
@@ -211,8 +211,8 @@ def test_a_checkpoint_saves_open_deliveries_and_forgets_finished_ones(data_dir: 
         )
         assert state.committed_offsets("g") == {("orders", 0): 7}
         assert state.open_deliveries("g") == {
-            ("orders", 0, 7): OpenDelivery(attempt=2, due_at=61_000),
-            ("orders", 0, 8): OpenDelivery(attempt=1, due_at=0),
+            ("orders", 0, 7): OpenDelivery(attempt=2, due_at=61_000, out=False),
+            ("orders", 0, 8): OpenDelivery(attempt=1, due_at=0, out=True),
         }
         state.checkpoint(
             committed={"g": {orders0: 8}},
@@ -221,10 +221,10 @@ def test_a_checkpoint_saves_open_deliveries_and_forgets_finished_ones(data_dir: 
             finished=[DeliveryKey("g", "orders", 0, 7)],
         )
         assert state.committed_offsets("g") == {("orders", 0): 8}
-        assert state.open_deliveries("g") == {("orders", 0, 8): OpenDelivery(2, 0)}
+        assert state.open_deliveries("g") == {("orders", 0, 8): OpenDelivery(2, 0, True)}
         assert state.query("SELECT COUNT(*) FROM scheduled") == [(0,)]
         # Another group's rows are its own.
-        assert state.open_deliveries("other") == {("orders", 0, 7): OpenDelivery(4, 0)}
+        assert state.open_deliveries("other") == {("orders", 0, 7): OpenDelivery(4, 0, True)}
 
 
 def test_a_checkpoint_writes_only_what_changed_and_what_must_be_remembered() -> None:
@@ -316,3 +316,27 @@ def test_status_messages_never_block_a_child_whose_manager_is_not_reading() -> N
     replies = [m.request_id for m in received if isinstance(m, AdminResult)]
     assert replies == list(range(200))
     assert len([m for m in received if isinstance(m, Stats)]) < 200
+
+
+def test_a_row_in_flight_when_the_broker_died_is_saved_as_waiting_after_a_restart() -> None:
+    """After a crash, state.db still had the row of a delivery out with its (gone)
+    consumer and its lease; restored as (attempts, 0) it matched the waiting form and was
+    never written again, so the console showed it in flight until it was redelivered."""
+    from spoolmq.broker.group_runtime import restored_by_partition
+
+    restored = restored_by_partition(
+        {
+            ("orders", 0, 0): OpenDelivery(attempt=1, due_at=0, out=True),
+            ("orders", 0, 1): OpenDelivery(attempt=2, due_at=90_000, out=False),
+        }
+    )
+    assert restored == {TopicPartition("orders", 0): {0: (1, IN_FLIGHT_ROW), 1: (2, 90_000)}}
+    group = Group("g", GroupSettings(max_deliveries=5))
+    state = group.add_partition("orders", 0, 0)
+    fields = {"offset": 0, "timestamp": 0, "key": None, "headers": []}
+    group.add_record(
+        state, fields, b'{"offset":0}\n', now=50_000, attempts_so_far=1, due_at=IN_FLIGHT_ROW
+    )
+    assert state.retries == {0: (0, None)}  # due now
+    checkpoint = collect_checkpoint([group], now=60_000)
+    assert checkpoint.deliveries == [DeliveryRow("g", "orders", 0, 0, "", 1, 0, 0)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from spoolmq.broker.delivery import Group, PartitionState
+from spoolmq.broker.delivery import IN_FLIGHT_ROW, Group, PartitionState
 from spoolmq.store.state import DeliveryKey, DeliveryRow, ParkedRow, ScheduledRow
 from spoolmq.types import TopicPartition
 
@@ -40,12 +40,6 @@ class Checkpoint(NamedTuple):
             or self.parked
             or self.unparked
         )
-
-
-# The "due at" of a delivery row's saved form while the delivery is out with a consumer:
-# one that comes back (its consumer lost, its lease expired) to wait for its redelivery
-# differs from it, so its row is written again, with no consumer and no lease.
-IN_FLIGHT_ROW = -1
 
 
 def _open_deliveries(

@@ -221,6 +221,11 @@ MAX_SLOTS = 1 << 13
 _SLOT_MASK = MAX_SLOTS - 1
 _ATTEMPT_SHIFT = _OFFSET_BITS + 13
 _ATTEMPT_MASK = (1 << 10) - 1
+# The "due at" of a delivery row's saved form (PartitionState.saved) while the delivery
+# is out with a consumer: one that comes back (its consumer lost, its lease expired) to
+# wait for its redelivery differs from it, so its row is written again, with no consumer
+# and no lease (checkpoint.py).
+IN_FLIGHT_ROW = -1
 assert MAX_DELIVERIES <= _ATTEMPT_MASK  # attempts never wrap in a tag
 _TRIM_AT = 4096  # finished entries at a window's start before it is cut
 
@@ -772,6 +777,7 @@ class Group:
                 state.saved[offset] = (attempts, due_at)  # the row state.db has
                 if status[index] == DONE:
                     continue  # filtered out now: the next checkpoint deletes its row
+                due_at = max(due_at, 0)  # a row that was in flight: due now
                 state.attempts[index] = attempts
                 state.retries[offset] = (due_at, None)
                 if due_at > now:

@@ -17,7 +17,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from spoolmq.broker.delivery import Extra, Group, Key, PartitionState, Revived, record_extra
+from spoolmq.broker.delivery import (
+    IN_FLIGHT_ROW,
+    Extra,
+    Group,
+    Key,
+    PartitionState,
+    Revived,
+    record_extra,
+)
 from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError, SpoolError
 from spoolmq.store import Reader, Store
 from spoolmq.store.reader import fresh_lines
@@ -395,8 +403,12 @@ def _skip_to(group: Group, state: PartitionState, begin: int) -> Skip | None:
 def restored_by_partition(
     rows: dict[tuple[str, int, int], OpenDelivery],
 ) -> dict[TopicPartition, dict[int, tuple[int, int]]]:
-    """``StateDB.open_deliveries`` grouped per partition, as a GroupRuntime keeps them."""
+    """``StateDB.open_deliveries`` grouped per partition, as a GroupRuntime keeps them:
+    (attempts, due at), where a row of a delivery that was out with a consumer (the
+    broker stopped or died meanwhile) is due at ``IN_FLIGHT_ROW``, as its saved form
+    says: its next checkpoint writes it again as waiting for a consumer."""
     grouped: dict[TopicPartition, dict[int, tuple[int, int]]] = {}
-    for (topic, partition, offset), (attempt, due_at) in rows.items():
-        grouped.setdefault(TopicPartition(topic, partition), {})[offset] = (attempt, due_at)
+    for (topic, partition, offset), (attempt, due_at, out) in rows.items():
+        due = IN_FLIGHT_ROW if out and not due_at else due_at
+        grouped.setdefault(TopicPartition(topic, partition), {})[offset] = (attempt, due)
     return grouped

@@ -240,6 +240,7 @@ class OpenDelivery(NamedTuple):
 
     attempt: int  # deliveries made so far
     due_at: int  # when its scheduled retry is due (ms); 0: none scheduled
+    out: bool = False  # its row was of a delivery out with a consumer (it had a lease)
 
 
 class DeliveryRow(NamedTuple):
@@ -821,12 +822,15 @@ class StateDB:
         """What ``group`` had in flight or waiting for a retry at its last checkpoint, by
         (topic, partition, offset): so its attempts keep counting across a restart."""
         rows = self.query(
-            "SELECT d.topic, d.partition, d.offset, d.attempt, COALESCE(s.due_at, 0) "
+            "SELECT d.topic, d.partition, d.offset, d.attempt, COALESCE(s.due_at, 0), "
+            "d.lease_expires_at > 0 "
             "FROM deliveries d LEFT JOIN scheduled s "
             "USING (group_name, topic, partition, offset) WHERE d.group_name = ?",
             (group,),
         )
-        return {(t, p, o): OpenDelivery(attempt, due) for t, p, o, attempt, due in rows}
+        return {
+            (t, p, o): OpenDelivery(attempt, due, bool(out)) for t, p, o, attempt, due, out in rows
+        }
 
     # -- parked messages (the ConsumerBroker's delay index) -------------------------------
 

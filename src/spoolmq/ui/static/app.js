@@ -389,7 +389,7 @@ pages.pending = async () => {
       "<h2>Delayed messages</h2>" + table(["topic", "#partition", "#offset", "deliver at (UTC)", "key", "value"], p.delayed.map(m =>
         `<tr><td>${esc(m.topic)}</td><td class="num">${m.partition}</td><td class="num">${m.offset}</td><td>${esc(when(m.deliver_at))}</td><td>${short(m.key)}</td><td>${value(m.value)}</td></tr>`)) +
       "<h2>Retries scheduled</h2>" + table(["group", "topic", "#partition", "#offset", "due (UTC)", "#attempt", "reason"], p.scheduled.map(r =>
-        `<tr><td>${esc(r.group)}</td><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num">${r.offset}</td><td>${esc(when(r.due_at))}</td><td class="num">${r.attempt}</td><td>${esc(r.reason || "")}</td></tr>`)) +
+        `<tr><td>${esc(r.group)}</td><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num">${r.offset}</td><td>${r.due_at ? esc(when(r.due_at)) : "now (waiting for a consumer)"}</td><td class="num">${r.attempt}</td><td>${esc(r.reason || "")}</td></tr>`)) +
       "<h2>In flight</h2>" + table(["group", "topic", "#partition", "#offset", "consumer", "#attempt", "delivered (UTC)", "lease ends (UTC)"], p.in_flight.map(r =>
         `<tr><td>${esc(r.group)}</td><td>${esc(r.topic)}</td><td class="num">${r.partition}</td><td class="num">${r.offset}</td><td>${esc(r.consumer)}</td><td class="num">${r.attempt}</td><td>${esc(when(r.delivered_at))}</td><td>${esc(when(r.lease_expires_at))}</td></tr>`));
   };
