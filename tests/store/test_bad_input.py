@@ -27,7 +27,22 @@ from spoolmq.errors import (
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".hidden", "-x", "a/b", "../etc", "a b", "é", "x" * 129, "a\x00b", 7, None],
+    [
+        "",
+        ".hidden",
+        "-x",
+        "a/b",
+        "../etc",
+        "a b",
+        "é",
+        "x" * 129,
+        "a\x00b",
+        7,
+        None,
+        "x" * 129 + ".dlq",
+        ".dlq",
+        "a/b.dlq",
+    ],
 )
 def test_invalid_topic_names_are_refused_before_any_path(
     store: Store, data_dir: Path, name: Any
@@ -42,7 +57,8 @@ def test_invalid_topic_names_are_refused_before_any_path(
     assert tree_snapshot(data_dir) == before
 
 
-@pytest.mark.parametrize("name", ["a", "A.b_c-9", "0" * 128, "orders.dlq"])
+# The DLQ of a 128-character name is 132 characters: its dead letters must go somewhere.
+@pytest.mark.parametrize("name", ["a", "A.b_c-9", "0" * 128, "orders.dlq", "0" * 128 + ".dlq"])
 def test_valid_topic_names_are_accepted(store: Store, name: str) -> None:
     assert store.append(name, 1).topic == name
 

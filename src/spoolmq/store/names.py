@@ -23,7 +23,17 @@ def check_topic(name: object) -> str:
     """Return ``name`` if it is a valid topic name, else raise InvalidTopicError."""
     if type(name) is str and name in _VALID:
         return name
-    if not isinstance(name, str) or TOPIC_PATTERN.fullmatch(name) is None:
+    if (
+        not isinstance(name, str)
+        or (
+            TOPIC_PATTERN.fullmatch(name) is None
+            # The DLQ of any valid name, a 128-character one too (its dead letters must go
+            # somewhere: a refused name held its group's committed offset for ever).
+            and not (
+                name.endswith(DLQ_SUFFIX) and TOPIC_PATTERN.fullmatch(name[: -len(DLQ_SUFFIX)])
+            )
+        )
+    ):
         shown = repr(name)
         if len(shown) > 60:
             shown = shown[:57] + "..."
