@@ -87,3 +87,23 @@ def test_assignment_decoding_is_bounded_and_never_raises() -> None:
     assert decode_consumer_assignment(b"") == {}
     assert decode_consumer_assignment(b"\x00\x00\x7f\xff\xff\xff") is None
     assert decode_consumer_assignment(b"\x00") is None
+
+
+def test_a_broker_without_kafka_lists_no_kafka_members_left_by_an_earlier_one(
+    tmp_path: Path,
+) -> None:
+    """Rows a killed broker's Kafka child recorded stayed until a Kafka child started
+    again, so a broker started without --kafka listed them as joined members."""
+    from spoolmq.operations import group_members
+    from spoolmq.testing import BrokerProcess
+
+    data = tmp_path / "d"
+    with Store(data) as store:
+        store.state.record_kafka_group(
+            KafkaGroupRow("kg", "Stable", 1, "consumer", "range", "m", 0),
+            [KafkaMemberRow("kg", "m", "c", "/h", None)],
+        )
+    with BrokerProcess(data, log_file=tmp_path / "broker.log"):
+        assert group_members(data, "kg") == []
+    with Store(data) as store:
+        assert store.state.kafka_members() == []

@@ -71,6 +71,7 @@ from spoolmq.errors import (
 )
 from spoolmq.files import FILE_MODE, make_private_dirs, write_new_file
 from spoolmq.store.names import check_topic
+from spoolmq.store.state import StateDB
 
 logger = logging.getLogger("spoolmq.broker")
 
@@ -138,6 +139,20 @@ def _listening(option: str, address: tuple[str, int], bind: Callable[[], _T]) ->
         return bind()
     except OSError as exc:
         raise listen_error(address, exc, option) from None
+
+
+def _forget_kafka_members(data_dir: Path) -> None:
+    """A broker without --kafka has no Kafka member joined, whatever a Kafka child of an
+    earlier broker (killed, say) recorded: its rows would list ghosts in ``groups
+    describe --members``. A Kafka child clears them itself when it starts."""
+    if not (data_dir / "state.db").exists():
+        return
+    state = StateDB(data_dir / "state.db")
+    try:
+        if state.kafka_members():
+            state.clear_kafka_members()
+    finally:
+        state.close()
 
 
 def _check_tls(cert: str, key: str) -> None:
@@ -367,6 +382,8 @@ class BrokerManager:
         # Kafka port is tried last, so that one of ours (--listen, --metrics) counts.
         self._open_listeners()
         metrics, kafka = self.settings.metrics, self.settings.kafka
+        if kafka is None:
+            _forget_kafka_members(self.data_dir)
         if metrics is not None:
             self.metrics = _listening(
                 "--metrics",
