@@ -16,7 +16,7 @@ from kafka_helpers import kafka_broker
 from readme_examples import code_blocks
 from spoolmq import Consumer, Publisher, Store
 from spoolmq.store.partitioner import partition_for_key
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, run_spoolmq, wait_until
 
 HERE = Path(__file__).parent
 
@@ -311,6 +311,14 @@ def test_admin_client_creates_describes_and_cannot_delete_topics(
         text = repr(described)
         # (kafka-python shows only the settings that differ from the defaults.)
         assert "'retention.ms': {'value': '3600000'" in text, text
+        # `spoolmq topics alter` from another process shows at once (the child's store
+        # kept what it had read before).
+        altered = run_spoolmq(
+            "topics", "alter", "admin-made", "--retention", "2h", "--data", str(data)
+        )
+        assert altered.returncode == 0, altered.stderr
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "admin-made")])
+        assert "'retention.ms': {'value': '7200000'" in repr(described), repr(described)
         # Deleting needs the broker stopped: answered as delete.topic.enable=false.
         try:
             outcome = repr(admin.delete_topics(["admin-made"]))
@@ -321,4 +329,4 @@ def test_admin_client_creates_describes_and_cannot_delete_topics(
         admin.close()
     with Store(data) as store:
         config = store.topic_config("admin-made")
-    assert (config.partitions, config.retention_ms) == (4, 3600000)
+    assert (config.partitions, config.retention_ms) == (4, 7200000)

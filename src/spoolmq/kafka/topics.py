@@ -230,7 +230,7 @@ async def handle_describe_configs(ctx: RequestContext, version: int, r: Reader) 
         error, message = int(ErrorCode.NONE), None
         if kind == _TOPIC_RESOURCE:
             try:
-                config = await asyncio.to_thread(core.store.topic_config, name)
+                config = await asyncio.to_thread(core.store.current_topic_config, name)
                 rows = topic_configs(core, config)
             except SpoolError as exc:
                 error, message = error_code_of(exc), str(exc)

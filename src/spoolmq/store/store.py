@@ -167,6 +167,16 @@ class Store:
         self._topics[name] = config
         return config
 
+    def current_topic_config(self, name: str) -> TopicConfig:
+        """:meth:`topic_config` as ``state.db`` has it now: another process (``spoolmq
+        topics alter``) may have changed what this one read before."""
+        check_topic(name)
+        config = self.state.topic(name)
+        if config is None:
+            raise UnknownTopicError(_missing(name, False, self.path))
+        self._take_config(name, config)
+        return config
+
     def own_topic(self, name: str) -> TopicConfig:
         """A topic the broker writes on its own (``<topic>.dlq``): created with the
         default settings when missing, whatever ``auto_create_topics`` says. That setting
