@@ -19,13 +19,17 @@ from typing import Any, Literal
 import orjson
 from filelock import FileLock
 
-from spoolmq.broker.dead_letter import DeadLetterHeader, is_dead_letter_header
+from spoolmq.broker.dead_letter import (
+    PURGED_FILE,
+    DeadLetterHeader,
+    is_dead_letter_header,
+    purged_offsets,
+)
 from spoolmq.broker.delivery import ONLY_GROUP_HEADER
 from spoolmq.broker.group_view import add_parked, partition_rows
 from spoolmq.broker.manager import broker_running
 from spoolmq.client import Admin
 from spoolmq.errors import (
-    CorruptRecordError,
     GroupActiveError,
     InvalidArgumentError,
     UnknownTopicError,
@@ -198,8 +202,6 @@ def members_by_group(data: Path, group: str | None = None) -> dict[str, list[dic
 
 # -- dead letters ----------------------------------------------------------------------------
 
-PURGED_FILE = "purged.json"  # in logs/<topic>.dlq/: the DLQ offsets purged, by partition
-
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
@@ -244,7 +246,7 @@ def dead_letters(store: Store, topic: str) -> list[DeadLetter]:
     name = _check_has_topic(store, topic)
     if name not in store.topics():
         return []
-    purged = _purged(store, name)
+    purged = purged_offsets(store, name)
     found = []
     for partition in range(store.topic_config(name).partitions):
         gone = purged.get(partition, set())
@@ -397,7 +399,7 @@ def purge_dead_letters(
         return 0
     directory = topic_dir(store.path, name)
     with FileLock(str(directory / f".{PURGED_FILE}.lock"), mode=0o600):
-        purged = _purged(store, name)
+        purged = purged_offsets(store, name)
         for letter in chosen:
             purged.setdefault(letter.dlq_partition, set()).add(letter.dlq_offset)
         for partition, marks in purged.items():
@@ -406,19 +408,3 @@ def purge_dead_letters(
         text = {str(p): sorted(marks) for p, marks in sorted(purged.items()) if marks}
         write_durably([(directory / PURGED_FILE, orjson.dumps(text))])
     return len(chosen)
-
-
-def _purged(store: Store, name: str) -> dict[int, set[int]]:
-    """The purged offsets of DLQ topic ``name``, by partition (none if never purged)."""
-    try:
-        text = (topic_dir(store.path, name) / PURGED_FILE).read_bytes()
-    except FileNotFoundError:
-        return {}
-    try:
-        stored = orjson.loads(text)
-        return {int(p): {int(o) for o in marks} for p, marks in stored.items()}
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        raise CorruptRecordError(
-            f"{topic_dir(store.path, name) / PURGED_FILE} is damaged; delete it to show "
-            "every dead letter again (purged ones included)"
-        ) from None

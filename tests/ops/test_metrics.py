@@ -267,3 +267,29 @@ def test_metrics_text_for_a_data_dir(broker: BrokerProcess, data_dir: Path) -> N
     samples = wait_until(published, 60, "3 published in the metrics text")
     assert value(samples, "spoolmq_broker_up") == 1
     assert value(samples, "spoolmq_log_end_offset", topic="seen", partition="0") == 3
+
+
+def test_the_dlq_depth_leaves_out_purged_dead_letters(data_dir: Path) -> None:
+    """`dlq purge` hides dead letters from `dlq list`; the depth gauge still counted
+    them, so an alert on it could not be cleared by purging."""
+    from spoolmq.operations import purge_dead_letters
+
+    with Store(data_dir) as store:
+        store.create_topic("jobs")
+        store.create_topic("jobs.dlq")
+        for n in range(3):
+            store.append("jobs.dlq", {"n": n})
+
+    def depth() -> float | None:
+        text = render(data_dir, Snapshot()).decode()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        return value(samples, "spoolmq_dlq_depth_messages", topic="jobs")
+
+    assert depth() == 3
+    with Store(data_dir) as store:
+        assert purge_dead_letters(store, "jobs", offsets=[(0, 1)]) == 1
+    assert depth() == 2

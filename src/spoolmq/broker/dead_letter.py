@@ -8,12 +8,18 @@ CLI's ``spoolmq dlq`` reads and strips them with these names.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import orjson
 
 from spoolmq.broker.delivery import Pending
+from spoolmq.errors import CorruptRecordError
 from spoolmq.store.message import Headers, Message
+from spoolmq.store.names import topic_dir
 from spoolmq.store.record import record_from_fields
+
+if TYPE_CHECKING:
+    from spoolmq.store import Store
 
 DEAD_LETTER_HEADER_PREFIX = "x-dlq-"
 
@@ -60,3 +66,33 @@ def dead_letter_message(group: str, pending: Pending) -> Message:
         producer_id=f"dlq:{group}:{pending.topic}:{pending.partition}",
         sequence=pending.offset,
     )
+
+
+PURGED_FILE = "purged.json"  # in logs/<topic>.dlq/: the DLQ offsets purged, by partition
+
+
+def purged_offsets(store: Store, name: str) -> dict[int, set[int]]:
+    """The purged offsets of DLQ topic ``name``, by partition (none if never purged)."""
+    try:
+        text = (topic_dir(store.path, name) / PURGED_FILE).read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        stored = orjson.loads(text)
+        return {int(p): {int(o) for o in marks} for p, marks in stored.items()}
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        raise CorruptRecordError(
+            f"{topic_dir(store.path, name) / PURGED_FILE} is damaged; delete it to show "
+            "every dead letter again (purged ones included)"
+        ) from None
+
+
+def dlq_depth(store: Store, dlq: str, partitions: int) -> int:
+    """The dead letters DLQ topic ``dlq`` holds: its records, less those purged."""
+    purged = purged_offsets(store, dlq)
+    depth = 0
+    for partition in range(partitions):
+        start = store.log_start_offset(dlq, partition)
+        depth += store.log_end_offset(dlq, partition) - start
+        depth -= sum(1 for offset in purged.get(partition, ()) if offset >= start)
+    return depth

@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from spoolmq.broker.dead_letter import dlq_depth
 from spoolmq.broker.group_view import add_parked, partition_rows
 from spoolmq.config import address_family
 from spoolmq.errors import InvalidArgumentError, SpoolError
@@ -104,21 +105,15 @@ class Snapshot:
 
 
 def dlq_depths(store: Store) -> dict[str, int]:
-    """Per topic (not itself a DLQ), how many dead letters its ``<topic>.dlq`` holds."""
+    """Per topic (not itself a DLQ), how many dead letters its ``<topic>.dlq`` holds
+    (purged ones not counted, as ``spoolmq dlq list`` does not list them)."""
     topics = store.topics()
     depths = {}
     for name in topics:
         if name.endswith(DLQ_SUFFIX):
             continue
         dlq = dlq_topic(name)
-        depths[name] = (
-            sum(
-                store.log_end_offset(dlq, p) - store.log_start_offset(dlq, p)
-                for p in range(topics[dlq].partitions)
-            )
-            if dlq in topics
-            else 0
-        )
+        depths[name] = dlq_depth(store, dlq, topics[dlq].partitions) if dlq in topics else 0
     return depths
 
 
