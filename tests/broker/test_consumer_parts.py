@@ -155,7 +155,10 @@ def test_a_subscribe_frame_with_everything_in_it() -> None:
         ({"topics": []}, "'topics'"),
         ({"start": "middle"}, "'start'"),
         ({"settings": [1]}, "'settings'"),
-        ({"settings": {"colour": "red"}}, "unknown group setting"),
+        (
+            {"settings": {"colour": "red"}},
+            r"unknown group setting\(s\) 'colour': known are auto_ack, filter, lease_ms",
+        ),
         ({"prefetch": 0}, "'prefetch'"),
         ({"prefetch": 100_001}, "'prefetch'"),
     ],

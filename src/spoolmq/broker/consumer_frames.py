@@ -7,6 +7,7 @@ decoded frame to the values the broker acts on, raising the error the client is 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 from spoolmq.broker.delivery import GroupSettings
@@ -47,10 +48,14 @@ def parse_subscribe(frame: dict[str, Any]) -> Subscription:
     raw_settings = frame.get("settings") or {}
     if not isinstance(raw_settings, dict):
         raise InvalidArgumentError("'settings' must be an object")
-    try:
-        settings = GroupSettings(**raw_settings)
-    except TypeError as exc:
-        raise InvalidArgumentError(f"unknown group setting: {exc}") from None
+    known = {f.name for f in dataclasses.fields(GroupSettings)}
+    unknown = sorted(str(name)[:40] for name in raw_settings if name not in known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown group setting(s) {', '.join(map(repr, unknown[:5]))}: "
+            f"known are {', '.join(sorted(known))}"
+        )
+    settings = GroupSettings(**raw_settings)
     prefetch = frame.get("prefetch", 1)
     if not isinstance(prefetch, int) or not 1 <= prefetch <= _MAX_PREFETCH:
         raise InvalidArgumentError(f"'prefetch' must be a whole number from 1 to {_MAX_PREFETCH}")
