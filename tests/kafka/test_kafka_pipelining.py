@@ -458,59 +458,94 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
         assert 60_000 + 60 * produce.HELD_PER_RECORD < held < 100_000 + 60 * produce.HELD_PER_RECORD
 
 
-def test_the_requests_of_every_connection_share_one_bound(tmp_path: Path) -> None:
-    """Three connections, each with a request of ~1 MB (one of them holding 0.5 MB more
-    once started, ctx.holds), under a child-wide bound of 2 MB: the third connection's
-    frame is not read while the first two hold the bound, and is once an answer makes
-    room; what a connection held is given back when it ends. Peers that announce a large
-    frame and send nothing of it hold nothing, and stop nobody."""
+def test_the_requests_of_every_connection_share_one_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three connections, each with a request of ~1 MB (one holding 0.5 MB more once
+    started, ctx.holds), under a child-wide bound of 2 MB + 0.6 MB: the third one's body
+    is not read until an answer makes room; what a connection held is given back when it
+    ends; one request larger than the bound is read when nothing else is held. A peer
+    that announces 100 MiB and sends nothing holds that room until its body's deadline,
+    then its connection is closed and the others go on."""
+    monkeypatch.setattr(server_module, "BODY_MIN_BYTES_PER_S", 1e12)  # the deadline: 1 s
     handlers = Handlers(holding={11: 500_000})
     padding = 1_000_000
     size = len(_request(PIPELINED, 0, padding)) - 4
 
     async def main() -> None:
         server = KafkaServer(
-            tmp_path, "127.0.0.1", 0, dispatcher=handlers.dispatcher(), max_held_bytes=2 * size
+            tmp_path,
+            "127.0.0.1",
+            0,
+            dispatcher=handlers.dispatcher(),
+            max_held_bytes=2 * size + 600_000,
+            body_timeout_s=1.0,
         )
         await server.start()
         memory = server.memory
         conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
-        stalled = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
         try:
             # Written, not drained: the server may leave them unread for a while.
-            for _, writer in stalled:  # a size prefix of 100 MiB, and then nothing
-                writer.write(struct.pack(">i", server_module.DEFAULT_MAX_REQUEST_BYTES))
             for n, (_, writer) in enumerate(conns[:2], start=10):
                 writer.write(_request(PIPELINED, n, padding))
             await _until(lambda: handlers.running == 2, "two requests run")
             assert memory.held == 2 * size + 500_000  # request 11 holds 0.5 MB more
             conns[2][1].write(_request(PIPELINED, 12, padding))
-            await _until(lambda: memory.waiting >= 1, "the third connection waits for room")
+            await _until(lambda: memory.waiting == 1, "the third frame waits for room")
             assert ("start", 12) not in handlers.log
             handlers.gate(10).set()
             assert await _answer(conns[0][0]) == (10, 10)
             await _until(
                 lambda: ("start", 12) in handlers.log, "the third starts once room is made"
             )
-            assert memory.held == 2 * size + 500_000
+            assert memory.held == 2 * size + 500_000 and memory.waiting == 0
             # A connection that ends gives back what it held (the server sees the end
             # once the request before it is through).
             conns[1][1].close()
             handlers.gate(11).set()
             await _until(lambda: memory.held == size, "connection 11's bytes come back")
-            # One request larger than the bound is read when there is room at all.
-            large = _request(PIPELINED, 13, 3 * padding)
-            conns[0][1].write(large)
-            await _until(lambda: ("start", 13) in handlers.log, "the large one runs")
-            assert memory.held == size + len(large) - 4
-            for n, (reader, _) in ((12, conns[2]), (13, conns[0])):
-                handlers.gate(n).set()
-                assert await _answer(reader) == (n, n)
+            handlers.gate(12).set()
+            assert await _answer(conns[2][0]) == (12, 12)
             await _until(lambda: memory.held == 0, "everything given back")
+            # A size prefix of 100 MiB and nothing more: room taken (nothing else is
+            # held), then the next request waits for it, until the body's deadline.
+            stalled_reader, stalled = await asyncio.open_connection("127.0.0.1", server.port)
+            stalled.write(struct.pack(">i", server_module.DEFAULT_MAX_REQUEST_BYTES))
+            await _until(lambda: memory.held > 0, "the stalled peer takes its room")
+            conns[0][1].write(_request(PIPELINED, 13, 3 * padding))  # larger than the bound
+            await _until(lambda: memory.waiting == 1, "the next request waits")
+            assert await asyncio.wait_for(stalled_reader.read(), 30) == b""  # closed
+            await _until(lambda: ("start", 13) in handlers.log, "the large one runs alone")
+            handlers.gate(13).set()
+            assert await _answer(conns[0][0]) == (13, 13)
+            await _until(lambda: memory.held == 0, "everything given back again")
+            stalled.close()
         finally:
-            for _, writer in conns + stalled:
+            for _, writer in conns:
                 writer.close()
             await server.close()
         assert memory.held == 0 and memory.waiting == 0
+
+    asyncio.run(main())
+
+
+def test_a_wait_for_room_cancelled_after_it_was_dropped_is_still_a_cancel() -> None:
+    """A waiting take() cancelled, then a release before it resumed: the release drops
+    the cancelled entry, and the take raised ValueError from its deque instead of
+    CancelledError."""
+    from spoolmq.kafka.api import HeldBytes
+
+    async def main() -> None:
+        memory = HeldBytes(100)
+        await memory.take(90)
+        waiting = asyncio.create_task(memory.take(50))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        memory.give_back(0)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert memory.held == 90 and memory.waiting == 0
+        memory.give_back(90)
+        assert memory.held == 0
 
     asyncio.run(main())

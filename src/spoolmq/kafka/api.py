@@ -16,6 +16,8 @@ module exports ``APIS: list[ApiHandler]`` and kafka/dispatch.py joins them.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -116,39 +118,65 @@ PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SA
 
 class HeldBytes:
     """The bytes the requests of every connection hold together, against one bound
-    (Kafka's ``queued.max.request.bytes``): the frames read and not answered yet, and what
-    their handlers made of them (:meth:`RequestContext.holds`). While they are at the
-    bound, no connection reads its next frame (:meth:`room`); a frame counts once it is
-    read whole, so a peer that announces a large frame and sends it slowly, or never,
-    holds only what it sent and makes nobody else wait. Each connection keeps its own
-    count (``RequestContext.held``) and gives it all back when it ends."""
+    (Kafka's ``queued.max.request.bytes``): each frame from when its size is read (its
+    room is taken before its body is read, so nothing is allocated past the bound) until
+    it is answered, and what its handler made of it (:meth:`RequestContext.holds`). A
+    frame is read once it fits, in the order the connections asked, or when nothing is
+    held at all (one request larger than the bound is served, alone). Each connection
+    keeps its own count (``RequestContext.held``) and gives it all back when it ends;
+    the server bounds how long a frame's body may take to arrive, so room taken for a
+    body that never comes is given back."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self.waiting = 0  # connections waiting in room()
-        self._below: asyncio.Event | None = None
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
-    async def room(self) -> None:
-        """Wait while what is held is at the bound (answers give room back)."""
-        while self.held >= self.limit:
-            if self._below is None:
-                self._below = asyncio.Event()
-            below = self._below
-            self.waiting += 1
-            try:
-                await below.wait()
-            finally:
-                self.waiting -= 1
+    def _fits(self, nbytes: int) -> bool:
+        return self.held == 0 or self.held + nbytes <= self.limit
+
+    async def take(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` fit, then count them."""
+        if not self._waiting and self._fits(nbytes):
+            self.held += nbytes
+            return
+        entry = (nbytes, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await entry[1]
+        except asyncio.CancelledError:
+            if entry[1].done() and not entry[1].cancelled():
+                self.give_back(nbytes)  # taken for it just before it was cancelled
+            else:
+                with contextlib.suppress(ValueError):  # _wake dropped it already
+                    self._waiting.remove(entry)
+                self._wake()  # the next in line may fit now
+            raise
 
     def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more at once (what a running request made of its frame)."""
         self.held += nbytes
 
     def give_back(self, nbytes: int) -> None:
         self.held -= nbytes
-        if self._below is not None and self.held < self.limit:
-            self._below.set()  # every waiter looks again
-            self._below = None
+        self._wake()
+
+    @property
+    def waiting(self) -> int:
+        """Frames waiting to be read for want of room."""
+        return sum(1 for _, future in self._waiting if not future.done())
+
+    def _wake(self) -> None:
+        while self._waiting:
+            nbytes, future = self._waiting[0]
+            if future.done():  # cancelled
+                self._waiting.popleft()
+                continue
+            if not self._fits(nbytes):
+                return
+            self._waiting.popleft()
+            self.held += nbytes
+            future.set_result(None)
 
 
 @dataclass

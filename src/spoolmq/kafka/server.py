@@ -83,14 +83,20 @@ MIN_REQUEST_BYTES = _HEADER.size + 2
 MAX_PIPELINED = 16
 MAX_PIPELINED_BYTES = 32 * 1024 * 1024
 # What the requests of every connection hold together (api.HeldBytes; Kafka's
-# queued.max.request.bytes, unbounded there by default): at it, no connection's next
-# frame is read until answers make room, so many connections cannot add up what each may
-# hold alone. Beyond it: one frame being received per connection (counted once whole:
-# a peer that never finishes one holds only what it sent), and what the request being
-# decoded inflates. Frames read before a connection has authenticated are not counted:
-# they are bounded on their own (MAX_UNAUTHENTICATED_REQUEST_BYTES, one at a time), and
-# peers without credentials must not be able to fill the room of those with them.
+# queued.max.request.bytes, unbounded there by default): a frame's body is read once it
+# fits (in the order the connections asked), so many connections cannot add up what each
+# may hold alone. A request being decoded may add one request's inflating and records
+# beyond it. Frames read before a connection has authenticated are not counted: they are
+# bounded on their own (MAX_UNAUTHENTICATED_REQUEST_BYTES, one at a time), and peers
+# without credentials must not be able to fill the room of those with them.
 DEFAULT_MAX_HELD_BYTES = 256 * 1024 * 1024
+# Room is taken for a frame before its body is read (nothing is allocated past the bound),
+# so a body must then arrive in BODY_TIMEOUT_S, and a second more per
+# BODY_MIN_BYTES_PER_S of its size (a 1 MB request: 30 s; the 100 MiB limit: 55 s), or its
+# connection is closed and the room given back: a peer that sends a large size prefix and
+# nothing more holds the room that long at most.
+BODY_TIMEOUT_S = 30.0
+BODY_MIN_BYTES_PER_S = 4 * 1024 * 1024
 
 # What the reading side of a connection hands to the answering side, in request order:
 # a started pipelined request, a request to serve alone (and the future that lets the
@@ -131,6 +137,7 @@ class KafkaServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         auth_timeout_s: float = AUTH_TIMEOUT_S,
         max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+        body_timeout_s: float = BODY_TIMEOUT_S,
         shared: dict[str, Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
@@ -139,6 +146,7 @@ class KafkaServer:
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
         self.auth_timeout_s = auth_timeout_s
+        self.body_timeout_s = body_timeout_s
         # Connections closed at their accept (over max_connections), and closed because
         # they had not authenticated in time; both also in the child's figures.
         self.refused_connections = 0
@@ -375,7 +383,7 @@ class KafkaServer:
     ) -> tuple[bytes, int] | None:
         """The next frame (None at a clean close between requests), and the bytes of it
         counted in the child's :class:`HeldBytes` (all of it once the connection may send
-        more than the SASL exchange: its reading waits while the child holds its bound)."""
+        more than the SASL exchange: its body is read once it fits, within a deadline)."""
         try:
             head = await reader.readexactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
@@ -389,12 +397,19 @@ class KafkaServer:
         if size < MIN_REQUEST_BYTES or size > limit:
             raise CloseConnection(f"request size {size} outside [{MIN_REQUEST_BYTES}, {limit}]")
         counted = 0 if ctx.auth_required and not ctx.authenticated else size
-        if counted:
-            await self.memory.room()
-        frame = await reader.readexactly(size)
-        if counted:
-            self.memory.add(counted)  # given back when answered, or at the end
-            ctx.held += counted
+        if not counted:
+            return await reader.readexactly(size), 0
+        await self.memory.take(counted)  # given back when answered, or at the end
+        ctx.held += counted
+        # Room taken for a body that does not come would stop every connection: a body
+        # gets body_timeout_s, and a second more per BODY_MIN_BYTES_PER_S of its size.
+        deadline = self.body_timeout_s + size / BODY_MIN_BYTES_PER_S
+        try:
+            frame = await asyncio.wait_for(reader.readexactly(size), deadline)
+        except TimeoutError:
+            raise CloseConnection(
+                f"a request of {size} bytes did not arrive within {deadline:.0f} s"
+            ) from None
         return frame, counted
 
     async def handle_frame(self, ctx: RequestContext, frame: bytes) -> bytes | None:
