@@ -231,3 +231,17 @@ def test_a_kafka_command_without_the_kafka_extra_says_what_to_install(
         result, f"{what} needs the 'kafka' extra ({hidden} is not installed)", "spoolmq[kafka]"
     )
     assert not broker_running(data)
+
+
+def test_a_state_db_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
+    """The broker's start read it and ended in a sqlite3 traceback."""
+    data = tmp_path / "queue_data"
+    with Store(data):
+        pass
+    (data / "state.db").write_bytes(bytes(range(256)) * 32)
+    for extra in ("state.db-wal", "state.db-shm"):
+        (data / extra).unlink(missing_ok=True)
+    result = run_cli("broker", "--data", str(data))
+    assert result.returncode == 2
+    assert_one_line_error(result, "state.db cannot be read", "not a database")
+    assert not broker_running(data)

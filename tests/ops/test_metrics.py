@@ -293,3 +293,23 @@ def test_the_dlq_depth_leaves_out_purged_dead_letters(data_dir: Path) -> None:
     with Store(data_dir) as store:
         assert purge_dead_letters(store, "jobs", offsets=[(0, 1)]) == 1
     assert depth() == 2
+
+
+def test_a_damaged_purged_file_costs_the_dlq_gauge_its_purges_not_the_scrape(
+    data_dir: Path,
+) -> None:
+    """purged.json that does not parse made every scrape fail (503, all series lost)."""
+    with Store(data_dir) as store:
+        store.create_topic("jobs")
+        store.create_topic("jobs.dlq")
+        for n in range(3):
+            store.append("jobs.dlq", {"n": n})
+    (data_dir / "logs" / "jobs.dlq" / "purged.json").write_text("{bad")
+    text = render(data_dir, Snapshot()).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert value(samples, "spoolmq_dlq_depth_messages", topic="jobs") == 3
+    assert value(samples, "spoolmq_broker_up") == 0

@@ -57,8 +57,10 @@ def test_invalid_topic_names_are_refused_before_any_path(
     assert tree_snapshot(data_dir) == before
 
 
-# The DLQ of a 128-character name is 132 characters: its dead letters must go somewhere.
-@pytest.mark.parametrize("name", ["a", "A.b_c-9", "0" * 128, "orders.dlq", "0" * 128 + ".dlq"])
+# The DLQ of a 128-character name, and the DLQ of a DLQ: dead letters must go somewhere.
+@pytest.mark.parametrize(
+    "name", ["a", "A.b_c-9", "0" * 128, "orders.dlq", "0" * 128 + ".dlq", "0" * 128 + ".dlq.dlq"]
+)
 def test_valid_topic_names_are_accepted(store: Store, name: str) -> None:
     assert store.append(name, 1).topic == name
 

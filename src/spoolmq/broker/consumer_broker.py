@@ -305,8 +305,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             return
         while group.dead:
             pending = group.dead[0]
-            dlq = dlq_topic(pending.topic)
             try:
+                dlq = dlq_topic(pending.topic)  # a name too long is an error here, not a crash
                 self.store.own_topic(dlq)  # with --auto-create-topics off as well
                 self.store.append_batch(dlq, [dead_letter_message(group.name, pending)])
             except SpoolError as exc:

@@ -87,9 +87,13 @@ def purged_offsets(store: Store, name: str) -> dict[int, set[int]]:
         ) from None
 
 
-def dlq_depth(store: Store, dlq: str, partitions: int) -> int:
-    """The dead letters DLQ topic ``dlq`` holds: its records, less those purged."""
-    purged = purged_offsets(store, dlq)
+def dlq_depth(
+    store: Store, dlq: str, partitions: int, *, purged: dict[int, set[int]] | None = None
+) -> int:
+    """The dead letters DLQ topic ``dlq`` holds: its records, less those purged (read
+    from its ``purged.json`` unless given)."""
+    if purged is None:
+        purged = purged_offsets(store, dlq)
     depth = 0
     for partition in range(partitions):
         start = store.log_start_offset(dlq, partition)

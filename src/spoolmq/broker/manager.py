@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sqlite3
 import ssl
 import stat
 import threading
@@ -67,6 +68,7 @@ from spoolmq.errors import (
     ConfigError,
     ProtocolError,
     SpoolError,
+    StorageError,
     UnsafePermissionsError,
 )
 from spoolmq.files import FILE_MODE, make_private_dirs, write_new_file
@@ -147,12 +149,15 @@ def _forget_kafka_members(data_dir: Path) -> None:
     describe --members``. A Kafka child clears them itself when it starts."""
     if not (data_dir / "state.db").exists():
         return
-    state = StateDB(data_dir / "state.db")
     try:
-        if state.kafka_members():
-            state.clear_kafka_members()
-    finally:
-        state.close()
+        state = StateDB(data_dir / "state.db")
+        try:
+            if state.kafka_members():
+                state.clear_kafka_members()
+        finally:
+            state.close()
+    except sqlite3.DatabaseError as exc:  # not a database, or damaged: say so in one line
+        raise StorageError(f"{data_dir / 'state.db'} cannot be read: {exc}") from None
 
 
 def _check_tls(cert: str, key: str) -> None:

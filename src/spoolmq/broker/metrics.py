@@ -30,7 +30,7 @@ from typing import Any
 from spoolmq.broker.dead_letter import dlq_depth
 from spoolmq.broker.group_view import add_parked, partition_rows
 from spoolmq.config import address_family
-from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.errors import CorruptRecordError, InvalidArgumentError, SpoolError
 from spoolmq.store import Store
 from spoolmq.store.names import DLQ_SUFFIX, dlq_topic
 
@@ -113,7 +113,14 @@ def dlq_depths(store: Store) -> dict[str, int]:
         if name.endswith(DLQ_SUFFIX):
             continue
         dlq = dlq_topic(name)
-        depths[name] = dlq_depth(store, dlq, topics[dlq].partitions) if dlq in topics else 0
+        if dlq not in topics:
+            depths[name] = 0
+            continue
+        try:
+            depths[name] = dlq_depth(store, dlq, topics[dlq].partitions)
+        except CorruptRecordError as exc:  # a damaged purged.json: every record counts
+            logger.warning("%s", exc)
+            depths[name] = dlq_depth(store, dlq, topics[dlq].partitions, purged={})
     return depths
 
 
@@ -142,7 +149,7 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
     )
     dlq = GaugeMetricFamily(
         "spoolmq_dlq_depth_messages",
-        "messages in a topic's dead-letter topic",
+        "dead letters in a topic's dead-letter topic (purged ones not counted)",
         labels=["topic"],
     )
     ends: dict[tuple[str, int], int] = {}

@@ -19,27 +19,34 @@ _VALID: set[str] = set()
 _VALID_MAX = 10_000
 
 
+# The longest name: Kafka's topic name limit (a DLQ of a DLQ of ... a 128-character name).
+MAX_TOPIC_NAME = 249
+
+
+def _valid(name: str) -> bool:
+    """A name of 1-128 characters that TOPIC_PATTERN allows, or the DLQ (``NAME.dlq``) of
+    a valid name, up to MAX_TOPIC_NAME: dead letters must go somewhere, also those of a
+    128-character topic or of a DLQ (a refused name held its group's committed offset)."""
+    if TOPIC_PATTERN.fullmatch(name) is not None:
+        return True
+    while name.endswith(DLQ_SUFFIX) and len(name) <= MAX_TOPIC_NAME:
+        name = name[: -len(DLQ_SUFFIX)]
+        if TOPIC_PATTERN.fullmatch(name) is not None:
+            return True
+    return False
+
+
 def check_topic(name: object) -> str:
     """Return ``name`` if it is a valid topic name, else raise InvalidTopicError."""
     if type(name) is str and name in _VALID:
         return name
-    if (
-        not isinstance(name, str)
-        or (
-            TOPIC_PATTERN.fullmatch(name) is None
-            # The DLQ of any valid name, a 128-character one too (its dead letters must go
-            # somewhere: a refused name held its group's committed offset for ever).
-            and not (
-                name.endswith(DLQ_SUFFIX) and TOPIC_PATTERN.fullmatch(name[: -len(DLQ_SUFFIX)])
-            )
-        )
-    ):
+    if not isinstance(name, str) or not _valid(name):
         shown = repr(name)
         if len(shown) > 60:
             shown = shown[:57] + "..."
         raise InvalidTopicError(
             f"invalid topic name {shown}: use 1-128 characters from A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit"
+            "starting with a letter or digit (and .dlq added for a dead-letter topic)"
         )
     if type(name) is str and len(_VALID) < _VALID_MAX:
         _VALID.add(name)

@@ -173,6 +173,7 @@ class Store:
         check_topic(name)
         config = self.state.topic(name)
         if config is None:
+            self._topics.pop(name, None)  # deleted by another process
             raise UnknownTopicError(_missing(name, False, self.path))
         self._take_config(name, config)
         return config
