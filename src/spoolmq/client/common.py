@@ -46,8 +46,8 @@ def check_publisher_limits(
     batch_size: int,
     max_in_flight: int,
     max_buffered: int,
-    linger_ms: float = 0.0,
-    delivery_timeout: float = 1.0,
+    linger_ms: float,
+    delivery_timeout: float,
 ) -> None:
     """A publisher's settings: InvalidArgumentError for one it cannot work with."""
     for name, value in (

@@ -155,13 +155,18 @@ class Store:
         return created
 
     def topic_config(self, name: str, *, create: bool = False) -> TopicConfig:
+        return self._topic(name, create=create, allowed=self.config.auto_create_topics)
+
+    def _topic(self, name: str, *, create: bool, allowed: bool) -> TopicConfig:
+        """A topic's settings, cached; a missing topic is created with the default
+        settings when ``create`` asks and creating is ``allowed``."""
         check_topic(name)
         config = self._topics.get(name)
         if config is not None:
             return config
         config = self.state.topic(name)
         if config is None:
-            if not (create and self.config.auto_create_topics):
+            if not (create and allowed):
                 raise UnknownTopicError(_missing(name, create, self.path))
             config = self.state.create_topic(name, self.config.default_topic, exist_ok=True)
         self._topics[name] = config
@@ -183,12 +188,7 @@ class Store:
         default settings when missing, whatever ``auto_create_topics`` says. That setting
         guards against clients' typos; a dead letter that found its DLQ refused would
         hold its partition's committed offset for ever."""
-        check_topic(name)
-        config = self._topics.get(name) or self.state.topic(name)
-        if config is None:
-            config = self.state.create_topic(name, self.config.default_topic, exist_ok=True)
-        self._topics[name] = config
-        return config
+        return self._topic(name, create=True, allowed=True)
 
     def alter_topic(self, name: str, **settings: Any) -> TopicConfig:
         """Change retention, compaction or segment settings (not the partition count)."""
