@@ -12,16 +12,26 @@ from spoolmq.testing import BrokerProcess, wait_until
 
 def closed_segment_offsets(data_dir: Path, topic: str) -> tuple[list[int], int]:
     """The offsets of the records in the closed segments of partition 0, read from the
-    files; and the base offset of the active segment."""
-    with Store(data_dir) as store:
-        partition_log = store.partition_log(topic, 0)
-        *closed, active = partition_log.segment_bases()
-        offsets = [
-            decode_line(line).offset
-            for base in closed
-            for line in partition_log.segment_path(base).read_bytes().splitlines(keepends=True)
-        ]
-    return offsets, active
+    files; and the base offset of the active segment.
+
+    The running broker deletes and replaces segments while this reads them: a segment
+    listed and then gone means the listing is stale, so it is taken again."""
+    for _attempt in range(100):
+        with Store(data_dir) as store:
+            partition_log = store.partition_log(topic, 0)
+            *closed, active = partition_log.segment_bases()
+            try:
+                offsets = [
+                    decode_line(line).offset
+                    for base in closed
+                    for line in partition_log.segment_path(base)
+                    .read_bytes()
+                    .splitlines(keepends=True)
+                ]
+            except FileNotFoundError:
+                continue
+        return offsets, active
+    raise AssertionError(f"the segments of {topic} kept changing under 100 listings")
 
 
 def test_a_running_broker_compacts_a_compacted_topic(broker: BrokerProcess, data_dir: Path) -> None:
