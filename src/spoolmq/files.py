@@ -7,18 +7,22 @@ so a crash leaves either the old contents or the new, never a mix or nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from spoolmq.errors import StorageError
+from spoolmq.errors import ConfigError, StorageError, UnsafePermissionsError
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _READ_CHUNK = 16 << 20
+
+logger = logging.getLogger("spoolmq.files")
 
 
 def fsync_dir(path: Path) -> None:
@@ -45,6 +49,32 @@ def make_private_dirs(path: Path) -> None:
         return
     os.chmod(path, DIR_MODE)  # the umask may have narrowed it further; never widened
     fsync_dir(path.parent)
+
+
+def check_data_dir(path: Path) -> None:
+    """Create the data directory 0700 (or make ours 0700), or refuse one that other users
+    can write to (or that cannot be one: a file, a path through a file, no permission)."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"the data directory {path} is a file, not a directory")
+        make_private_dirs(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create the data directory {path}: {exc.strerror or exc}"
+        ) from None
+    status = path.stat()
+    mode = status.st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePermissionsError(
+            f"{path} can be written by other users (mode {stat.filemode(mode)}); "
+            f"run `chmod 700 {path}` so that nobody else can alter the queue"
+        )
+    if mode & 0o077 and status.st_uid == os.geteuid():
+        # Readable by others, as a directory made with the usual umask (022) is (the
+        # repository's queue_data/ among them): the files in it are 0600 already, and
+        # the directory becomes 0700 as documented.
+        os.chmod(path, 0o700)
+        logger.info("made %s private (mode %s -> drwx------)", path, stat.filemode(mode))
 
 
 def start_next_dir(root: Path) -> Path:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from spoolmq import Message, Store
-from spoolmq.errors import SchemaVersionError, TopicExistsError
+from spoolmq.errors import SchemaVersionError, TopicExistsError, UnsafePermissionsError
 from spoolmq.store import state as state_module
 from spoolmq.store.partitioner import murmur2, partition_for_key
+from spoolmq.testing import run_spoolmq
 
 
 def test_topic_settings_are_kept_in_state_db(data_dir: Path) -> None:
@@ -102,6 +103,39 @@ def test_every_file_and_directory_is_private(data_dir: Path) -> None:
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     assert (data_dir / "quarantine").is_dir()
     assert checked > 10
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_an_embedded_store_refuses_a_directory_others_can_write(tmp_path: Path, mode: int) -> None:
+    """As the broker does: another user could otherwise alter or plant the queue's files."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    with pytest.raises(UnsafePermissionsError, match=f"chmod 700 {shared}"):
+        Store(shared)
+    assert os.listdir(shared) == []  # refused before anything was created
+    assert stat.S_IMODE(shared.stat().st_mode) == mode  # and left as it was
+
+
+def test_an_embedded_store_makes_a_readable_directory_private(tmp_path: Path) -> None:
+    """A directory made with the usual umask (0755), as git checks queue_data/ out."""
+    checked_out = tmp_path / "checked-out"
+    checked_out.mkdir()
+    os.chmod(checked_out, 0o755)
+    with Store(checked_out) as store:
+        store.create_topic("t")
+    assert stat.S_IMODE(checked_out.stat().st_mode) == 0o700
+
+
+def test_the_cli_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    result = run_spoolmq("topics", "create", "t", "--data", str(shared))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "can be written by other users" in lines[0], result.stderr
+    assert os.listdir(shared) == []
 
 
 def test_round_robin_without_a_key(store: Store) -> None:

@@ -30,7 +30,6 @@ import signal
 import socket
 import sqlite3
 import ssl
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -69,9 +68,8 @@ from spoolmq.errors import (
     ProtocolError,
     SpoolError,
     StorageError,
-    UnsafePermissionsError,
 )
-from spoolmq.files import FILE_MODE, make_private_dirs, write_new_file
+from spoolmq.files import FILE_MODE, check_data_dir, write_new_file
 from spoolmq.store.names import check_topic
 from spoolmq.store.state import StateDB
 
@@ -260,32 +258,6 @@ class _Child:
     ready_at: float | None = None  # when this incarnation said it was ready
     stats: dict[str, Any] = field(default_factory=dict)
     ready: threading.Event = field(default_factory=threading.Event)
-
-
-def check_data_dir(path: Path) -> None:
-    """Create the data directory 0700 (or make ours 0700), or refuse one that other users
-    can write to (or that cannot be one: a file, a path through a file, no permission)."""
-    try:
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"the data directory {path} is a file, not a directory")
-        make_private_dirs(path)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot create the data directory {path}: {exc.strerror or exc}"
-        ) from None
-    status = path.stat()
-    mode = status.st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafePermissionsError(
-            f"{path} can be written by other users (mode {stat.filemode(mode)}); "
-            f"run `chmod 700 {path}` so that nobody else can alter the queue"
-        )
-    if mode & 0o077 and status.st_uid == os.geteuid():
-        # Readable by others, as a directory made with the usual umask (022) is (the
-        # repository's queue_data/ among them): the files in it are 0600 already, and
-        # the directory becomes 0700 as documented.
-        os.chmod(path, 0o700)
-        logger.info("made %s private (mode %s -> drwx------)", path, stat.filemode(mode))
 
 
 #: How long a starting broker waits for the lock. A probe (:func:`broker_running`, which

@@ -30,7 +30,7 @@ from spoolmq.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from spoolmq.files import make_private_dirs
+from spoolmq.files import check_data_dir, make_private_dirs
 from spoolmq.store.cleanup import keyed_entries
 from spoolmq.store.compaction import keep_record, latest_offsets
 from spoolmq.store.message import (
@@ -108,7 +108,7 @@ class Store:
             config = StoreConfig.from_mapping(config)
         self.config = config
         self._clock = clock
-        make_private_dirs(self.path)
+        check_data_dir(self.path)  # as the broker: 0700, or refused if others can write it
         make_private_dirs(logs_dir(self.path))
         self.state = StateDB(
             self.path / "state.db", busy_timeout_ms=config.busy_timeout_ms, clock=clock
