@@ -280,8 +280,19 @@ class StoreConfig:
             raise ConfigError(
                 f"index_interval_bytes must be at least 64, not {self.index_interval_bytes!r}"
             )
-        if self.lock_timeout_s <= 0 or self.busy_timeout_ms <= 0:
-            raise ConfigError("lock_timeout_s and busy_timeout_ms must be positive")
+        for name in ("lock_timeout_s", "busy_timeout_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number, not {value!r}")
+        if not isinstance(self.auto_create_topics, bool):
+            raise ConfigError(
+                f"auto_create_topics must be True or False, not {self.auto_create_topics!r}"
+            )
+        if not isinstance(self.default_topic, TopicConfig):
+            raise ConfigError(
+                f"default_topic must be a TopicConfig, not {type(self.default_topic).__name__} "
+                f"(StoreConfig.from_mapping takes a mapping of its settings)"
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> StoreConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from spoolmq import Message, Store
 from spoolmq.clock import ManualClock
 from spoolmq.config import DAY_MS
 from spoolmq.errors import (
+    ConfigError,
     InvalidArgumentError,
     InvalidTopicError,
     MessageTooLargeError,
@@ -136,6 +138,28 @@ def test_bad_partition_on_a_new_topic_creates_no_topic(store: Store, data_dir: P
         store.append("fresh", 1, partition=1)
     assert "fresh" not in store.topics()
     assert tree_snapshot(data_dir) == before
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"lock_timeout_s": "30"}, "lock_timeout_s must be a positive number, not '30'"),
+        ({"busy_timeout_ms": 0}, "busy_timeout_ms must be a positive number, not 0"),
+        ({"lock_timeout_s": math.nan}, "lock_timeout_s must be a positive number, not nan"),
+        ({"auto_create_topics": "no"}, "auto_create_topics must be True or False, not 'no'"),
+        ({"max_message_bytes": "1 GiB"}, "max_message_bytes must be from 64 to"),
+        ({"index_interval_bytes": 8}, "index_interval_bytes must be at least 64, not 8"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_bad_store_settings_are_refused_before_anything_is_opened(
+    tmp_path: Path, settings: dict[str, Any], expected: str
+) -> None:
+    """A setting of the wrong type was a TypeError from deep inside (comparing a string with
+    0), or nothing at all until the store used it."""
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        Store(tmp_path / "q", config=settings)
+    assert not (tmp_path / "q").exists()
 
 
 @pytest.mark.parametrize("limit", [1024, 4096])
