@@ -631,6 +631,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                         "segment": p.segment,
                         "position": p.position,
                         "problem": p.problem,
+                        "batch_offset": p.batch_offset,
+                        "batch_position": p.batch_position,
                     }
                     for p in problems
                 ],
@@ -638,17 +640,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     elif problems:
         for problem in problems:
+            batch = (
+                f"; its batch starts at offset {problem.batch_offset} (byte "
+                f"{problem.batch_position}), where readers stop"
+                if problem.batch_offset != problem.offset
+                else ""
+            )
             print(
                 f"{problem.topic}/{problem.partition} offset {problem.offset} "
-                f"({problem.segment} byte {problem.position}): {problem.problem}"
+                f"({problem.segment} byte {problem.position}): {problem.problem}{batch}"
             )
         print(
             f"{len(problems)} problem(s). What to do: a torn tail (a crash mid-write) is "
             "moved to quarantine/ and cut off when a writer next opens the partition (start "
             "the broker, or publish); damage inside a segment is never skipped: consumers of "
-            "that partition stop at the offset. Stop the broker, keep a copy of the segment, "
-            "and repair or remove the line at that byte (one JSON record per line, "
-            "docs/FORMAT.md), then run `spoolmq check` again."
+            "that partition stop at the first offset of the damaged record's batch. Stop the "
+            "broker, keep a copy of the segment, and repair or remove the line at that byte "
+            "(one JSON record per line, docs/FORMAT.md), then run `spoolmq check` again."
         )
     else:
         print(

@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from spoolmq import Consumer, Publisher, Store, __version__
+from spoolmq import Consumer, Message, Publisher, Store, __version__
 from spoolmq.broker.dead_letter import DeadLetterHeader
+from spoolmq.errors import CorruptRecordError
 from spoolmq.testing import BrokerProcess, wait_until
 
 SPOOLMQ = [sys.executable, "-m", "spoolmq"]
@@ -424,6 +425,35 @@ def test_check_gives_the_damaged_offset_what_to_do_and_counts(tmp_path: Path) ->
     assert "c/0 offset 2 " in bad.stdout and "What to do" in bad.stdout
     problem = orjson.loads(run("check", "--json", "--data", str(data)).stdout)["problems"][0]
     assert (problem["offset"], problem["partition"]) == (2, 0)
+
+
+def test_check_names_the_damaged_record_of_a_batch_and_where_readers_stop(
+    tmp_path: Path,
+) -> None:
+    """It gave the batch's first offset and byte as the damaged record's, and said to
+    repair the line at that byte: a good line."""
+    data = tmp_path / "q"
+    with Store(data) as store:
+        store.append_batch("c", [Message(value={"n": n}) for n in range(3)])
+        store.append_batch("c", [Message(value={"n": n}) for n in range(3, 13)])
+    segment = next((data / "logs" / "c" / "0").glob("*.jsonl"))
+    lines = segment.read_bytes().splitlines(keepends=True)
+    damaged_at = sum(len(line) for line in lines[:8])
+    batch_at = sum(len(line) for line in lines[:3])
+    assert b'"offset":8' in lines[8] and b'"offset":3' in lines[3]
+    lines[8] = lines[8].replace(b'"n":8', b'"n":9')  # the CRC no longer matches
+    segment.write_bytes(b"".join(lines))
+    bad = run("check", "--data", str(data))
+    assert bad.returncode == 1
+    assert f"c/0 offset 8 ({segment} byte {damaged_at}): damage inside the segment" in bad.stdout
+    assert f"its batch starts at offset 3 (byte {batch_at}), where readers stop" in bad.stdout
+    problem = orjson.loads(run("check", "--json", "--data", str(data)).stdout)["problems"][0]
+    assert (problem["offset"], problem["position"]) == (8, damaged_at)
+    assert (problem["batch_offset"], problem["batch_position"]) == (3, batch_at)
+    read: list[int] = []
+    with Store(data) as store, pytest.raises(CorruptRecordError):  # readers stop at offset 3
+        read.extend(record.offset for record in store.reader("c", 0))
+    assert read == [0, 1, 2]
 
 
 # -- 9: groups and dlq administration -----------------------------------------------------------

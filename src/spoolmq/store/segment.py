@@ -235,7 +235,8 @@ class ScanResult:
     ``end`` is the byte after the last whole batch; ``next_offset`` the offset after it.
     ``bad_position`` is where the first incomplete or corrupt batch starts (-1 if none);
     ``corrupt_inside`` says that whole valid records follow the bad spot, so it is damage
-    inside the segment rather than a torn tail.
+    inside the segment rather than a torn tail. ``bad_line_position`` is where the line
+    that failed starts, ``bad_line_index`` how many lines of its batch come before it.
     """
 
     end: int
@@ -245,6 +246,8 @@ class ScanResult:
     records: list[dict[str, Any]]
     bad_position: int = -1
     problem: str = ""
+    bad_line_position: int = -1
+    bad_line_index: int = 0
     corrupt_inside: bool = False
 
 
@@ -314,6 +317,8 @@ def scan_batches(
         if problem:
             result.bad_position = start + batch_start
             result.problem = problem
+            result.bad_line_position = start + position
+            result.bad_line_index = len(fields)
             result.corrupt_inside = _any_valid_line(data, position)
             return result
         first = fields[0]

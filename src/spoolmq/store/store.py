@@ -74,7 +74,11 @@ class CheckProblem:
     segment: str
     position: int
     problem: str
-    offset: int = -1  # the damaged record's offset: the one after the last good record
+    offset: int = -1  # the damaged record's offset (its place in its batch)
+    #: The damaged record's batch: its first offset, where readers stop (a batch is read
+    #: whole or not at all), and the byte it starts at.
+    batch_offset: int = -1
+    batch_position: int = -1
 
 
 def _missing(name: str, would_create: bool, data_dir: Path) -> str:
@@ -556,15 +560,17 @@ class Store:
                         os.close(fd)
                     if scan.bad_position >= 0:
                         kind = "damage inside the segment" if scan.corrupt_inside else "torn tail"
-                        offset = scan.next_offset if scan.next_offset >= 0 else base
+                        batch_offset = scan.next_offset if scan.next_offset >= 0 else base
                         problems.append(
                             CheckProblem(
                                 name,
                                 number,
                                 path,
-                                scan.bad_position,
+                                scan.bad_line_position,
                                 f"{kind}: {scan.problem}",
-                                offset,
+                                batch_offset + scan.bad_line_index,
+                                batch_offset,
+                                scan.bad_position,
                             )
                         )
                     elif scan.end != size:  # pragma: no cover - scan reads to the end
