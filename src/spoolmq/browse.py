@@ -34,6 +34,16 @@ StartKind = Literal["earliest", "latest", "offset", "time", "from_end"]
 _BATCH = 500
 
 
+def json_shown(value: Any) -> Any:
+    """A key, value or header value as a JSON output carries it: raw bytes as
+    ``{"hex": ...}``, so that they cannot be mistaken for a text that looks like hex
+    (the console's API, ``read --json``, ``consume``, ``dlq list --json``); anything else
+    as stored."""
+    if isinstance(value, bytes):
+        return {"hex": value.hex()}
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Start:
     """Where each partition is read from: the log start (``earliest``), the log end

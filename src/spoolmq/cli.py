@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
-from spoolmq.browse import parse_time
+from spoolmq.browse import json_shown, parse_time
 from spoolmq.commands import COMMAND_MODULES
 from spoolmq.commands.common import Handler, require_extra
 from spoolmq.commands.common import data_dir as _data
@@ -199,9 +199,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         "topic": message.topic,
                         "partition": message.partition,
                         "offset": message.offset,
-                        "key": _hex_bytes(key),
-                        "value": _hex_bytes(value),
-                        "headers": [[n, _hex_bytes(v)] for n, v in message.headers],
+                        "key": json_shown(key),
+                        "value": json_shown(value),
+                        "headers": [[n, json_shown(v)] for n, v in message.headers],
                         "tags": list(message.tags),
                         "timestamp": message.timestamp,
                         "attempt": message.attempt,
@@ -576,8 +576,8 @@ def _letter_row(d: DeadLetter) -> dict[str, Any]:
         "attempts": d.attempts,
         "reason": d.reason,
         "timestamp": d.record.timestamp,
-        "key": _hex_bytes(d.record.key),
-        "value": _hex_bytes(d.record.value),
+        "key": json_shown(d.record.key),
+        "value": json_shown(d.record.value),
         "tags": list(d.record.tags),
     }
 

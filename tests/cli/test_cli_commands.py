@@ -106,6 +106,15 @@ def test_consume_max_timeout_no_ack_and_start(
     assert [m["offset"] for m in json_lines(out)] == [0]
     out = cli(capsys, "consume", "jobs", "--group", "quick", "--no-ack", "--max", "1", *d)
     assert [m["offset"] for m in json_lines(out)] == [1]
+    # Raw bytes as {"hex": ...}, as the console's API gives them: not the text "00ff".
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("raw", b"\x00\xff", key=b"\x01", headers={"h": b"\x02"})
+        publisher.publish("raw", "00ff", key="01")
+    out = cli(capsys, "consume", "raw", "--group", "g", "--max", "2", *d)
+    assert [(m["value"], m["key"], m["headers"]) for m in json_lines(out)] == [
+        ({"hex": "00ff"}, {"hex": "01"}, [["h", {"hex": "02"}]]),
+        ("00ff", "01", []),
+    ]
     # --start latest: a new group skips what is already there.
     out = cli(
         capsys, "consume", "jobs", "--group", "new", "--start", "latest", "--timeout", "1", *d

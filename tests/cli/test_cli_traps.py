@@ -226,12 +226,12 @@ def test_dead_letters_are_written_with_topic_auto_creation_off(tmp_path: Path) -
     args = ["--auto-create-topics", "off"]
     with BrokerProcess(data, args=args, log_file=tmp_path / "broker.log"):
         with Publisher(data=data) as publisher:
-            publisher.publish_many("jobs", ["poison", *range(5)])
+            publisher.publish_many("jobs", [b"\x00poison", *range(5)])
         with Consumer("jobs", "g", data=data, max_deliveries=1, prefetch=10) as consumer:
             for _ in range(6):
                 message = consumer.receive(timeout=30)
                 assert message is not None
-                if message.value == "poison":
+                if message.value == b"\x00poison":
                     message.nack(reason="bad input")
                 else:
                     message.ack()
@@ -244,6 +244,7 @@ def test_dead_letters_are_written_with_topic_auto_creation_off(tmp_path: Path) -
         assert row["lag"] == 0
         [letter] = orjson.loads(ok("dlq", "list", "jobs", "--json", *d))
         assert letter["offset"] == 0 and letter["reason"] == "bad input"
+        assert letter["value"] == {"hex": b"\x00poison".hex()}  # raw bytes, not a text
         assert run("publish", "jobs.dlq.typo", "1", *d).returncode != 0  # still refused
     assert "could not dead-letter" not in (tmp_path / "broker.log").read_text()
 

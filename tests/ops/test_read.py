@@ -52,7 +52,8 @@ def test_read_starts_filters_and_formats(
     assert [(r["partition"], r["offset"]) for r in rows] == [
         (0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3)
     ]  # fmt: skip
-    assert rows[-1]["value"] == "00ff"  # bytes as hex
+    # Raw bytes as {"hex": ...}: a bare "00ff" would read as the text "00ff".
+    assert rows[-1]["value"] == {"hex": "00ff"}
     assert rows[0]["headers"] == [["src", "web"]]
 
     def lines(*args: str) -> list[str]:
@@ -68,6 +69,8 @@ def test_read_starts_filters_and_formats(
     assert lines("--field", "customer.id=2", "--format", "{key}") == ["k2", "k5"]
     assert lines("--max", "2", "--format", "{key}") == ["k0", "k1"]
     assert lines("--from-time", "2999-01-01T00:00:00Z") == []
+    assert lines("--partition", "0", "--offset", "3") == ["00ff"]  # for a person: bare hex
+    assert lines("--partition", "0", "--offset", "3", "--format", "{value}") == ["00ff"]
 
     for bad, message in [
         (["--format", "{value.__class__}"], "--format can name"),

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from spoolmq.browse import json_shown
 from spoolmq.commands.common import CommandFactory, data_dir
 from spoolmq.errors import InvalidArgumentError
 from spoolmq.inotify import open_inotify
@@ -54,7 +55,7 @@ def check_template(template: str) -> str:
 
 
 def _shown(value: Any) -> Any:
-    """Bytes as hex, as ``consume`` prints them; everything else as it is."""
+    """Bytes as bare hex for a person to read; everything else as it is."""
     return value.hex() if isinstance(value, bytes) else value
 
 
@@ -66,24 +67,24 @@ def _text(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _fields(topic: str, partition: int, record: Any) -> dict[str, Any]:
+def _fields(topic: str, partition: int, record: Any, shown: Callable[[Any], Any]) -> dict[str, Any]:
     return {
         "topic": topic,
         "partition": partition,
         "offset": record.offset,
         "timestamp": record.timestamp,
-        "key": _shown(record.key),
-        "value": _shown(record.value),
-        "headers": [[name, _shown(value)] for name, value in record.headers],
+        "key": shown(record.key),
+        "value": shown(record.value),
+        "headers": [[name, shown(value)] for name, value in record.headers],
         "tags": list(record.tags),
     }
 
 
 def render(topic: str, partition: int, record: Any, *, template: str | None, as_json: bool) -> str:
     """One record's output line: JSON, a template, or (by default) the value alone."""
-    fields = _fields(topic, partition, record)
     if as_json:
-        return orjson.dumps(fields).decode()
+        return orjson.dumps(_fields(topic, partition, record, json_shown)).decode()
+    fields = _fields(topic, partition, record, _shown)
     if template is not None:
         return template.format_map({name: _text(value) for name, value in fields.items()})
     return _text(fields["value"])

@@ -18,7 +18,7 @@ from spoolmq import operations
 from spoolmq.broker.manager import broker_running
 from spoolmq.broker.metrics import Snapshot
 from spoolmq.broker.metrics import render as render_metrics
-from spoolmq.browse import BrowseCounts, Start, browse
+from spoolmq.browse import BrowseCounts, Start, browse, json_shown
 from spoolmq.client import Admin
 from spoolmq.errors import SpoolError, UnknownTopicError
 from spoolmq.store import Record, Store
@@ -27,22 +27,14 @@ from spoolmq.types import TopicPartition
 from spoolmq.ui.inputs import Search
 
 
-def shown(value: Any) -> Any:
-    """A value as JSON can carry it: raw bytes as ``{"hex": ...}`` so the page can label
-    them, anything else as stored (the page pretty-prints it)."""
-    if isinstance(value, bytes):
-        return {"hex": value.hex()}
-    return value
-
-
 def message(record: Record, partition: int) -> dict[str, Any]:
     return {
         "partition": partition,
         "offset": record.offset,
         "timestamp": record.timestamp,
-        "key": shown(record.key),
-        "value": shown(record.value),
-        "headers": [[name, shown(value)] for name, value in record.headers],
+        "key": json_shown(record.key),
+        "value": json_shown(record.value),
+        "headers": [[name, json_shown(value)] for name, value in record.headers],
         "tags": list(record.tags),
         "deliver_at": record.deliver_at,
         "expires_at": record.expires_at,
