@@ -270,6 +270,31 @@ def test_bad_consumer_and_admin_frames(
     ]
 
 
+@pytest.mark.parametrize(
+    ("role", "frame", "expected"),
+    [
+        ("consumer", {"op": "publish", "id": 5}, "a consumer connection cannot send 'publish'"),
+        ("consumer", {"op": "subscribe", "id": 6, "group": 7}, None),
+        ("consumer", {"op": "ack", "id": 7, "runs": [[1, 1]]}, "'ack' before 'subscribe'"),
+        ("publisher", {"op": "subscribe", "id": 8}, "a publisher connection cannot send"),
+    ],
+)
+def test_an_error_that_closes_a_connection_answers_the_frame_by_its_id(
+    broker: BrokerProcess, data_dir: Path, role: str, frame: dict[str, Any], expected: str | None
+) -> None:
+    """PROTOCOL.md: an error's ``id`` is the frame it answers. The frame closing the
+    connection was answered with no id, and a consumer's op that is never allowed
+    before subscribing was said to come "before 'subscribe'"."""
+    conn = welcomed(data_dir, role)
+    conn.send_bytes(json.dumps(frame).encode())
+    assert conn.poll(30)
+    answer = orjson.loads(conn.recv_bytes())
+    assert (answer["op"], answer.get("id")) == ("error", frame["id"]), answer
+    if expected is not None:
+        assert expected in answer["message"], answer
+    conn.close()
+
+
 def test_garbage_instead_of_the_handshake(
     watched: BrokerProcess, data_dir: Path, figure: Callable[[str], None]
 ) -> None:

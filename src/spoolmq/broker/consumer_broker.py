@@ -383,13 +383,16 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 return False
             if data is None:
                 return False
+            frame: dict[str, Any] = {}
             try:
                 frame = protocol.decode(data)
                 op = protocol.check_client_frame(frame)
                 self._handle_frame(consumer, op, frame)
             except ProtocolError as exc:
                 logger.warning("closing consumer %s: %s", consumer.client_id, exc)
-                self._send(consumer, protocol.error_frame(exc))
+                # With the request's id where it had one, so a client waiting for the
+                # answer learns why the connection is closing.
+                self._send(consumer, protocol.error_frame(exc, id=frame.get("id")))
                 self._drop(consumer, f"bad frame: {exc}")
                 return False
             except SpoolError as exc:
@@ -413,6 +416,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             self._return_unread(consumer, frame)
             self._drop(consumer, "said bye")
             return
+        if op not in ("credit", "ack", "nack", "extend"):
+            raise ProtocolError(f"a consumer connection cannot send {op!r}")
         if consumer.group is None:
             raise ProtocolError(f"{op!r} before 'subscribe'")
         runtime = self.groups[consumer.group]
@@ -420,8 +425,6 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         if op == "credit":
             group.add_credit(consumer.consumer_id, parse_credit(frame))
             return
-        if op not in ("ack", "nack", "extend"):
-            raise ProtocolError(f"a consumer connection cannot send {op!r}")
         runs = parse_runs(op, frame)
         refused: list[dict[str, Any]] = []
         leases: dict[str, int] = {}

@@ -383,6 +383,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 return
             if data is None:
                 return
+            frame: dict[str, Any] = {}
             try:
                 frame = protocol.decode(data)
                 op = protocol.check_client_frame(frame)
@@ -394,7 +395,8 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 frames.append((client, frame))
             except SpoolError as exc:
                 logger.warning("closing publisher %s: bad frame: %s", client.client_id, exc)
-                self._send(client, protocol.error_frame(exc))
+                # With the frame's id where it had one: the error answers it.
+                self._send(client, protocol.error_frame(exc, id=frame.get("id")))
                 self._drop(client, f"bad frame: {exc}")
                 return
 
