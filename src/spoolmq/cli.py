@@ -907,7 +907,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", type=_positive, default=2000, help="messages to publish")
     p.add_argument("--no-analytics", action="store_true", help="skip the Spark report")
 
-    p = command("bench", cmd_bench, "measure throughput, latency and memory (vs Redis Streams)")
+    p = command(
+        "bench",
+        cmd_bench,
+        "measure throughput, latency and memory (vs Redis Streams, NATS JetStream, RabbitMQ)",
+    )
     from spoolmq.bench import add_arguments
 
     add_arguments(p)

@@ -245,3 +245,13 @@ def test_a_state_db_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert_one_line_error(result, "state.db cannot be read", "not a database")
     assert not broker_running(data)
+
+
+@pytest.mark.parametrize("action", ["add", "remove"])
+def test_users_without_a_name_says_how_to_give_one(tmp_path: Path, action: str) -> None:
+    data = tmp_path / "queue_data"
+    with Store(data):
+        pass
+    result = run_cli("users", action, "--data", str(data))
+    assert result.returncode == 2
+    assert_one_line_error(result, f"users {action} needs a NAME: `spoolmq users {action} NAME`")

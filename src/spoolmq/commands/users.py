@@ -58,7 +58,10 @@ def cmd_users(args: argparse.Namespace) -> int:
             print_table("users", ["user", "mechanism", "iterations"], rows)
         return 0
     if args.name is None:
-        raise InvalidArgumentError(f"users {args.action} needs a NAME")
+        raise InvalidArgumentError(
+            f"users {args.action} needs a NAME: `spoolmq users {args.action} NAME` "
+            f"(see `spoolmq users --help`)"
+        )
     name = check_user_name(args.name)
     if args.action == "add":
         make_private_dirs(data)
