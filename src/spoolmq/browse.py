@@ -44,6 +44,12 @@ def json_shown(value: Any) -> Any:
     return value
 
 
+def text_shown(value: Any) -> Any:
+    """A key, value or header value as a person reads it (tables, the default ``read``
+    output, ``--format``): raw bytes as bare hex; anything else as stored."""
+    return value.hex() if isinstance(value, bytes) else value
+
+
 @dataclass(frozen=True, slots=True)
 class Start:
     """Where each partition is read from: the log start (``earliest``), the log end

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
-from spoolmq.browse import json_shown, parse_time
+from spoolmq.browse import json_shown, parse_time, text_shown
 from spoolmq.commands import COMMAND_MODULES
 from spoolmq.commands.common import Handler, require_extra
 from spoolmq.commands.common import data_dir as _data
@@ -594,16 +594,11 @@ def _letters_table(title: str, letters: Sequence[DeadLetter]) -> None:
                 d.group,
                 d.attempts,
                 d.reason,
-                _hex_bytes(d.record.key),
+                text_shown(d.record.key),
             ]
             for d in letters
         ],
     )
-
-
-def _hex_bytes(value: Any) -> Any:
-    """Raw bytes as hex for display; anything else as it is."""
-    return value.hex() if isinstance(value, bytes) else value
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from spoolmq.browse import json_shown
+from spoolmq.browse import json_shown, text_shown
 from spoolmq.commands.common import CommandFactory, data_dir
 from spoolmq.errors import InvalidArgumentError
 from spoolmq.inotify import open_inotify
@@ -54,14 +54,9 @@ def check_template(template: str) -> str:
     return template.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def _shown(value: Any) -> Any:
-    """Bytes as bare hex for a person to read; everything else as it is."""
-    return value.hex() if isinstance(value, bytes) else value
-
-
 def _text(value: Any) -> str:
     """A field as a template shows it: text as it is, anything else as compact JSON."""
-    value = _shown(value)
+    value = text_shown(value)
     if isinstance(value, str):
         return value
     return orjson.dumps(value).decode()
@@ -84,7 +79,7 @@ def render(topic: str, partition: int, record: Any, *, template: str | None, as_
     """One record's output line: JSON, a template, or (by default) the value alone."""
     if as_json:
         return orjson.dumps(_fields(topic, partition, record, json_shown)).decode()
-    fields = _fields(topic, partition, record, _shown)
+    fields = _fields(topic, partition, record, text_shown)
     if template is not None:
         return template.format_map({name: _text(value) for name, value in fields.items()})
     return _text(fields["value"])
