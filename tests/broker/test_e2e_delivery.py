@@ -416,3 +416,46 @@ def test_acks_without_waiting_are_acks_and_a_second_settle_is_refused(
         assert message is not None
         with pytest.raises(InvalidArgumentError, match="auto_ack"):
             message.ack(wait=False)
+
+
+def test_pause_gives_back_what_was_pushed_ahead_and_keeps_what_is_held(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    with Publisher(data=data_dir) as publisher:
+        for n in range(5):
+            publisher.publish("paused", n)
+    # A 300 s lease: a message the other member gets within the bounds below came back
+    # through the pause, not through a lease running out.
+    options: dict[str, Any] = {"group": "g", "data": data_dir, "lease": 300}
+    with Consumer("paused", prefetch=5, **options) as first:
+        held = first.receive(timeout=30)
+        assert held is not None and held.value == 0
+        # The other four are pushed ahead with it (prefetch 5), once the broker has them.
+        delivered = lambda: broker.stats()["consumer"].get("delivered", 0)  # noqa: E731
+        wait_until(lambda: delivered() >= 5, 30, "the four pushed ahead")
+        assert first.pause() == 4
+        assert first.receive(timeout=0.2) is None  # paused: nothing buffered is handed out
+        with Consumer("paused", prefetch=10, **options) as second:
+            taken = [second.receive(timeout=30) for _ in range(4)]
+            assert [(m.value, m.attempt) for m in taken if m is not None] == [
+                (1, 1),
+                (2, 1),
+                (3, 1),
+                (4, 1),
+            ]
+            for message in taken:
+                assert message is not None
+                message.ack()
+            held.ack(wait=True)  # still its own to settle while paused
+            with Publisher(data=data_dir) as publisher:
+                publisher.publish("paused", 5)
+            # Paused, the first takes nothing; the second gets the new one.
+            fresh = second.receive(timeout=30)
+            assert fresh is not None and (fresh.value, fresh.attempt) == (5, 1)
+            second.pause()
+            first.resume()
+            fresh.nack(delay=0)  # back to the group: only the resumed member takes it
+            again = first.receive(timeout=30)
+            assert again is not None and (again.value, again.attempt) == (5, 2)
+            again.ack(wait=True)
+    assert events_of(data_dir, "dead_lettered") == []

@@ -234,3 +234,39 @@ def test_a_receive_ends_on_time_while_the_broker_is_away(
     waits = asyncio.run(main())
     # Before, the first one waited out the reconnect timeout (600 s).
     assert max(waits) < 30, f"receive(0.3) waits with the broker away: {waits}"
+
+
+def test_pause_gives_back_what_was_pushed_ahead(broker: BrokerProcess, data_dir: Path) -> None:
+    publish(data_dir, "paused", 4)
+    delivered = lambda: broker.stats()["consumer"].get("delivered", 0)  # noqa: E731
+
+    async def main() -> tuple[int, list[tuple[int, int]], Any]:
+        # A 300 s lease: what the other member gets came back through the pause.
+        options: dict[str, Any] = {"group": "g", "data": data_dir, "lease": 300}
+        async with AsyncConsumer("paused", prefetch=4, **options) as first:
+            held = await first.receive(timeout=30)
+            assert held is not None
+            await eventually(lambda: delivered() >= 4, 30, "the three pushed ahead")
+            released = await first.pause()
+            # A receive waiting out the pause gets nothing buffered before it was paused.
+            nothing = await first.receive(timeout=0.2)
+            async with AsyncConsumer("paused", prefetch=10, **options) as second:
+                others = []
+                for _ in range(3):
+                    message = await second.receive(timeout=30)
+                    assert message is not None
+                    others.append((message.value["id"], message.attempt))
+                    await message.ack()
+                await held.ack()  # still its own to settle while paused
+                await second.pause()
+                publish(data_dir, "paused", 1)
+                await first.resume()
+                fresh = await first.receive(timeout=30)
+                assert fresh is not None
+                await fresh.ack()
+            return released, sorted(others), (nothing, fresh.value, fresh.attempt)
+
+    released, others, (nothing, fresh, attempt) = asyncio.run(main())
+    assert released == 3
+    assert others == [(1, 1), (2, 1), (3, 1)]  # first attempts, not failed ones
+    assert nothing is None and fresh == {"id": 0} and attempt == 1

@@ -163,3 +163,28 @@ def test_the_worker_loop_sleeps_while_a_task_runs(
     short = [w for w in waits if 0 <= w < 0.4]
     # 3 s of running: one look at the stop flag each 0.5 s is ~6; steps of 50 ms were 60.
     assert ran >= 2.5 and len(short) <= 4, f"{len(waits)} waits, {len(short)} short: {waits}"
+
+
+def test_a_process_being_replaced_hands_back_what_was_pushed_ahead(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    # Two at a time and a 2 s lease. A stuck thread past its time limit has the process
+    # replaced once its other task (6 s) is done; the slot the stuck one freed is pushed
+    # a third task meanwhile. That one must go back at once, not wait out its lease behind
+    # the replacement (each lapse an attempt: three, and the message went to the DLQ).
+    start_worker("--processes", "1", "--concurrency", "2", TASKS_LEASE="2")
+    stuck = app.stuck.send("pushed-stuck")
+    long = app.slow.send("pushed-long", 6)
+    wait_until(
+        lambda: count_marks(marks, "pushed-stuck") and count_marks(marks, "pushed-long"),
+        60,
+        "both running",
+    )
+    stuck_pid = int(count_marks(marks, "pushed-stuck")[0])
+    behind = app.worker_pid.send()
+    assert behind.result(timeout=90) != stuck_pid
+    row = app.tasks.get(behind.id)
+    assert row is not None and row.attempts == 1
+    assert long.result(timeout=60) == stuck_pid
+    with pytest.raises(TaskFailed, match="TimeLimitExceeded"):
+        stuck.result(timeout=5)

@@ -416,7 +416,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             self._return_unread(consumer, frame)
             self._drop(consumer, "said bye")
             return
-        if op not in ("credit", "ack", "nack", "extend"):
+        if op not in ("credit", "ack", "nack", "extend", "pause", "resume"):
             raise ProtocolError(f"a consumer connection cannot send {op!r}")
         if consumer.group is None:
             raise ProtocolError(f"{op!r} before 'subscribe'")
@@ -424,6 +424,12 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         group = runtime.group
         if op == "credit":
             group.add_credit(consumer.consumer_id, parse_credit(frame))
+            return
+        if op in ("pause", "resume"):
+            slot = group.consumers[consumer.consumer_id]
+            slot.paused = op == "pause"
+            released = self._return_unread(consumer, frame) if slot.paused else 0
+            self._send(consumer, {"op": f"{op}d", "id": frame.get("id"), "released": released})
             return
         runs = parse_runs(op, frame)
         refused: list[dict[str, Any]] = []
@@ -451,21 +457,25 @@ class ConsumerBroker(BrokerChild[_Consumer]):
                 reply["leases"] = leases
             self._send(consumer, reply)
 
-    def _return_unread(self, consumer: _Consumer, frame: dict[str, Any]) -> None:
-        """A closing consumer lists in ``seen`` the deliveries its application got and did
-        not settle; the rest it never read (prefetched, buffered or still in the socket),
-        so they go back without counting an attempt."""
+    def _return_unread(self, consumer: _Consumer, frame: dict[str, Any]) -> int:
+        """A closing (``bye``) or pausing (``pause``) consumer lists in ``seen`` the
+        deliveries its application got and did not settle; the rest it never read
+        (prefetched, buffered or still in the socket), so they go back without counting an
+        attempt. Returns how many went back."""
         if consumer.group is None:
-            return
+            return 0
         seen = parse_seen(frame)
         if seen is None:
-            return  # every delivery may have been processed: all count
+            return 0  # every delivery may have been processed: all count
         group = self.groups[consumer.group].group
         now = self.clock.now_ms()
         unread = set(group.in_flight_tags(consumer.consumer_id)) - set(seen)
+        released = 0
         for tag in sorted(unread, key=tag_order, reverse=True):  # each goes to the front
             with contextlib.suppress(SpoolError):  # its lease ran out: that attempt counted
                 group.release(tag, consumer.consumer_id, now)
+                released += 1
+        return released
 
     def _subscribe(self, consumer: _Consumer, frame: dict[str, Any], now: int) -> None:
         if consumer.group is not None:

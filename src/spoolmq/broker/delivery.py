@@ -322,6 +322,7 @@ class ConsumerSlot:
     topics: frozenset[str]
     held: int = 0  # deliveries in flight
     credit: int = 0  # auto_ack: messages it can still take
+    paused: bool = False  # it asked for nothing more (``pause``) until it resumes
     # Tags whose lease expired, so a late answer is told so (LeaseExpiredError) rather than
     # "unknown delivery"; the oldest are forgotten past _EXPIRED_TAGS_KEPT.
     expired: dict[int, str] = field(default_factory=dict)
@@ -997,6 +998,8 @@ class Group:
         return any(self._room(slot) > 0 for slot in self.consumers.values())
 
     def _room(self, slot: ConsumerSlot) -> int:
+        if slot.paused:
+            return 0
         if self.settings.auto_ack:
             return slot.credit
         return slot.prefetch - slot.held

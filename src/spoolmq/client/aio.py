@@ -64,6 +64,7 @@ from spoolmq.client.common import (
     handler_failure,
     lost_broker,
     numbered_bodies,
+    pause_frame,
     producer_id_or_new,
     refusal_error,
     settle_frame,
@@ -721,6 +722,7 @@ class AsyncConsumer:
         self._frame_ids = 0
         self._generation = 0
         self._taken = 0
+        self._paused = False  # pause(): the broker pushes nothing until resume()
         self._closed = False
         self.consumer_id = ""
         self.client_id = ""
@@ -759,6 +761,9 @@ class AsyncConsumer:
                     "settings": self._settings,
                 }
             )
+            if self._paused:  # a reconnect keeps a pause: what it pushed meanwhile goes back
+                await self._request(pause_frame(self.auto_ack, ()))
+                self._buffer.clear()
         except BaseException:
             self._drop(stream)
             raise
@@ -863,7 +868,9 @@ class AsyncConsumer:
         if self._closed:
             raise SpoolError("this AsyncConsumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._buffer:
+        # Paused, a buffered message may be one the broker is taking back (auto_ack
+        # consumers' are final: those are still handed out).
+        while not self._buffer or (self._paused and not self.auto_ack):
             check_topics_left(self.topics, self.deleted_topics)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -887,6 +894,33 @@ class AsyncConsumer:
             if self._buffer and self._taken >= max(1, self.prefetch // 2):
                 self._flush_credit()
         return message
+
+    async def pause(self) -> int:
+        """As :meth:`Consumer.pause`: take nothing more until :meth:`resume`; what was
+        pushed ahead and not handed out goes back at once, unattempted. Returns how many
+        messages went back."""
+        if self._closed:
+            raise SpoolError("this AsyncConsumer is closed")
+        self._paused = True
+        if self._stream is None:
+            return 0  # the reconnect pauses the new subscription
+        try:
+            reply = await self._request(pause_frame(self.auto_ack, self._unsettled))
+        except _LOST:
+            return 0  # _drop ran: the reconnect pauses the new subscription
+        if not self.auto_ack:
+            self._buffer.clear()  # each of them was given back (and nothing came after)
+        return int(reply.get("released") or 0)
+
+    async def resume(self) -> None:
+        """Take messages again after :meth:`pause`."""
+        if self._closed:
+            raise SpoolError("this AsyncConsumer is closed")
+        self._paused = False
+        self._arrived.poke()  # a receive waiting out the pause looks at the buffer again
+        if self._stream is not None:
+            with contextlib.suppress(*_LOST):  # the reconnect subscribes afresh, unpaused
+                await self._request({"op": "resume"})
 
     def __aiter__(self) -> AsyncConsumer:
         return self

@@ -263,6 +263,16 @@ def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> 
     return frame
 
 
+def pause_frame(auto_ack: bool, unsettled: Iterable[int]) -> dict[str, Any]:
+    """A ``pause`` frame: ``seen`` lists the deliveries the application holds (the broker
+    takes the others back unattempted). An ``auto_ack`` consumer holds none in the
+    broker's sense: what it was sent is final, so it says nothing."""
+    frame: dict[str, Any] = {"op": "pause"}
+    if not auto_ack:
+        frame["seen"] = sorted(unsettled)
+    return frame
+
+
 def lost_broker(logger: logging.Logger, exc: BaseException) -> None:
     """Log a connection lost, saying why: an EOFError says nothing by itself."""
     reason = str(exc) or (

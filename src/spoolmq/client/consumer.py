@@ -29,6 +29,7 @@ from spoolmq.client.common import (
     delivery_entries,
     handler_failure,
     lost_broker,
+    pause_frame,
     refusal_error,
     settle_frame,
     subscription_settings,
@@ -138,6 +139,7 @@ class Consumer:
         self._generation = 0
         self._taken = 0
         self._closed = False
+        self._paused = False  # pause(): the broker pushes nothing until resume()
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
         self.deleted_topics: set[str] = set()  # deleted while this consumer ran
@@ -178,6 +180,9 @@ class Consumer:
             }
         )
         self.consumer_id = str(reply.get("consumer_id"))
+        if self._paused:  # a reconnect keeps a pause: what it pushed meanwhile goes back
+            self._request(pause_frame(self.auto_ack, ()))
+            self._buffer.clear()
 
     def _drop(self) -> None:
         """Forget a lost connection; the next ``receive`` reconnects."""
@@ -326,6 +331,41 @@ class Consumer:
         with self._wake_lock, contextlib.suppress(OSError):  # full: a byte is waiting
             if self._wake_write >= 0:
                 os.write(self._wake_write, b"w")
+
+    def pause(self) -> int:
+        """Take nothing more until :meth:`resume`: the messages the broker pushed ahead
+        (prefetched) and ``receive`` has not handed out go back to the group at once,
+        without counting an attempt, for its other consumers; those the application holds
+        stay its own to ACK, NACK or extend. ``receive`` then only waits (an ``auto_ack``
+        consumer's buffered messages, already final, are still handed out). A worker
+        that stops calls this first, so that nothing waits behind it until its lease runs
+        out. Returns how many messages went back."""
+        if self._closed:
+            raise SpoolError("this Consumer is closed")
+        self._paused = True
+        if self._conn is None:
+            return 0  # the reconnect pauses the new subscription
+        try:
+            reply = self._request(pause_frame(self.auto_ack, self._unsettled))
+        except (EOFError, OSError) as exc:
+            lost_broker(logger, exc)
+            self._drop()
+            return 0
+        if not self.auto_ack:
+            self._buffer.clear()  # each of them was given back (and nothing came after)
+        return int(reply.get("released") or 0)
+
+    def resume(self) -> None:
+        """Take messages again after :meth:`pause`."""
+        if self._closed:
+            raise SpoolError("this Consumer is closed")
+        self._paused = False
+        if self._conn is not None:
+            try:
+                self._request({"op": "resume"})
+            except (EOFError, OSError) as exc:
+                lost_broker(logger, exc)
+                self._drop()  # the reconnect subscribes afresh, unpaused
 
     def _flush_credit(self) -> None:
         if self._taken:

@@ -34,6 +34,8 @@ CLIENT_OPS = {
     "nack",
     "extend",
     "credit",
+    "pause",
+    "resume",
     "admin",
     "bye",
 }

@@ -20,8 +20,10 @@ thread-safe), and between waits it:
   be stopped, so the attempt is recorded as failed, the worker takes no more work, and
   exits (code 75) once its other tasks are done, and the supervisor starts a new one.
 
-A stop (SIGTERM) lets running tasks finish for ``shutdown_timeout`` seconds, then hands back
-the rest (NACK) and closes; messages pushed ahead and never started go back unattempted.
+A stop (SIGTERM), or a replacement after a time limit, first hands back the messages pushed
+ahead and never started (``Consumer.pause``: unattempted, at once, for the other workers,
+rather than waiting out their leases behind the stop); a stop then lets running tasks finish
+for ``shutdown_timeout`` seconds, hands back the rest (NACK) and closes.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class WorkerProcess:
         beat_every = self.tasks.lease / 3
         next_beat = time.monotonic() + beat_every
         stop_deadline: float | None = None
+        paused = False
         try:
             while True:
                 self._settle_finished()
@@ -163,6 +166,12 @@ class WorkerProcess:
                     next_beat = time.monotonic() + beat_every
                 live = [r for r in self._running.values() if not r.abandoned]
                 if self.stopping.is_set() or self.replace:
+                    if not paused:
+                        # Messages pushed ahead would wait behind this stop with their
+                        # leases running (a stuck thread can outlast them): another
+                        # worker takes them now, without an attempt counted.
+                        paused = True
+                        self._pause(consumer)
                     if not live:
                         break
                     if stop_deadline is None:
@@ -175,12 +184,12 @@ class WorkerProcess:
                 if len(live) >= self.concurrency:
                     concurrent.futures.wait(
                         [r.future for r in live],
-                        timeout=self._pause(live, next_beat),
+                        timeout=self._wait_for(live, next_beat),
                         return_when=concurrent.futures.FIRST_COMPLETED,
                     )
                     continue
                 # A task that finishes ends the wait (its done-callback calls wakeup).
-                message = consumer.receive(self._pause(live, next_beat))
+                message = consumer.receive(self._wait_for(live, next_beat))
                 if message is not None:
                     try:
                         self._start(message)
@@ -194,7 +203,17 @@ class WorkerProcess:
         return EXIT_REPLACE if self.replace else 0
 
     @staticmethod
-    def _pause(live: list[_Running], next_beat: float) -> float:
+    def _pause(consumer: Consumer) -> None:
+        try:
+            released = consumer.pause()
+        except SpoolError as exc:  # closing hands them back all the same
+            logger.warning("could not hand back the messages pushed ahead: %s", exc)
+        else:
+            if released:
+                logger.info("handed back %d message(s) pushed ahead and not started", released)
+
+    @staticmethod
+    def _wait_for(live: list[_Running], next_beat: float) -> float:
         """How long the loop may wait for a message or a task to finish: until the next
         heartbeat or the nearest time limit of a running task, and at most 0.5 s (a stop
         is a flag the loop looks at)."""
