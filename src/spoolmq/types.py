@@ -27,3 +27,27 @@ class EventType(StrEnum):
     DEAD_LETTERED = "dead_lettered"  # out of attempts: moved to <topic>.dlq
     SKIPPED = "skipped"  # deleted by retention before the group read it (a range)
     LAG = "lag"  # a group's committed offset and log end in a partition (periodic)
+
+
+DEAD_LETTER_HEADER_PREFIX = "x-dlq-"
+
+
+class DeadLetterHeader(StrEnum):
+    """The headers a dead letter carries besides the original message's own."""
+
+    REASON = "x-dlq-reason"  # why the last attempt failed
+    ATTEMPTS = "x-dlq-attempts"  # deliveries made
+    GROUP = "x-dlq-group"  # the consumer group that gave up
+    TOPIC = "x-dlq-topic"  # where the original is: topic, partition, offset
+    PARTITION = "x-dlq-partition"
+    OFFSET = "x-dlq-offset"
+
+
+def is_dead_letter_header(name: str) -> bool:
+    """Was this header added by dead-lettering (and so is dropped when the message is
+    replayed)?
+
+    >>> is_dead_letter_header(DeadLetterHeader.REASON), is_dead_letter_header("trace")
+    (True, False)
+    """
+    return name.startswith(DEAD_LETTER_HEADER_PREFIX)

@@ -130,3 +130,32 @@ def test_waiting_many_times_keeps_one_watch_per_thread_until_close(data_dir: Pat
         other.join(30)
         assert _inotify_descriptors() == at_start + 2  # the other thread's own watch
     assert _inotify_descriptors() == at_start
+
+
+def test_a_dead_lettered_task_ends_for_result_and_runs_again_when_redriven(
+    data_dir: Path,
+) -> None:
+    from spoolmq.tasks.results import ResultStore
+
+    store = ResultStore(data_dir)
+    try:
+        row = {"name": "jobs.x", "topic": "jobs", "args": {"args": [], "kwargs": {}}}
+        store.add("t1", **row, key=None, priority=0, eta_ms=None, result_ttl_ms=60_000)
+        store.claim("t1", 1, "w:1", row)
+        assert store.dead_lettered("t1", "dead-lettered to jobs.dlq after 5 deliveries: x")
+        ended = store.get("t1")
+        assert ended is not None and ended.state == "dead_lettered"
+        assert ended.error == "dead-lettered to jobs.dlq after 5 deliveries: x"
+        assert ended.expires_ms is not None  # kept as long as a result
+        # A replayed letter reaches a worker: the task runs again, its row unexpired.
+        assert store.claim("t1", 1, "w:2", row) == "dead_lettered"
+        again = store.get("t1")
+        assert again is not None and again.state == "running" and again.expires_ms is None
+        # A task that ended otherwise stays as it ended.
+        store.finish("t1", "succeeded", result=3)
+        assert not store.dead_lettered("t1", "late letter")
+        done = store.get("t1")
+        assert done is not None and done.state == "succeeded" and done.result == 3
+        assert not store.dead_lettered("unknown-id", "no row")
+    finally:
+        store.close()

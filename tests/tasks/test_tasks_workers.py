@@ -188,3 +188,28 @@ def test_a_process_being_replaced_hands_back_what_was_pushed_ahead(
     assert long.result(timeout=60) == stuck_pid
     with pytest.raises(TaskFailed, match="TimeLimitExceeded"):
         stuck.result(timeout=5)
+
+
+def test_a_task_no_worker_knows_ends_dead_lettered_and_says_why(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, data_dir: Path
+) -> None:
+    # Declared in this process only: the workers' task_app has no such task, so each NACKs
+    # it (backoff 1, 2, 4, 8 s) until the broker dead-letters it after 5 deliveries.
+    @app.tasks.task(name="task_app.renamed_since", topic="t.math")
+    def renamed_since() -> int:
+        return 1
+
+    start_worker("--processes", "1")
+    handle = renamed_since.send()
+    with pytest.raises(TaskFailed) as failure:
+        handle.result(timeout=120)
+    assert failure.value.state == "dead_lettered"
+    assert "dead-lettered to t.math.dlq after 5 deliveries" in failure.value.error
+    assert "unknown task 'task_app.renamed_since'" in failure.value.error
+    # The letter itself stays for an operator to look at (and to replay).
+    from spoolmq import Store
+    from spoolmq.operations import dead_letters
+
+    with Store(data_dir) as store:
+        letters = dead_letters(store, "t.math")
+    assert [letter.record.value["id"] for letter in letters] == [handle.id]

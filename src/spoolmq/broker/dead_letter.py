@@ -1,13 +1,13 @@
 """Dead letters: the message a group gave up on, as written to ``<topic>.dlq``.
 
 A dead letter is the original record (value, key, headers, tags) plus ``x-dlq-*`` headers
-that say where it came from and why it failed. The header names are defined here once; the
-CLI's ``spoolmq dlq`` reads and strips them with these names.
+that say where it came from and why it failed. The header names are defined once, in
+``spoolmq.types`` (the task layer reads them too); the CLI's ``spoolmq dlq`` reads and strips
+them with these names.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import orjson
@@ -17,32 +17,19 @@ from spoolmq.errors import CorruptRecordError
 from spoolmq.store.message import Headers, Message
 from spoolmq.store.names import topic_dir
 from spoolmq.store.record import record_from_fields
+from spoolmq.types import DEAD_LETTER_HEADER_PREFIX, DeadLetterHeader, is_dead_letter_header
+
+__all__ = [
+    "DEAD_LETTER_HEADER_PREFIX",
+    "DeadLetterHeader",
+    "dead_letter_message",
+    "dlq_depth",
+    "is_dead_letter_header",
+    "purged_offsets",
+]
 
 if TYPE_CHECKING:
     from spoolmq.store import Store
-
-DEAD_LETTER_HEADER_PREFIX = "x-dlq-"
-
-
-class DeadLetterHeader(StrEnum):
-    """The headers a dead letter carries besides the original message's own."""
-
-    REASON = "x-dlq-reason"  # why the last attempt failed
-    ATTEMPTS = "x-dlq-attempts"  # deliveries made
-    GROUP = "x-dlq-group"  # the consumer group that gave up
-    TOPIC = "x-dlq-topic"  # where the original is: topic, partition, offset
-    PARTITION = "x-dlq-partition"
-    OFFSET = "x-dlq-offset"
-
-
-def is_dead_letter_header(name: str) -> bool:
-    """Was this header added by dead-lettering (and so is dropped when the message is
-    replayed)?
-
-    >>> is_dead_letter_header(DeadLetterHeader.REASON), is_dead_letter_header("trace")
-    (True, False)
-    """
-    return name.startswith(DEAD_LETTER_HEADER_PREFIX)
 
 
 def dead_letter_message(group: str, pending: Pending) -> Message:

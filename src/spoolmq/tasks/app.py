@@ -44,7 +44,7 @@ from spoolmq.protocol.limits import MAX_DELIVERIES, check_concurrency, parse_rat
 from spoolmq.store.message import check_priority
 from spoolmq.store.names import check_topic
 from spoolmq.tasks.codec import check_json
-from spoolmq.tasks.results import CANCELLED, FAILED, SUCCEEDED, ResultStore, TaskRow
+from spoolmq.tasks.results import ENDED_STATES, SUCCEEDED, ResultStore, TaskRow
 from spoolmq.tasks.schedule import Periodic
 
 P = ParamSpec("P")
@@ -519,7 +519,7 @@ class Tasks:
             row = self.store.get(task_id)
             if row is not None and row.state == SUCCEEDED:
                 return row.result
-            if row is not None and row.state in (FAILED, CANCELLED):
+            if row is not None and row.state in ENDED_STATES:
                 raise TaskFailed(
                     f"task {task_id} {row.state}: {row.error}",
                     error=row.error or row.state,

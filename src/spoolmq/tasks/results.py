@@ -34,11 +34,15 @@ FILE_NAME = "tasks.db"
 
 # A task's states. ``queued`` -> ``running`` -> ``succeeded`` | ``failed``; a failed attempt
 # that will be retried goes back to ``retrying``; only a ``queued``/``retrying`` task can be
-# ``cancelled``.
+# ``cancelled``. A task whose message the broker gave up on (``<topic>.dlq``: no worker knew
+# the task, or its workers died ``max_deliveries`` times) is ``dead_lettered``: ended for
+# ``result()``, yet not final, so a redriven message (``spoolmq dlq replay``) runs it.
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+DEAD_LETTERED = "dead_lettered"
 FINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
-STATES = (QUEUED, RUNNING, RETRYING, *FINAL_STATES)
+ENDED_STATES = (*FINAL_STATES, DEAD_LETTERED)  # what result() waits for
+STATES = (QUEUED, RUNNING, RETRYING, *ENDED_STATES)
 
 _SCHEMA = """
 CREATE TABLE tasks (
@@ -334,7 +338,9 @@ class ResultStore:
             if state in FINAL_STATES:
                 return state
             db.execute(
-                "UPDATE tasks SET state = ?, started_ms = ?, attempts = ?, worker = ? WHERE id = ?",
+                # (A redriven dead-lettered task had an expiry: running, it has none.)
+                "UPDATE tasks SET state = ?, started_ms = ?, attempts = ?, worker = ?, "
+                "expires_ms = NULL WHERE id = ?",
                 (RUNNING, now, attempt, worker, task_id),
             )
             return state
@@ -355,7 +361,7 @@ class ResultStore:
         with self._write() as db:
             row = db.execute("SELECT result_ttl_ms FROM tasks WHERE id = ?", (task_id,)).fetchone()
             ttl = None if row is None else row[0]
-            expires = _expiry(now, ttl) if state in FINAL_STATES else None
+            expires = _expiry(now, ttl) if state in ENDED_STATES else None
             db.execute(
                 "UPDATE tasks SET state = ?, finished_ms = ?, result = ?, error = ?, "
                 "traceback = ?, expires_ms = ? WHERE id = ?",
@@ -369,6 +375,23 @@ class ResultStore:
                     task_id,
                 ),
             )
+
+    def dead_lettered(self, task_id: str, reason: str) -> bool:
+        """The broker dead-lettered the task's message: a task not already final becomes
+        ``dead_lettered`` with ``reason`` as its error. True if it changed."""
+        now = now_ms()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT state, result_ttl_ms FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None or row[0] in ENDED_STATES:
+                return False
+            db.execute(
+                "UPDATE tasks SET state = ?, finished_ms = ?, error = ?, traceback = NULL, "
+                "expires_ms = ? WHERE id = ?",
+                (DEAD_LETTERED, now, reason, _expiry(now, row[1]), task_id),
+            )
+            return True
 
     def purge_expired(self) -> int:
         """Delete finished tasks whose result TTL has passed, and closed unique windows."""

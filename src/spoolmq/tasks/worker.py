@@ -1,7 +1,8 @@
 """``spoolmq worker``: run tasks in N processes, M at a time each.
 
 The supervisor (the process ``spoolmq worker`` starts) spawns N worker processes, runs the
-periodic scheduler in a thread, replaces a worker that exits (a crash, or one that had to
+periodic scheduler in a thread, marks the tasks the broker dead-letters (``dead_letters.py``,
+another thread), replaces a worker that exits (a crash, or one that had to
 be replaced after a time limit), and on SIGTERM/SIGINT asks every worker to stop.
 
 A worker process owns one :class:`Consumer` of the tasks' topics (prefetch M) in its main
@@ -48,6 +49,7 @@ from spoolmq.client import Consumer, ReceivedMessage
 from spoolmq.errors import InvalidArgumentError, SpoolError
 from spoolmq.tasks.app import Task, Tasks
 from spoolmq.tasks.codec import check_json
+from spoolmq.tasks.dead_letters import DeadLetterWatch
 from spoolmq.tasks.results import FAILED, FINAL_STATES, RETRYING, SUCCEEDED
 from spoolmq.tasks.scheduler import Scheduler
 
@@ -445,6 +447,11 @@ def run_worker(
             target=periodic.run, args=(stop,), name="spoolmq-scheduler", daemon=True
         )
         schedule_thread.start()
+    letters = DeadLetterWatch(tasks, names)
+    letters_thread = threading.Thread(
+        target=letters.run, args=(stop,), name="spoolmq-dead-letters", daemon=True
+    )
+    letters_thread.start()
     next_purge = 0.0
     try:
         while not stop.is_set():
@@ -488,6 +495,7 @@ def run_worker(
                 child.join(5)
         if schedule_thread is not None:
             schedule_thread.join(10)
+        letters_thread.join(10)
         if periodic is not None:
             periodic.close()
         tasks.close()

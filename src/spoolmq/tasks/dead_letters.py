@@ -1,0 +1,85 @@
+"""The supervisor's watch of the tasks' dead-letter topics.
+
+A task message the broker gives up on goes to ``<topic>.dlq`` without any worker running it
+to the end: no worker knew the task (each NACKed it), or its workers died ``max_deliveries``
+times. Its row in ``tasks.db`` would stay ``queued`` or ``running`` and ``result()`` would
+wait forever. The supervisor of ``spoolmq worker`` consumes those topics as the group
+``spoolmq-tasks-dlq`` and marks each such task ``dead_lettered``, with the broker's reason,
+so ``result()`` raises TaskFailed saying why. The dead letter stays where it is: ``spoolmq
+dlq list`` shows it and ``spoolmq dlq replay`` runs the task again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from spoolmq.client import Consumer, ReceivedMessage
+from spoolmq.errors import SpoolError
+from spoolmq.store.names import dlq_topic
+from spoolmq.tasks.app import Tasks
+from spoolmq.types import DeadLetterHeader
+
+logger = logging.getLogger("spoolmq.tasks")
+
+GROUP = "spoolmq-tasks-dlq"
+RETRY_S = 5.0  # after tasks.db or the broker failed
+
+
+class DeadLetterWatch:
+    """Marks the tasks dead-lettered on ``topics`` (``run`` until stopped)."""
+
+    def __init__(self, tasks: Tasks, topics: Sequence[str]) -> None:
+        self.tasks = tasks
+        self.topics = [dlq_topic(topic) for topic in topics]
+        self.recorded = 0
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                with Consumer(
+                    self.topics,
+                    GROUP,
+                    data=self.tasks.data,
+                    address=self.tasks.address,
+                    authkey=self.tasks.authkey,
+                    prefetch=100,
+                    # A letter it cannot record now is NACKed and comes back; never to a
+                    # ``.dlq.dlq`` of its own.
+                    max_deliveries=1000,
+                    name="tasks dead-letter watch",
+                ) as consumer:
+                    while not stop.is_set():
+                        message = consumer.receive(1.0)
+                        if message is not None:
+                            self.record(message)
+            except (SpoolError, OSError) as exc:
+                logger.warning("the dead-letter watch stopped (starting again): %s", exc)
+                stop.wait(RETRY_S)
+
+    def record(self, message: ReceivedMessage) -> None:
+        value = message.value
+        task_id = value.get("id") if isinstance(value, dict) else None
+        name = value.get("task") if isinstance(value, dict) else None
+        if not isinstance(task_id, str):
+            message.ack(wait=False)  # not a task message: nothing to record
+            return
+        headers = {
+            name: value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            for name, value in message.headers
+        }
+        reason = (
+            f"dead-lettered to {message.topic} after {headers.get(DeadLetterHeader.ATTEMPTS)} "
+            f"deliveries: {headers.get(DeadLetterHeader.REASON) or 'no reason given'}"
+        )
+        try:
+            changed = self.tasks.store.dead_lettered(task_id, reason)
+        except SpoolError as exc:
+            logger.warning("could not record dead-lettered task %s: %s", task_id, exc)
+            message.nack(delay=RETRY_S, reason=str(exc)[:500], wait=False)
+            return
+        if changed:
+            self.recorded += 1
+            logger.error("task %s (%s) %s", task_id, name, reason)
+        message.ack(wait=False)
