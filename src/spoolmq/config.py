@@ -22,6 +22,9 @@ from spoolmq.errors import ConfigError
 
 DAY_MS = 24 * 3600 * 1000
 MIB = 1024 * 1024
+# The largest max_message_bytes: a stored record and the head of the frame that carries it
+# fit the protocol's 64 MiB frame (protocol.MAX_FRAME_BYTES) with 1 MiB to spare.
+MAX_MESSAGE_BYTES = 63 * MIB
 
 CleanupPolicy = Literal["delete", "compact"]
 
@@ -252,7 +255,8 @@ class StoreConfig:
     """Settings of a data directory's store.
 
     Attributes:
-        max_message_bytes: largest encoded record line accepted (default 1 MiB).
+        max_message_bytes: largest encoded record line accepted (default 1 MiB, at most
+            63 MiB: a record must fit one 64 MiB frame with its head).
         index_interval_bytes: a sparse-index entry every this many bytes of log (default 4 KiB);
             smaller means faster seeks and a larger index.
         auto_create_topics: appending to a missing topic creates it with ``default_topic``.
@@ -271,10 +275,12 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if (
             not isinstance(self.max_message_bytes, int)
-            or not 64 <= self.max_message_bytes <= 64 * MIB
+            or not 64 <= self.max_message_bytes <= MAX_MESSAGE_BYTES
         ):
             raise ConfigError(
-                f"max_message_bytes must be from 64 to {64 * MIB}, not {self.max_message_bytes!r}"
+                f"max_message_bytes must be from 64 to {MAX_MESSAGE_BYTES} (63 MiB: a record "
+                f"and its frame's head fit the protocol's 64 MiB frame), "
+                f"not {self.max_message_bytes!r}"
             )
         if not isinstance(self.index_interval_bytes, int) or self.index_interval_bytes < 64:
             raise ConfigError(

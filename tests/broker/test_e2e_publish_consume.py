@@ -340,3 +340,37 @@ def test_frames_that_arrive_together_are_stored_with_one_write(
     # Group commit: one batch (one write, one fsync) for the five frames.
     assert after["batches"] - before["batches"] == 1
     assert after["messages"] - before["messages"] == 10
+
+
+def test_a_hundred_records_near_the_limit_travel_in_frames_a_client_reads(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    # 100 records of 900,000 bytes, each under the 1 MiB max_message_bytes: 90 MB together,
+    # more than one 64 MiB frame holds. Before, the publisher sent them as one frame (the
+    # broker dropped the connection at its length, the publisher resent it, again and
+    # again) and the ConsumerBroker pushed them as one (no client read it).
+    values = [f"{n:03d}" + "x" * 900_000 for n in range(100)]
+    with Publisher(data=data_dir, delivery_timeout=60) as publisher:
+        positions = [f.result() for f in publisher.publish_many_async("big", values)]
+    assert [p.offset for p in positions] == list(range(100))
+    got: list[str] = []
+    with Consumer("big", "g", data=data_dir, prefetch=100, reconnect_timeout=30) as consumer:
+        while len(got) < 100:
+            message = consumer.receive(timeout=60)
+            assert message is not None, f"{len(got)} of 100 received"
+            got.append(message.value)
+            message.ack(wait=False)
+    assert got == values
+
+
+def test_a_record_no_frame_can_carry_is_refused_before_it_is_sent(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    huge = "x" * (protocol.MAX_FRAME_BYTES + 1)
+    with Publisher(data=data_dir) as publisher:
+        with pytest.raises(MessageTooLargeError, match=r"over the \d+ one publish frame can carry"):
+            publisher.publish("big", huge)
+        with pytest.raises(MessageTooLargeError, match=r"values\[1\]: message encodes to"):
+            publisher.publish_many("big", ["small", huge])
+        # The connection is the one it had: nothing was sent, nothing to resend.
+        assert publisher.publish("big", "small").offset == 0

@@ -401,3 +401,19 @@ def test_consumer_settings_are_checked(
     for make in (Consumer, AsyncConsumer):
         with pytest.raises(InvalidArgumentError, match=says):
             make("orders", "g", data=data_dir, **setting)
+
+
+def test_records_near_the_limit_go_in_frames_the_broker_reads(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    # 100 records of 900,000 bytes (each under the 1 MiB max_message_bytes) are 90 MB: more
+    # than one 64 MiB frame. Sent as one, the broker dropped the connection at its length.
+    values = [{"id": n, "pad": "x" * 900_000} for n in range(100)]
+
+    async def main() -> list[Position]:
+        async with AsyncPublisher(data=data_dir, delivery_timeout=60) as publisher:
+            return await publisher.publish_many("big", values)
+
+    positions = asyncio.run(main())
+    assert [p.offset for p in positions] == list(range(100))
+    assert stored_ids(data_dir, "big") == list(range(100))

@@ -284,7 +284,8 @@ class ConsumerBroker(BrokerChild[_Consumer]):
             if consumer is None:
                 continue
             try:
-                consumer.writer.send(protocol.encode_delivery(_deliver_header(batch), batch.lines))
+                for header, lines in delivery_frames(_deliver_header(batch), batch.lines):
+                    consumer.writer.send(protocol.encode_delivery(header, lines))
                 sent += batch.count
                 self.counts[EventType.DELIVERED] += batch.count
                 self._count_bytes(batch.runs, batch.lines)
@@ -844,6 +845,53 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         for consumer in list(self.clients.values()):
             self._send(consumer, {"op": "closing"})
         super().close()
+
+
+# A deliver frame's bytes at most, under the MAX_FRAME_BYTES a client reads: room for its
+# header, whose runs are counted at their topic's length and _RUN_BYTES more each.
+_DELIVER_BUDGET = protocol.MAX_FRAME_BYTES - 1024 * 1024
+_RUN_BYTES = 80
+
+
+def delivery_frames(
+    header: dict[str, Any], lines: list[bytes], budget: int = _DELIVER_BUDGET
+) -> list[tuple[dict[str, Any], list[bytes]]]:
+    """A dispatch's ``deliver`` header and lines as frames no larger than ``budget`` bytes
+    each (one, unless its records are large: a prefetch of 100 records of 1 MiB would make
+    a frame no client reads). A run is cut where a frame ends; its tags stay consecutive.
+
+    >>> header = {"op": "deliver", "r": [["t", 0, 5, 3, 1, 100]]}
+    >>> [(h["r"], len(ls)) for h, ls in delivery_frames(header, [b"x" * 60] * 3, 250)]
+    [([['t', 0, 5, 2, 1, 100]], 2), ([['t', 0, 7, 1, 1, 102]], 1)]
+    """
+    runs = header["r"]
+    if sum(map(len, lines)) + len(runs) * (_RUN_BYTES + len(runs[0][0])) <= budget:
+        return [(header, lines)]  # the common case: one frame
+    frames: list[tuple[dict[str, Any], list[bytes]]] = []
+    frame_runs: list[list[Any]] = []
+    frame_lines: list[bytes] = []
+    size = 0
+    at = 0
+    for topic, partition, first, count, attempt, tag in runs:
+        run_bytes = _RUN_BYTES + len(topic)
+        taken = 0
+        while taken < count:
+            line = lines[at + taken]
+            extra = len(line) + (run_bytes if taken == 0 else 0)  # a run's first line: its run
+            if frame_lines and size + extra > budget:
+                if taken:
+                    frame_runs.append([topic, partition, first, taken, attempt, tag])
+                frames.append(({"op": "deliver", "r": frame_runs}, frame_lines))
+                first, tag, count, at = first + taken, tag + taken, count - taken, at + taken
+                frame_runs, frame_lines, size, taken = [], [], 0, 0
+                continue
+            frame_lines.append(line)
+            size += extra
+            taken += 1
+        frame_runs.append([topic, partition, first, count, attempt, tag])
+        at += count
+    frames.append(({"op": "deliver", "r": frame_runs}, frame_lines))
+    return frames
 
 
 def _deliver_header(batch: Batch) -> dict[str, Any]:

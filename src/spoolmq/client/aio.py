@@ -82,7 +82,7 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
+from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message, frame_count
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
@@ -504,7 +504,8 @@ class AsyncPublisher:
         group, queue = next(iter(self._groups.items()))
         batch: list[_Queued] = []
         dropped = 0
-        while queue and len(batch) < self.batch_size:
+        room = frame_count((m.body for m in queue), self.batch_size)  # a frame's bytes
+        while queue and len(batch) < room:
             item = queue.popleft()
             if item.future.cancelled() and not item.sent:
                 dropped += 1  # cancelled before it went out: never sent, never stored

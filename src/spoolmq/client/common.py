@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
+    MessageTooLargeError,
     ProtocolError,
     PublishTimeoutError,
     SerializationError,
@@ -26,7 +27,12 @@ from spoolmq.errors import (
     TopicDeletedError,
     error_from_code,
 )
-from spoolmq.protocol.publish import bare_body, encode_publish_message, numbered
+from spoolmq.protocol.publish import (
+    bare_body,
+    check_frame_room,
+    encode_publish_message,
+    numbered,
+)
 from spoolmq.store.message import PublishOptions
 from spoolmq.store.partitioner import partition_for_key
 
@@ -148,9 +154,11 @@ def encode_many(
         else:
             # No options: each value's record alone (the topic was checked above).
             for index, value in enumerate(values):  # noqa: B007 - read in the except
-                bodies.append(bare_body(value))
-    except SerializationError as exc:
-        raise SerializationError(f"values[{index}]: {exc}") from None
+                body = bare_body(value)
+                check_frame_room(body)
+                bodies.append(body)
+    except (SerializationError, MessageTooLargeError) as exc:
+        raise type(exc)(f"values[{index}]: {exc}") from None
     return frame_partition(topic, key, partition, partitions), bodies
 
 

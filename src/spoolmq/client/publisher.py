@@ -47,7 +47,7 @@ from spoolmq.errors import (
     SpoolError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message
+from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message, frame_count
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
@@ -647,11 +647,12 @@ class Publisher:
             ):
                 return None
             group, queue = next(iter(self._groups.items()))
-            if len(queue) <= self.batch_size:
+            count = frame_count((m.body for m in queue), self.batch_size)
+            if count == len(queue):
                 batch = list(queue)
                 del self._groups[group]
             else:
-                batch = [queue.popleft() for _ in range(self.batch_size)]
+                batch = [queue.popleft() for _ in range(count)]
             self._queued -= len(batch)
             if not self._queued:
                 self._urgent = False

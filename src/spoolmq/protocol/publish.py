@@ -19,7 +19,7 @@ dump would cost the dump anyway.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -32,6 +32,7 @@ from spoolmq.errors import (
     SpoolError,
     UnknownPartitionError,
 )
+from spoolmq.protocol.frames import MAX_FRAME_BYTES
 from spoolmq.store.message import (
     PRIORITY_HEADER,
     Acks,
@@ -79,6 +80,10 @@ _KEYLESS = b'{"key":null,'
 # A value of one of these types is sent as bytes (``value_b64``).
 _BINARY = (bytes, bytearray, memoryview)
 _NON_FINITE = "value contains NaN or infinity, which JSON can't represent"
+# The records of one publish frame together, in bytes: what MAX_FRAME_BYTES leaves after
+# room for the frame's head (its topic, producer id) and a record's sequence. A publisher
+# cuts its frames at this size; a single record over it cannot be sent at all.
+MAX_FRAME_RECORDS_BYTES = MAX_FRAME_BYTES - 64 * 1024
 
 
 # -- the client's end ---------------------------------------------------------------------
@@ -101,6 +106,7 @@ def encode_publish_message(
     if not options:
         # The common case: a record of the value alone (bare_body), numbered last.
         body = bare_body(value)
+        check_frame_room(body)
         if sequence is not None:
             body = numbered(body, sequence, orjson.dumps(producer_id))
         return body, None, None
@@ -119,7 +125,40 @@ def encode_publish_message(
     start = len(_KEYLESS) if body.startswith(_KEYLESS) else 0
     if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError(_NON_FINITE)
+    check_frame_room(body)
     return body, key, partition
+
+
+def check_frame_room(body: bytes) -> None:
+    """MessageTooLargeError for a record no publish frame can carry (over
+    MAX_FRAME_RECORDS_BYTES), before anything is queued: sent, the broker would end the
+    connection at the frame's length, and every resend would again."""
+    if len(body) > MAX_FRAME_RECORDS_BYTES:
+        raise MessageTooLargeError(
+            f"message encodes to {len(body)} bytes, over the {MAX_FRAME_RECORDS_BYTES} one "
+            f"publish frame can carry (a broker stores at most its max_message_bytes: 1 MiB "
+            f"unless raised, up to 63 MiB)"
+        )
+
+
+def frame_count(bodies: Iterable[bytes], limit: int) -> int:
+    """How many of ``bodies`` (a publisher's queue, oldest first) go in its next frame:
+    up to ``limit`` of them, and no more bytes than MAX_FRAME_RECORDS_BYTES, at least one
+    (``check_frame_room`` let each through alone).
+
+    >>> frame_count([b"x" * (MAX_FRAME_RECORDS_BYTES // 3)] * 3, 100)
+    2
+    """
+    total = 0
+    count = 0
+    for body in bodies:
+        if count == limit:
+            break
+        total += len(body) + 1
+        if total > MAX_FRAME_RECORDS_BYTES and count:
+            break
+        count += 1
+    return count
 
 
 def bare_body(value: Any) -> bytes:
