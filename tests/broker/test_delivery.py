@@ -405,5 +405,5 @@ def test_max_deliveries_stays_below_where_a_tags_attempt_would_wrap(tmp_path: Pa
     for bad in (0, MAX_DELIVERIES + 1, 100_000):
         with pytest.raises(InvalidArgumentError, match="max_deliveries must be from 1 to 1000"):
             GroupSettings(max_deliveries=bad)
-    with pytest.raises(InvalidArgumentError, match="max_deliveries must be from 1 to 1000"):
+    with pytest.raises(InvalidArgumentError, match="must be a whole number from 1 to 1000"):
         Tasks(data=tmp_path / "d").task(topic="t", max_deliveries=5000)(print)

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from spoolmq.errors import InvalidArgumentError, ResultTimeoutError, SerializationError, TaskFailed
+from spoolmq.errors import (
+    InvalidArgumentError,
+    ResultTimeoutError,
+    SerializationError,
+    SpoolError,
+    TaskFailed,
+)
 from spoolmq.tasks import Tasks
 from spoolmq.testing import BrokerProcess, wait_until
 
@@ -195,3 +201,59 @@ def test_arguments_that_do_not_fit_fail_the_task_not_the_worker(
         with pytest.raises(TaskFailed, match="TypeError"):
             task.send(1, 2, 3).result(timeout=60)
     assert app.add.send(1, 2).result(timeout=60) == 3  # the same worker goes on
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"retry_backoff": -1}, "retry_backoff must be a finite number of seconds, 0 or more"),
+        ({"retry_backoff_max": -5.0}, "retry_backoff_max must be a finite number"),
+        ({"retry_backoff": float("nan")}, "retry_backoff must be a finite number"),
+        ({"time_limit": "30"}, "time_limit must be a finite number of seconds, more than 0"),
+        ({"time_limit": 0}, "time_limit must be a finite number of seconds, more than 0"),
+        ({"max_deliveries": "5"}, "max_deliveries must be a whole number from 1 to 1000"),
+        ({"max_deliveries": 2.0}, "max_deliveries must be a whole number"),
+        ({"result_ttl": float("inf")}, "result_ttl must be a finite number"),
+    ],
+)
+def test_task_options_of_the_wrong_kind_are_refused_at_declaration(
+    data_dir: Path, options: dict[str, Any], message: str
+) -> None:
+    tasks = Tasks(data_dir)
+    try:
+        with pytest.raises(InvalidArgumentError, match=message):
+            tasks.task(**options)(lambda: None)
+        assert tasks.registry == {}
+    finally:
+        tasks.close()
+
+
+def test_tasks_settings_of_the_wrong_kind_are_refused(data_dir: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="lease must be a finite number"):
+        Tasks(data_dir, lease="30")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="lease must be a finite number"):
+        Tasks(data_dir, lease=0)
+    with pytest.raises(InvalidArgumentError, match="group must be a non-empty name"):
+        Tasks(data_dir, group="")
+
+
+def test_send_options_of_the_wrong_kind_are_refused_before_anything_is_stored(
+    broker: BrokerProcess, data_dir: Path, app: ModuleType
+) -> None:
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"args": "12"}, "args must be a list or tuple .* not str '12'"),
+        ({"args": [1, 2], "kwargs": [("a", 1)]}, "kwargs must be a mapping .* not list"),
+        ({"args": [1, 2], "delay": "soon"}, "delay must be a finite number of seconds"),
+        ({"args": [1, 2], "delay": float("nan")}, "delay must be a finite number"),
+        ({"args": [1, 2], "delay": float("inf")}, "delay must be a finite number"),
+        ({"args": [1, 2], "unique_for": 60, "unique_key": 7}, "unique_key must be text"),
+    ]
+    for options, message in refused:
+        with pytest.raises(InvalidArgumentError, match=message):
+            app.add.send_with(**options)
+    assert app.tasks.store.recent() == []  # nothing of them recorded
+    with pytest.raises(InvalidArgumentError, match="timeout must be a finite number"):
+        app.add.send(1, 2).result(timeout=-1)
+    app.tasks.close()
+    with pytest.raises(SpoolError, match="these Tasks are closed"):
+        app.add.send(1, 2)

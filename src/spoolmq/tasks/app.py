@@ -29,6 +29,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import orjson
 
 from spoolmq.client import Admin, Publisher
+from spoolmq.client.common import amount
 from spoolmq.client.connection import Address
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import (
@@ -63,13 +64,15 @@ WATCHED_CAP_S = 1.0
 AFTER_WRITE_S = 0.001
 
 
-def _seconds(value: float | timedelta | None, what: str) -> float | None:
+def _seconds(value: float | timedelta | None, what: str, *, positive: bool = False) -> float | None:
+    """None, or ``value`` (seconds or a timedelta) as finite seconds, not negative (more
+    than 0 if ``positive``); InvalidArgumentError naming ``what`` otherwise (text, a bool,
+    NaN and infinity included)."""
     if value is None:
         return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0:
-        raise InvalidArgumentError(f"{what} must not be negative: {value!r}")
-    return seconds
+    if isinstance(value, timedelta):
+        return amount(value.total_seconds(), what, positive=positive)
+    return amount(value, what, positive=positive)
 
 
 class _Changes:
@@ -212,10 +215,23 @@ class Task(Generic[P, R]):
         unique_for: float | timedelta | None = None,
         unique_key: str | None = None,
     ) -> TaskHandle:
-        """Enqueue with options: ``delay`` (seconds or timedelta), ``key`` (runs of one
-        key go in order, one at a time), ``priority`` 0-9 (9 first),
-        ``unique_for`` (seconds: a second send of the same task and arguments, or of the
-        same ``unique_key``, within that window returns the first one's handle)."""
+        """Enqueue with options: ``args`` (a list or tuple) and ``kwargs`` (a mapping) for
+        the call, ``delay`` (seconds or timedelta), ``key`` (runs of one key go in order,
+        one at a time), ``priority`` 0-9 (9 first), ``unique_for`` (seconds: a second send
+        of the same task and arguments, or of the same ``unique_key``, within that window
+        returns the first one's handle)."""
+        if not isinstance(args, list | tuple):
+            raise InvalidArgumentError(
+                f"args must be a list or tuple of the call's positional arguments, "
+                f"not {type(args).__name__} {args!r:.60}"
+            )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise InvalidArgumentError(
+                f"kwargs must be a mapping of the call's keyword arguments, "
+                f"not {type(kwargs).__name__} {kwargs!r:.60}"
+            )
+        if unique_key is not None and not isinstance(unique_key, str):
+            raise InvalidArgumentError(f"unique_key must be text, not {unique_key!r:.60}")
         return self.tasks._send(
             self,
             list(args),
@@ -252,8 +268,9 @@ class Tasks:
         address: Address | None = None,
         authkey: bytes | None = None,
     ) -> None:
-        if lease <= 0:
-            raise InvalidArgumentError("lease must be positive")
+        lease = amount(lease, "lease", positive=True)
+        if not isinstance(group, str) or not group:
+            raise InvalidArgumentError(f"group must be a non-empty name, not {group!r}")
         self.data: Path = resolve_data_dir(data)
         self.group = group
         self.lease = lease
@@ -267,6 +284,7 @@ class Tasks:
         self._lock = threading.Lock()
         self._local = threading.local()  # this thread's _Changes
         self._watchers: list[_Changes] = []
+        self._closed = False
 
     # -- declaring ----------------------------------------------------------------------
 
@@ -321,12 +339,20 @@ class Tasks:
         limited = rate_limit is not None or concurrency is not None
         if topic is not None:
             check_topic(topic)
-        if not 1 <= max_deliveries <= MAX_DELIVERIES:
+        if (
+            isinstance(max_deliveries, bool)
+            or not isinstance(max_deliveries, int)
+            or not 1 <= max_deliveries <= MAX_DELIVERIES
+        ):
             raise InvalidArgumentError(
-                f"max_deliveries must be from 1 to {MAX_DELIVERIES}, not {max_deliveries}"
+                f"max_deliveries must be a whole number from 1 to {MAX_DELIVERIES}, "
+                f"not {max_deliveries!r}"
             )
-        if time_limit is not None and time_limit <= 0:
-            raise InvalidArgumentError("time_limit must be positive")
+        # A negative backoff would be a NACK delay the broker refuses, at every failure.
+        backoff = amount(retry_backoff, "retry_backoff")
+        backoff_max = amount(retry_backoff_max, "retry_backoff_max")
+        limit = _seconds(time_limit, "time_limit", positive=True)
+        ttl = _seconds(result_ttl, "result_ttl")
         if rate_limit is not None:
             parse_rate(rate_limit)
         if concurrency is not None:
@@ -348,13 +374,13 @@ class Tasks:
                 name=task_name,
                 topic=task_topic,
                 max_deliveries=max_deliveries,
-                retry_backoff=float(retry_backoff),
-                retry_backoff_max=float(retry_backoff_max),
-                time_limit=time_limit,
+                retry_backoff=backoff,
+                retry_backoff_max=backoff_max,
+                time_limit=limit,
                 rate_limit=rate_limit,
                 concurrency=concurrency,
                 priority=priority,
-                result_ttl=_seconds(result_ttl, "result_ttl"),
+                result_ttl=ttl,
             )
             self.registry[task_name] = declared
             return declared
@@ -449,6 +475,8 @@ class Tasks:
         unique_key: str | None,
         task_id: str | None = None,
     ) -> TaskHandle:
+        if self._closed:
+            raise SpoolError("these Tasks are closed (tasks.close() was called): nothing is sent")
         check_json(args, "args")
         check_json(kwargs, "kwargs")
         task.check_call(args, kwargs)
@@ -511,6 +539,8 @@ class Tasks:
         inotify on its directory, and reads the task's row again each time: the result
         is seen as soon as it is committed. Where inotify is not available, polls, backing
         off to every POLL_CAP_S."""
+        if timeout is not None:
+            timeout = amount(timeout, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         changes = self._watcher()
         changes.forget()
@@ -558,7 +588,10 @@ class Tasks:
         return changes
 
     def close(self) -> None:
+        """Close this process's Publisher, result watches and ``tasks.db``; sending after
+        this is an error (reading results still works, reopening ``tasks.db``)."""
         with self._lock:
+            self._closed = True
             for changes in self._watchers:
                 changes.close()
             self._watchers.clear()
