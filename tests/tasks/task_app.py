@@ -115,5 +115,12 @@ def tick(name: str) -> int:
     return 1
 
 
+if os.environ.get("TASKS_EXTRA"):
+    # A task that allows more deliveries than the others, on a topic of its own.
+    @tasks.task(topic="t.extra", max_deliveries=7)
+    def extra() -> str:
+        return "extra"
+
+
 if os.environ.get("TASKS_PERIODIC"):
     tasks.periodic(None, tick, every=timedelta(seconds=2), args=["every2"], name="every2")

@@ -3,6 +3,7 @@ concurrency (points 3 and 4), with real ``spoolmq worker`` processes and a real 
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import threading
@@ -213,3 +214,32 @@ def test_a_task_no_worker_knows_ends_dead_lettered_and_says_why(
     with Store(data_dir) as store:
         letters = dead_letters(store, "t.math")
     assert [letter.record.value["id"] for letter in letters] == [handle.id]
+
+
+def test_workers_split_by_topics_share_the_group(
+    broker: BrokerProcess,
+    app: ModuleType,
+    start_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # t.extra allows 7 deliveries, t.math's tasks 5: a worker serving only t.math once
+    # asked the group for 5 and one serving t.extra for 7, and the second was refused.
+    monkeypatch.setenv("TASKS_EXTRA", "1")
+    extra_app = importlib.reload(app)
+    math = start_worker("--topics", "t.math", "--no-scheduler")
+    assert extra_app.add.send(1, 2).result(timeout=60) == 3
+    extra = start_worker("--topics", "t.extra", "--no-scheduler")
+    assert extra_app.extra.send().result(timeout=60) == "extra"
+    assert math.process.poll() is None and extra.process.poll() is None
+
+
+def test_a_worker_whose_settings_the_group_refuses_stops_and_says_why(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any
+) -> None:
+    first = start_worker("--no-scheduler", TASKS_LEASE="30")
+    assert app.add.send(1, 2).result(timeout=60) == 3  # its group runs with a 30 s lease
+    other = start_worker("--no-scheduler", TASKS_LEASE="2")
+    assert other.process.wait(60) == 2
+    log = other.log_text()
+    assert "already runs with other settings" in log and "Tasks(group=...)" in log
+    assert first.process.poll() is None

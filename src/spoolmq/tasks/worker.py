@@ -56,6 +56,7 @@ from spoolmq.tasks.scheduler import Scheduler
 logger = logging.getLogger("spoolmq.tasks")
 
 EXIT_REPLACE = 75  # EX_TEMPFAIL: "start another one in my place"
+EXIT_CONFIG = 78  # EX_CONFIG: the group refused this worker's settings; restarts would too
 PURGE_EVERY = 60.0  # seconds between deletions of expired results
 
 
@@ -137,23 +138,32 @@ class WorkerProcess:
 
     def run(self) -> int:
         """Serve until stopped; the process's exit code (75: replace this process)."""
-        served = [t for t in self.tasks.registry.values() if t.topic in self.topics]
-        consumer = Consumer(
-            self.topics,
-            self.tasks.group,
-            data=self.tasks.data,
-            address=self.tasks.address,
-            authkey=self.tasks.authkey,
-            prefetch=self.concurrency,
-            lease=self.tasks.lease,
-            # The broker's count: a worker's death is an attempt too, and past the most
-            # any task allows the message goes to <topic>.dlq. A task's own, lower limit
-            # is applied here (its last failure is recorded and ACKed).
-            max_deliveries=max(t.max_deliveries for t in served),
-            # Every task's limits, not only those served here: the group's consumers agree.
-            limits=self.tasks.limits() or None,
-            name=f"worker {self.name}",
-        )
+        try:
+            consumer = Consumer(
+                self.topics,
+                self.tasks.group,
+                data=self.tasks.data,
+                address=self.tasks.address,
+                authkey=self.tasks.authkey,
+                prefetch=self.concurrency,
+                lease=self.tasks.lease,
+                # The broker's count: a worker's death is an attempt too, and past the most
+                # any task allows the message goes to <topic>.dlq. A task's own, lower
+                # limit is applied here (its last failure is recorded and ACKed). Every
+                # task's, as for the limits, not only those served here: the group's
+                # consumers must agree, also workers started with other --topics.
+                max_deliveries=max(t.max_deliveries for t in self.tasks.registry.values()),
+                limits=self.tasks.limits() or None,
+                name=f"worker {self.name}",
+            )
+        except InvalidArgumentError as exc:  # the broker refused the group's settings
+            logger.error(
+                "cannot join the workers' group: %s. Tasks apps that share a data directory "
+                "and a group need the same lease and task settings; give each its own "
+                "(Tasks(group=...))",
+                exc,
+            )
+            return EXIT_CONFIG
         self._wakeup = consumer.wakeup
         beat_every = self.tasks.lease / 3
         next_beat = time.monotonic() + beat_every
@@ -453,11 +463,22 @@ def run_worker(
     )
     letters_thread.start()
     next_purge = 0.0
+    exit_code = 0
     try:
         while not stop.is_set():
             for i, child in enumerate(children):
                 if child.exitcode is None:
                     continue
+                if child.exitcode == EXIT_CONFIG:
+                    logger.error(
+                        "worker process %d could not join group %r with these tasks' "
+                        "settings (its log above says why); stopping",
+                        child.pid,
+                        tasks.group,
+                    )
+                    exit_code = 2
+                    stop.set()
+                    break
                 now = time.monotonic()
                 if not restart_at[i]:
                     quick = now - started_at[i] < 10 and child.exitcode != EXIT_REPLACE
@@ -499,4 +520,4 @@ def run_worker(
         if periodic is not None:
             periodic.close()
         tasks.close()
-    return 0
+    return exit_code
