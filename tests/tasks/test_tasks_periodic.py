@@ -47,16 +47,17 @@ def test_missed_ticks_fire_once_on_return_or_are_skipped(
     # Everything was down for three hours and twenty minutes: three ticks were missed.
     later = start + 3 * HOUR + 20 * 60
     scheduler.step(later)
-    tick = int(later // HOUR)
+    tick = int(later // HOUR * HOUR * 1000)  # a tick's number: its epoch ms
     assert scheduler.fired == [("catching-up", tick, False)]
     scheduler.step(later + 5)
     assert len(scheduler.fired) == 1  # once, not once per step
     # On time, both fire.
-    scheduler.step((tick + 1) * HOUR + 1)
+    next_tick = tick + int(HOUR * 1000)
+    scheduler.step(next_tick / 1000 + 1)
     assert sorted(name for name, _, _ in scheduler.fired[1:]) == ["catching-up", "skipping"]
     assert {j["name"]: j["last_tick"] for j in tasks.store.periodic_jobs()} == {
-        "catching-up": tick + 1,
-        "skipping": tick + 1,
+        "catching-up": next_tick,
+        "skipping": next_tick,
     }
     scheduler.close()
 
@@ -68,8 +69,8 @@ def test_missed_ticks_fire_once_on_return_or_are_skipped(
     with sqlite3.connect(data_dir / "tasks.db") as db:
         db.execute("UPDATE periodic SET last_tick = last_tick - 1 WHERE name = 'catching-up'")
     again = Scheduler(tasks)
-    again.step((tick + 1) * HOUR + 2)
-    assert again.fired == [("catching-up", tick + 1, True)]
+    again.step(next_tick / 1000 + 2)
+    assert again.fired == [("catching-up", next_tick, True)]
     assert _stored(data_dir, "t.hourly") == stored == 3
     again.close()
     tasks.close()
@@ -125,9 +126,62 @@ def test_cron_ticks_follow_their_time_zone() -> None:
     winter = datetime(2026, 1, 15, 12, 0, tzinfo=UTC).timestamp()  # Paris is UTC+1
     tick, when = job.latest_tick(winter)
     assert datetime.fromtimestamp(when, UTC) == datetime(2026, 1, 15, 8, 0, tzinfo=UTC)
-    assert tick == int(when)
+    assert tick == int(when) * 1000
     summer = datetime(2026, 7, 15, 12, 0, tzinfo=UTC).timestamp()  # UTC+2
     assert datetime.fromtimestamp(job.latest_tick(summer)[1], UTC).hour == 7
     # Exactly on a tick: that tick, not the one before.
     assert job.latest_tick(when) == (tick, when)
     assert job.next_time(when) == when + 86400
+
+
+def test_a_job_whose_schedule_changes_keeps_firing(broker: BrokerProcess, data_dir: Path) -> None:
+    # Numbered by their schedule, the ticks of every=2s made every=60s were 30 times lower
+    # than the last one fired: never due again, and duplicates to the broker besides.
+    def declare(every: timedelta) -> tuple[Tasks, Scheduler]:
+        tasks = Tasks(data_dir)
+
+        @tasks.task(topic="t.beat", name="beat")
+        def beat() -> None: ...
+
+        tasks.periodic(None, beat, every=every, name="heartbeat")
+        return tasks, Scheduler(tasks)
+
+    start = 1_800_000_000.0
+    tasks, scheduler = declare(timedelta(seconds=2))
+    scheduler.step(start)
+    scheduler.step(start + 2)
+    assert [tick for _, tick, _ in scheduler.fired] == [int((start + 2) * 1000)]
+    scheduler.close()
+    tasks.close()
+    tasks, scheduler = declare(timedelta(seconds=60))
+    scheduler.step(start + 60)
+    scheduler.step(start + 120)
+    assert scheduler.fired == [
+        ("heartbeat", int((start + 60) * 1000), False),
+        ("heartbeat", int((start + 120) * 1000), False),
+    ]
+    assert _stored(data_dir, "t.beat") == 3
+    scheduler.close()
+    tasks.close()
+
+
+def test_a_tick_recorded_before_ticks_were_epoch_ms_is_not_sent_again(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    # A tasks.db of an earlier version numbered the hourly job's 10:00 tick 500,000 (time //
+    # interval). At 10:30 that tick is done: read as 10:00, it is not sent again.
+    tasks = Tasks(data_dir)
+
+    @tasks.task(topic="t.hourly", name="report")
+    def report() -> None: ...
+
+    tasks.periodic(None, report, every=timedelta(hours=1), name="hourly")
+    tasks.store.periodic_last_tick("hourly", "report", "every 3600s")
+    tasks.store.periodic_advance("hourly", 500_000, None, fired=True)
+    scheduler = Scheduler(tasks)
+    scheduler.step(500_000 * HOUR + 30 * 60)
+    assert scheduler.fired == []
+    scheduler.step(500_001 * HOUR + 1)
+    assert scheduler.fired == [("hourly", int(500_001 * HOUR * 1000), False)]
+    scheduler.close()
+    tasks.close()

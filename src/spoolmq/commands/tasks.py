@@ -20,6 +20,7 @@ from spoolmq.commands.common import (
     print_table,
 )
 from spoolmq.errors import ConfigError
+from spoolmq.tasks.schedule import tick_ms
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -146,7 +147,7 @@ def cmd_periodic_list(args: argparse.Namespace) -> int:
                 j["name"],
                 j["task"],
                 j["schedule"],
-                _when(_tick_ms(j["schedule"], j["last_tick"])),
+                _when(tick_ms(j["schedule"], j["last_tick"])),
                 _when(j["last_fired_ms"]),
                 _when(j["next_ms"]),
             ]
@@ -154,24 +155,6 @@ def cmd_periodic_list(args: argparse.Namespace) -> int:
         ],
     )
     return 0
-
-
-def _tick_ms(schedule: str, tick: int | None) -> int | None:
-    """When a job's tick was due (epoch ms): a tick is numbered by its time (its epoch
-    second for a cron job, time // interval for ``every``; spoolmq.tasks.schedule), which
-    as a bare number read like a date nobody could place.
-
-    >>> _tick_ms("every 60s", 29_000_000), _tick_ms("0 * * * *", 1_795_766_400)
-    (1740000000000, 1795766400000)
-    """
-    if tick is None:
-        return None
-    if schedule.startswith("every ") and schedule.endswith("s"):
-        try:
-            return tick * int(float(schedule[6:-1]) * 1000)
-        except ValueError:
-            return None
-    return tick * 1000
 
 
 def register(command: CommandFactory) -> None:

@@ -1,7 +1,9 @@
 """Periodic jobs: when each one is due, and its ticks numbered so that each is sent once.
 
-A job's ticks are numbered: with ``every`` the tick at epoch time ``t`` is ``t // every``
-(in milliseconds); with a cron expression it is the tick's epoch second. The scheduler
+A job's ticks are numbered by their time: a tick's number is its epoch millisecond, whatever
+the schedule, so the numbers of a job only grow when its schedule changes (numbered by the
+schedule, ``every=2s`` made to ``every=60s`` would number its ticks 30 times lower than the
+last one fired: never "due" again, and each one a duplicate to the broker). The scheduler
 (spoolmq.tasks.scheduler) publishes a tick with the job's own producer id and the tick
 number as the message's sequence, so the broker's idempotent publishing stores it once
 even when two schedulers race or one retries after a broker restart; the tick's task id is
@@ -17,6 +19,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from spoolmq.errors import InvalidArgumentError
+
+_EPOCH_MS_TICKS = 10**11  # a tick number at least this is an epoch millisecond
 
 # A tick noticed later than this (seconds) after its time was missed: with
 # ``catch_up=False`` it is skipped. Short jobs get half their interval.
@@ -86,11 +90,12 @@ class Periodic:
         return MISFIRE_GRACE if self.every is None else min(MISFIRE_GRACE, self.every / 2)
 
     def latest_tick(self, now: float) -> tuple[int, float]:
-        """The last tick at or before epoch time ``now``: (its number, its epoch time)."""
+        """The last tick at or before epoch time ``now``: (its number, its epoch time);
+        the number is the time in epoch milliseconds."""
         if self.every is not None:
             every_ms = int(self.every * 1000)
-            tick = int(now * 1000) // every_ms
-            return tick, tick * every_ms / 1000
+            tick = int(now * 1000) // every_ms * every_ms
+            return tick, tick / 1000
         from croniter import croniter
 
         zone = ZoneInfo(self.tz) if self.tz else UTC
@@ -102,13 +107,34 @@ class Periodic:
         if seconds > now:  # the tick in that extra second is not due yet
             when = croniter(self.cron, when).get_prev(datetime)
             seconds = int(when.timestamp())
-        return seconds, float(seconds)
+        return seconds * 1000, float(seconds)
 
     def next_time(self, now: float) -> float:
         """The epoch time of the first tick after ``now``."""
         if self.every is not None:
-            return (self.latest_tick(now)[0] + 1) * int(self.every * 1000) / 1000
+            return (self.latest_tick(now)[0] + int(self.every * 1000)) / 1000
         from croniter import croniter
 
         zone = ZoneInfo(self.tz) if self.tz else UTC
         return float(croniter(self.cron, datetime.fromtimestamp(now, zone)).get_next(float))
+
+
+def tick_ms(schedule: str, tick: int | None) -> int | None:
+    """When a job's tick was due (epoch ms), from its number and the job's ``schedule``
+    (``Periodic.schedule``). A tick is numbered by its epoch millisecond; a tasks.db
+    written before numbered a cron job's ticks by their epoch second and an ``every`` job's
+    by time // interval: numbers below 10^11 (a millisecond of 1973) are read that way.
+
+    >>> tick_ms("every 60s", 1_740_000_000_000), tick_ms("0 * * * *", 1_795_766_400_000)
+    (1740000000000, 1795766400000)
+    >>> tick_ms("every 60s", 29_000_000), tick_ms("0 * * * *", 1_795_766_400)
+    (1740000000000, 1795766400000)
+    """
+    if tick is None or tick >= _EPOCH_MS_TICKS:
+        return tick
+    if schedule.startswith("every ") and schedule.endswith("s"):
+        try:
+            return tick * int(float(schedule[6:-1]) * 1000)
+        except ValueError:
+            return None
+    return tick * 1000
