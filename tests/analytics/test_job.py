@@ -39,6 +39,33 @@ def test_a_missing_data_directory_is_one_line_on_stderr(
     assert err.startswith("spoolmq: no data directory at ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "master",
+    ["local", "local[*]", "local[1]", "local[16]", "local[01]", "local[2,3]", "local[*,4]",
+     "local-cluster[2,1,1024]", "spark://h:7077", "spark://a:7077,b:7077", "yarn",
+     "k8s://https://h:6443", "mesos://h:5050"],
+)  # fmt: skip
+def test_spark_master_urls_are_taken(master: str) -> None:
+    assert job._SPARK_MASTER.fullmatch(master)
+
+
+@pytest.mark.parametrize(
+    "master", ["local[0]", "local[00]", "local[-1]", "local[0,2]", "local[]", "local[x]", "lokal"]
+)
+def test_a_master_spark_would_fail_on_is_refused_before_it_starts(
+    master: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """local[0] was taken, then Spark failed as it started: a traceback, exit status 1."""
+    (tmp_path / "queue_data").mkdir()
+    data, out = str(tmp_path / "queue_data"), str(tmp_path / "out")
+    status = cli_main(["analytics", "--data", data, "--out", out, "--master", master])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err == f"spoolmq: --master {master!r} is not a Spark master URL " + (
+        "(local, local[N] with N >= 1, local[*], spark://HOST:PORT, yarn, k8s://...)\n"
+    )
+
+
 def test_default_out_dir_is_next_to_the_data(tmp_path: Path) -> None:
     assert default_out_dir(tmp_path / "queue_data") == tmp_path.resolve() / "analytics_out"
 

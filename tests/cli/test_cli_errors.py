@@ -115,6 +115,9 @@ def test_analytics_mistakes_are_one_line_before_spark_starts(tmp_path: Path) -> 
     a_file.write_text("")
     for extra, says in [
         (["--master", "bogus://x"], "is not a Spark master URL"),
+        # Spark took these and failed as it started: a traceback, exit status 1.
+        (["--master", "local[0]"], "--master 'local[0]' is not a Spark master URL"),
+        (["--master", "local[00,2]"], "--master 'local[00,2]' is not a Spark master URL"),
         (["--out", str(a_file)], "exists and is not a directory"),
         (["--out", str(a_file / "below")], "cannot make the output directory"),
     ]:

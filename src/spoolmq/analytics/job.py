@@ -892,8 +892,9 @@ def _under_spark_submit() -> bool:
 
 
 # The master URLs Spark takes (SparkSubmit refuses anything else, after starting a JVM).
+# local[N] and local[N,F] need N >= 1: Spark takes local[0] and fails as it starts.
 _SPARK_MASTER = re.compile(
-    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[.+\]|(spark|k8s|mesos)://.+|yarn"
+    r"local(\[(\*|0*[1-9]\d*)(,\d+)?\])?|local-cluster\[.+\]|(spark|k8s|mesos)://.+|yarn"
 )
 
 
@@ -930,8 +931,8 @@ def analyse(
     _make_out_dir(out)  # before Spark's start: a mistake here costs no JVM
     if master is not None and not _SPARK_MASTER.fullmatch(master):
         raise InvalidArgumentError(
-            f"--master {master!r} is not a Spark master URL (local, local[N], local[*], "
-            "spark://HOST:PORT, yarn, k8s://...)"
+            f"--master {master!r} is not a Spark master URL (local, local[N] with N >= 1, "
+            "local[*], spark://HOST:PORT, yarn, k8s://...)"
         )
     console = Console(stderr=True)
     with Progress(
