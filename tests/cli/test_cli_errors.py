@@ -126,6 +126,23 @@ def test_analytics_mistakes_are_one_line_before_spark_starts(tmp_path: Path) -> 
         assert_one_line_error(result, says)
 
 
+def test_an_unreachable_spark_master_is_one_line_before_spark_starts(tmp_path: Path) -> None:
+    """Spark tried a master that takes no connections for 60 s, then a traceback (exit
+    status 1) saying "Cannot call methods on a stopped SparkContext"."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("t")
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    master = f"spark://127.0.0.1:{port}"
+    result = run_cli("analytics", "--data", str(data), "--master", master, timeout=120)
+    assert result.returncode == 2
+    assert_one_line_error(
+        result, f"cannot reach Spark master {master}: 127.0.0.1:{port}: Connection refused"
+    )
+
+
 def test_an_unknown_topic_is_named(tmp_path: Path) -> None:
     data = tmp_path / "queue_data"
     with Store(data):

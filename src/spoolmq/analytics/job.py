@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,12 +24,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 if __package__ in (None, ""):  # run as a file by spark-submit: import the installed package
     sys.path.pop(0)  # this directory holds modules named like others (report, schemas, ...)
 
+from py4j.protocol import Py4JError, Py4JJavaError  # type: ignore[import-untyped]
 from pyspark import StorageLevel
 from pyspark import __version__ as PYSPARK_VERSION
 from pyspark.sql import DataFrame, SparkSession
@@ -898,6 +901,44 @@ _SPARK_MASTER = re.compile(
 )
 
 
+# How long a spark:// master's address has to take a TCP connection (_check_reachable).
+MASTER_CONNECT_TIMEOUT = 10.0
+
+
+def _check_reachable(master: str) -> None:
+    """An InvalidArgumentError (one line from the CLI) for a spark:// master none of whose
+    addresses takes a TCP connection. Spark itself finds that out only after its fixed three
+    registration attempts of 20 s each (StandaloneAppClient; no setting changes them), and
+    then says "Cannot call methods on a stopped SparkContext". A URL this cannot read is
+    left to Spark."""
+    if not master.startswith("spark://"):
+        return
+    reasons: list[str] = []
+    for address in master.removeprefix("spark://").split(","):  # spark://h1:p1,h2:p2 (HA)
+        try:
+            host, port = (parts := urlsplit(f"spark://{address}")).hostname, parts.port
+        except ValueError:
+            return
+        if not host or port is None:
+            return
+        try:
+            with socket.create_connection((host, port), timeout=MASTER_CONNECT_TIMEOUT):
+                return
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise InvalidArgumentError(f"cannot reach Spark master {master}: {'; '.join(reasons)}")
+
+
+def _spark_error(exc: Exception) -> str:
+    """The first line of why a Spark session did not start: for an error in the JVM its
+    Java exception's message, not py4j's "An error occurred while calling ..."."""
+    text = str(exc)
+    if isinstance(exc, Py4JJavaError):
+        with contextlib.suppress(Exception):  # the JVM may be gone
+            text = str(exc.java_exception.getMessage() or exc.java_exception.toString())
+    return (text.strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _make_out_dir(out_dir: Path) -> None:
     """The output directory and its ``charts``, made if missing; an InvalidArgumentError
     (one line from the CLI) for one that cannot be: a file there, no permission."""
@@ -934,6 +975,8 @@ def analyse(
             f"--master {master!r} is not a Spark master URL (local, local[N] with N >= 1, "
             "local[*], spark://HOST:PORT, yarn, k8s://...)"
         )
+    if master is not None:
+        _check_reachable(master)
     console = Console(stderr=True)
     with Progress(
         SpinnerColumn(),
@@ -969,8 +1012,16 @@ def analyse(
                 and KeptTables.present(out / "cache" / "kept"),
                 class_archive=archive,
             )
-        except (RuntimeError, ValueError) as exc:  # pyspark's errors: a bad master, no Java
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        except (RuntimeError, ValueError, Py4JError) as exc:  # no Java, a bad master, the JVM's
+            first = _spark_error(exc)
+            if isinstance(exc, Py4JJavaError) and (master or "").startswith("spark://"):
+                # e.g. a port that takes connections but is no Spark master: Spark gave up
+                # after 60 s ("All masters are unresponsive", logged above).
+                if "stopped SparkContext" in first:
+                    first = "no answer to Spark's three 20 s registration attempts"
+                raise InvalidArgumentError(
+                    f"cannot start the application on Spark master {master}: {first}"
+                ) from None
             raise InvalidArgumentError(
                 f"Spark did not start (master {master or 'local[*]'}; Java 17 is needed): {first}"
             ) from None
