@@ -43,6 +43,9 @@ def test_a_first_run_writes_the_archive_and_the_next_one_starts_from_it(tmp_path
     first = _analytics(data, tmp_path / "out1", cache)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "saving the Spark JVM's classes" in first.stderr
+    # Not ~1,000 lines of the JVM's warnings about the classes it leaves out of the archive.
+    assert "[warning][cds]" not in first.stdout + first.stderr
+    assert first.stdout.splitlines()[-1].startswith("report: "), first.stdout[-3000:]
     (archive,) = cache.iterdir()  # nothing else: no temporary file left
     assert archive.name.startswith("spark-classes-") and archive.suffix == ".jsa"
     assert archive.stat().st_size > 10 * 2**20
@@ -53,6 +56,7 @@ def test_a_first_run_writes_the_archive_and_the_next_one_starts_from_it(tmp_path
     assert second.returncode == 0, second.stderr[-3000:]
     # Mapped by the JVM (the job deletes an archive its JVM did not map), not rewritten.
     assert "saving the Spark JVM's classes" not in second.stderr
+    assert "[warning][cds]" not in second.stdout + second.stderr
     assert "did not use the class archive" not in second.stderr
     assert [p.name for p in cache.iterdir()] == [archive.name]
     assert archive.stat().st_mtime_ns == written
