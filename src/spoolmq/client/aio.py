@@ -82,7 +82,12 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message, frame_count
+from spoolmq.protocol.publish import (
+    MAX_FRAME_RECORDS_BYTES,
+    encode_publish_frame,
+    encode_publish_message,
+    frame_count,
+)
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
@@ -504,13 +509,17 @@ class AsyncPublisher:
         group, queue = next(iter(self._groups.items()))
         batch: list[_Queued] = []
         dropped = 0
-        room = frame_count((m.body for m in queue), self.batch_size)  # a frame's bytes
-        while queue and len(batch) < room:
+        while queue and len(batch) < self.batch_size:
             item = queue.popleft()
             if item.future.cancelled() and not item.sent:
                 dropped += 1  # cancelled before it went out: never sent, never stored
                 continue
             batch.append(item)
+        bodies = [m.body for m in batch]
+        if sum(map(len, bodies)) + len(bodies) > MAX_FRAME_RECORDS_BYTES:  # large records
+            count = frame_count(bodies, len(bodies))
+            queue.extendleft(reversed(batch[count:]))  # the next frame's, first in line
+            del batch[count:], bodies[count:]
         if not queue:
             del self._groups[group]
         self._queued -= len(batch) + dropped
@@ -523,9 +532,7 @@ class AsyncPublisher:
         acks, topic, partition = group
         for item in batch:
             item.sent = True
-        data = encode_publish_frame(
-            frame_id, acks, self.producer_id, topic, partition, [m.body for m in batch]
-        )
+        data = encode_publish_frame(frame_id, acks, self.producer_id, topic, partition, bodies)
         if acks == "0":  # no answer comes: done once written
             for item in batch:
                 _settle(item.future, Position(topic, -1, -1, -1), None)

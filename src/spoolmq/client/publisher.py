@@ -47,7 +47,12 @@ from spoolmq.errors import (
     SpoolError,
     error_from_code,
 )
-from spoolmq.protocol.publish import encode_publish_frame, encode_publish_message, frame_count
+from spoolmq.protocol.publish import (
+    MAX_FRAME_RECORDS_BYTES,
+    encode_publish_frame,
+    encode_publish_message,
+    frame_count,
+)
 from spoolmq.store.message import Position, PublishOptions, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
@@ -647,7 +652,11 @@ class Publisher:
             ):
                 return None
             group, queue = next(iter(self._groups.items()))
-            count = frame_count((m.body for m in queue), self.batch_size)
+            count = min(len(queue), self.batch_size)
+            bodies = [m.body for m in itertools.islice(queue, count)]
+            if sum(map(len, bodies)) + count > MAX_FRAME_RECORDS_BYTES:  # large records
+                count = frame_count(bodies, count)
+                del bodies[count:]
             if count == len(queue):
                 batch = list(queue)
                 del self._groups[group]
@@ -661,9 +670,7 @@ class Publisher:
             acks, topic, partition = group
             if acks != "0":
                 self._in_flight[frame_id] = (group, batch)
-        data = encode_publish_frame(
-            frame_id, acks, self.producer_id, topic, partition, [m.body for m in batch]
-        )
+        data = encode_publish_frame(frame_id, acks, self.producer_id, topic, partition, bodies)
         if acks == "0":
             for item in batch:
                 item.resolve(Position(topic, -1, -1, -1), None)
