@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +150,23 @@ def test_a_batch_becomes_its_producer_s_frame_records_or_one_error() -> None:
 
     unnamed = _frame_records(_decoded(values, [("ok", b"1"), ("", b"2")]), "orders", 2, 1 << 20)
     assert unnamed == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_a_batch_more_than_one_publish_frame_carries_is_message_too_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each record within the topic's limit, all of them past what one publish frame
+    carries (64 MiB less room for its head; here made exactly these three records): sent, the
+    PublisherBroker would end the link at the frame's length."""
+    from spoolmq.kafka import produce
+    from spoolmq.kafka.api import ErrorCode
+
+    values = [b"x" * 300] * 3
+    bodies = produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20)
+    assert not isinstance(bodies, int)
+    total = sum(map(len, bodies[1])) + len(bodies[1])
+    monkeypatch.setattr(produce, "MAX_FRAME_RECORDS_BYTES", total)
+    assert not isinstance(produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20), int)
+    monkeypatch.setattr(produce, "MAX_FRAME_RECORDS_BYTES", total - 1)
+    refused = produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20)
+    assert refused == ErrorCode.MESSAGE_TOO_LARGE
