@@ -771,7 +771,8 @@ class AsyncConsumer:
             )
             if self._paused:  # a reconnect keeps a pause: what it pushed meanwhile goes back
                 await self._request(pause_frame(self.auto_ack, ()))
-                self._buffer.clear()
+                if not self.auto_ack:  # (an auto_ack consumer's are final: it keeps them)
+                    self._buffer.clear()
         except BaseException:
             self._drop(stream)
             raise

@@ -182,7 +182,8 @@ class Consumer:
         self.consumer_id = str(reply.get("consumer_id"))
         if self._paused:  # a reconnect keeps a pause: what it pushed meanwhile goes back
             self._request(pause_frame(self.auto_ack, ()))
-            self._buffer.clear()
+            if not self.auto_ack:  # (an auto_ack consumer's are final: it keeps them)
+                self._buffer.clear()
 
     def _drop(self) -> None:
         """Forget a lost connection; the next ``receive`` reconnects."""
@@ -306,7 +307,11 @@ class Consumer:
             # the application asks for more, or a consumer that stops here would lose the
             # message the broker pushed (final on sending) into a connection about to close.
             if self._buffer and self._taken >= max(1, self.prefetch // 2):
-                self._flush_credit()
+                try:
+                    self._flush_credit()
+                except (EOFError, OSError) as exc:  # the next receive reconnects
+                    lost_broker(logger, exc)
+                    self._drop()
         return message
 
     def _wait(self, timeout: float) -> bool:
@@ -344,6 +349,8 @@ class Consumer:
             raise SpoolError("this Consumer is closed")
         self._paused = True
         if self._conn is None:
+            if not self.auto_ack:
+                self._buffer.clear()  # the lost connection's deliveries are void
             return 0  # the reconnect pauses the new subscription
         try:
             reply = self._request(pause_frame(self.auto_ack, self._unsettled))
