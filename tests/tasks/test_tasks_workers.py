@@ -233,13 +233,16 @@ def test_workers_split_by_topics_share_the_group(
     assert math.process.poll() is None and extra.process.poll() is None
 
 
-def test_a_worker_whose_settings_the_group_refuses_stops_and_says_why(
+def test_a_worker_whose_settings_the_group_refuses_says_why_and_joins_once_it_can(
     broker: BrokerProcess, app: ModuleType, start_worker: Any
 ) -> None:
     first = start_worker("--no-scheduler", TASKS_LEASE="30")
     assert app.add.send(1, 2).result(timeout=60) == 3  # its group runs with a 30 s lease
     other = start_worker("--no-scheduler", TASKS_LEASE="2")
-    assert other.process.wait(60) == 2
+    wait_until(lambda: "could not join group" in other.log_text(), 60, "the refusal")
     log = other.log_text()
     assert "already runs with other settings" in log and "Tasks(group=...)" in log
-    assert first.process.poll() is None
+    assert first.process.poll() is None and other.process.poll() is None
+    # As in a rolling upgrade: the old workers leave and the new settings' worker joins.
+    assert first.stop() == 0
+    assert app.worker_pid.send().result(timeout=90) != first.process.pid

@@ -56,7 +56,7 @@ from spoolmq.tasks.scheduler import Scheduler
 logger = logging.getLogger("spoolmq.tasks")
 
 EXIT_REPLACE = 75  # EX_TEMPFAIL: "start another one in my place"
-EXIT_CONFIG = 78  # EX_CONFIG: the group refused this worker's settings; restarts would too
+EXIT_CONFIG = 78  # EX_CONFIG: the group refused this worker's settings (retried, backing off)
 PURGE_EVERY = 60.0  # seconds between deletions of expired results
 
 
@@ -463,33 +463,33 @@ def run_worker(
     )
     letters_thread.start()
     next_purge = 0.0
-    exit_code = 0
     try:
         while not stop.is_set():
             for i, child in enumerate(children):
                 if child.exitcode is None:
                     continue
-                if child.exitcode == EXIT_CONFIG:
-                    logger.error(
-                        "worker process %d could not join group %r with these tasks' "
-                        "settings (its log above says why); stopping",
-                        child.pid,
-                        tasks.group,
-                    )
-                    exit_code = 2
-                    stop.set()
-                    break
                 now = time.monotonic()
                 if not restart_at[i]:
                     quick = now - started_at[i] < 10 and child.exitcode != EXIT_REPLACE
                     pauses[i] = min(30.0, max(0.5, pauses[i] * 2)) if quick else 0.0
                     restart_at[i] = now + pauses[i]
-                    logger.warning(
-                        "worker process %d exited with %s; starting another%s",
-                        child.pid,
-                        child.exitcode,
-                        f" in {pauses[i]:g} s" if pauses[i] else "",
-                    )
+                    if child.exitcode == EXIT_CONFIG:
+                        # Refused by the group (its log above says why): during a rolling
+                        # upgrade the old workers leave, and a later try joins.
+                        logger.error(
+                            "worker process %d could not join group %r with these tasks' "
+                            "settings; trying again in %g s",
+                            child.pid,
+                            tasks.group,
+                            pauses[i],
+                        )
+                    else:
+                        logger.warning(
+                            "worker process %d exited with %s; starting another%s",
+                            child.pid,
+                            child.exitcode,
+                            f" in {pauses[i]:g} s" if pauses[i] else "",
+                        )
                 if now >= restart_at[i]:
                     children[i] = start()
                     started_at[i] = now
@@ -520,4 +520,4 @@ def run_worker(
         if periodic is not None:
             periodic.close()
         tasks.close()
-    return exit_code
+    return 0
