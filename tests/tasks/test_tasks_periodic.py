@@ -185,3 +185,24 @@ def test_a_tick_recorded_before_ticks_were_epoch_ms_is_not_sent_again(
     assert scheduler.fired == [("hourly", int(500_001 * HOUR * 1000), False)]
     scheduler.close()
     tasks.close()
+
+
+def test_a_legacy_tick_is_read_with_the_schedule_it_was_recorded_under(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    # Recorded by an earlier spoolmq under every=2s (tick 900,000,000: epoch second 1.8e9),
+    # then the job is made every=60s in the same upgrade. Read with the new interval, the
+    # tick would be in the year 3680 and the job would never fire again.
+    tasks = Tasks(data_dir)
+
+    @tasks.task(topic="t.beat", name="beat")
+    def beat() -> None: ...
+
+    tasks.store.periodic_last_tick("beat-job", "beat", "every 2s")
+    tasks.store.periodic_advance("beat-job", 900_000_000, None, fired=True)
+    tasks.periodic(None, beat, every=timedelta(seconds=60), name="beat-job")
+    scheduler = Scheduler(tasks)
+    scheduler.step(1_800_000_060.0)
+    assert scheduler.fired == [("beat-job", 1_800_000_060_000, False)]
+    scheduler.close()
+    tasks.close()

@@ -28,6 +28,7 @@ import orjson
 
 from spoolmq.errors import SchemaVersionError, StorageError
 from spoolmq.files import chmod_sqlite_side_files, make_private_dirs, open_sqlite
+from spoolmq.tasks.schedule import tick_ms
 
 SCHEMA_VERSION = 2
 FILE_NAME = "tasks.db"
@@ -435,9 +436,13 @@ class ResultStore:
     # -- periodic jobs ----------------------------------------------------------------
 
     def periodic_last_tick(self, name: str, task: str, schedule: str) -> int | None:
-        """The last tick fired for job ``name`` (registering the job if new)."""
+        """The last tick fired for job ``name`` (registering the job if new), as an epoch
+        millisecond: one an earlier spoolmq numbered otherwise is read with the schedule
+        it was recorded under (``tick_ms``), before ``schedule`` replaces it."""
         with self._write() as db:
-            row = db.execute("SELECT last_tick FROM periodic WHERE name = ?", (name,)).fetchone()
+            row = db.execute(
+                "SELECT last_tick, schedule FROM periodic WHERE name = ?", (name,)
+            ).fetchone()
             if row is None:
                 db.execute(
                     "INSERT INTO periodic (name, task, schedule) VALUES (?, ?, ?)",
@@ -447,7 +452,7 @@ class ResultStore:
             db.execute(
                 "UPDATE periodic SET task = ?, schedule = ? WHERE name = ?", (task, schedule, name)
             )
-            return None if row[0] is None else int(row[0])
+            return None if row[0] is None else tick_ms(str(row[1]), int(row[0]))
 
     def periodic_advance(self, name: str, tick: int, next_ms: int | None, fired: bool) -> None:
         """Record that ``tick`` was handled (fired, or skipped without catch-up); never

@@ -19,7 +19,7 @@ from typing import Any
 from spoolmq.client import Publisher
 from spoolmq.errors import SpoolError
 from spoolmq.tasks.app import Tasks, task_message
-from spoolmq.tasks.schedule import Periodic, tick_ms
+from spoolmq.tasks.schedule import Periodic
 
 logger = logging.getLogger("spoolmq.tasks")
 
@@ -54,11 +54,7 @@ class Scheduler:
             tick, when = job.latest_tick(now)
             next_time = job.next_time(now)
             soonest = min(soonest, next_time)
-            # (A tick fired before ticks were numbered by their epoch ms, read as one.)
-            last = tick_ms(
-                job.schedule,
-                self.tasks.store.periodic_last_tick(job.name, job.task, job.schedule),
-            )
+            last = self.tasks.store.periodic_last_tick(job.name, job.task, job.schedule)
             if last is not None and tick <= last:
                 continue
             # A first run starts from now: no tick from before the job existed is sent.
