@@ -28,6 +28,7 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.protocol.publish import (
+    MAX_FRAME_RECORDS_BYTES,
     bare_body,
     check_frame_room,
     encode_publish_message,
@@ -154,9 +155,11 @@ def encode_many(
         else:
             # No options: each value's record alone (the topic was checked above).
             for index, value in enumerate(values):  # noqa: B007 - read in the except
-                body = bare_body(value)
-                check_frame_room(body)
-                bodies.append(body)
+                bodies.append(bare_body(value))
+            # Once for them all, in C (a call a value was ~3 % of a publisher's CPU).
+            if bodies and max(map(len, bodies)) > MAX_FRAME_RECORDS_BYTES:
+                for index, body in enumerate(bodies):  # noqa: B007 - read in the except
+                    check_frame_room(body)
     except (SerializationError, MessageTooLargeError) as exc:
         raise type(exc)(f"values[{index}]: {exc}") from None
     return frame_partition(topic, key, partition, partitions), bodies

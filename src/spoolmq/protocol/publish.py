@@ -106,7 +106,8 @@ def encode_publish_message(
     if not options:
         # The common case: a record of the value alone (bare_body), numbered last.
         body = bare_body(value)
-        check_frame_room(body)
+        if len(body) > MAX_FRAME_RECORDS_BYTES:
+            check_frame_room(body)
         if sequence is not None:
             body = numbered(body, sequence, orjson.dumps(producer_id))
         return body, None, None
@@ -125,7 +126,8 @@ def encode_publish_message(
     start = len(_KEYLESS) if body.startswith(_KEYLESS) else 0
     if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError(_NON_FINITE)
-    check_frame_room(body)
+    if len(body) > MAX_FRAME_RECORDS_BYTES:
+        check_frame_room(body)
     return body, key, partition
 
 
