@@ -160,13 +160,14 @@ def test_a_batch_more_than_one_publish_frame_carries_is_message_too_large(
     PublisherBroker would end the link at the frame's length."""
     from spoolmq.kafka import produce
     from spoolmq.kafka.api import ErrorCode
+    from spoolmq.protocol import publish
 
     values = [b"x" * 300] * 3
     bodies = produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20)
     assert not isinstance(bodies, int)
     total = sum(map(len, bodies[1])) + len(bodies[1])
-    monkeypatch.setattr(produce, "MAX_FRAME_RECORDS_BYTES", total)
+    monkeypatch.setattr(publish, "MAX_FRAME_RECORDS_BYTES", total)
     assert not isinstance(produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20), int)
-    monkeypatch.setattr(produce, "MAX_FRAME_RECORDS_BYTES", total - 1)
+    monkeypatch.setattr(publish, "MAX_FRAME_RECORDS_BYTES", total - 1)
     refused = produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20)
     assert refused == ErrorCode.MESSAGE_TOO_LARGE

@@ -83,7 +83,6 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.protocol.publish import (
-    MAX_FRAME_RECORDS_BYTES,
     encode_publish_frame,
     encode_publish_message,
     frame_count,
@@ -516,8 +515,8 @@ class AsyncPublisher:
                 continue
             batch.append(item)
         bodies = [m.body for m in batch]
-        if sum(map(len, bodies)) + len(bodies) > MAX_FRAME_RECORDS_BYTES:  # large records
-            count = frame_count(bodies, len(bodies))
+        count = frame_count(bodies)
+        if count < len(batch):  # large records
             queue.extendleft(reversed(batch[count:]))  # the next frame's, first in line
             del batch[count:], bodies[count:]
         if not queue:

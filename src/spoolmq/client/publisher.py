@@ -48,7 +48,6 @@ from spoolmq.errors import (
     error_from_code,
 )
 from spoolmq.protocol.publish import (
-    MAX_FRAME_RECORDS_BYTES,
     encode_publish_frame,
     encode_publish_message,
     frame_count,
@@ -654,9 +653,8 @@ class Publisher:
             group, queue = next(iter(self._groups.items()))
             count = min(len(queue), self.batch_size)
             bodies = [m.body for m in itertools.islice(queue, count)]
-            if sum(map(len, bodies)) + count > MAX_FRAME_RECORDS_BYTES:  # large records
-                count = frame_count(bodies, count)
-                del bodies[count:]
+            count = frame_count(bodies)
+            del bodies[count:]  # large records: the rest go in the next frame
             if count == len(queue):
                 batch = list(queue)
                 del self._groups[group]

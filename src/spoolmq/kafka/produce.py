@@ -39,7 +39,7 @@ from spoolmq.kafka.records import (
     decode_batches,
 )
 from spoolmq.kafka.wire import Reader, Writer
-from spoolmq.protocol.publish import MAX_FRAME_RECORDS_BYTES, encode_publish_frame
+from spoolmq.protocol.publish import encode_publish_frame, frame_count
 from spoolmq.store.record import RECORD_OVERHEAD
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -326,7 +326,7 @@ def _frame_records(
         return int(ErrorCode.CORRUPT_MESSAGE)
     if max(map(len, records), default=0) > max_bytes - RECORD_OVERHEAD:
         return int(ErrorCode.MESSAGE_TOO_LARGE)
-    if sum(map(len, records)) + len(records) > MAX_FRAME_RECORDS_BYTES:
+    if frame_count(records) < len(records):
         # More than one publish frame carries (the PublisherBroker would end the link at
         # its length). A Kafka producer splits a batch refused so and sends it again.
         return int(ErrorCode.MESSAGE_TOO_LARGE)

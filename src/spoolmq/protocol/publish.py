@@ -19,7 +19,7 @@ dump would cost the dump anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -107,7 +107,7 @@ def encode_publish_message(
         # The common case: a record of the value alone (bare_body), numbered last.
         body = bare_body(value)
         if len(body) > MAX_FRAME_RECORDS_BYTES:
-            check_frame_room(body)
+            raise too_large(body)
         if sequence is not None:
             body = numbered(body, sequence, orjson.dumps(producer_id))
         return body, None, None
@@ -127,35 +127,39 @@ def encode_publish_message(
     if body.find(b"null", start) >= 0 and has_non_finite(value):
         raise SerializationError(_NON_FINITE)
     if len(body) > MAX_FRAME_RECORDS_BYTES:
-        check_frame_room(body)
+        raise too_large(body)
     return body, key, partition
 
 
-def check_frame_room(body: bytes) -> None:
-    """MessageTooLargeError for a record no publish frame can carry (over
-    MAX_FRAME_RECORDS_BYTES), before anything is queued: sent, the broker would end the
-    connection at the frame's length, and every resend would again."""
-    if len(body) > MAX_FRAME_RECORDS_BYTES:
-        raise MessageTooLargeError(
-            f"message encodes to {len(body)} bytes, over the {MAX_FRAME_RECORDS_BYTES} one "
-            f"publish frame can carry (a broker stores at most its max_message_bytes: 1 MiB "
-            f"unless raised, up to 63 MiB)"
-        )
+def too_large(body: bytes) -> MessageTooLargeError:
+    """The error for a record no publish frame can carry (over MAX_FRAME_RECORDS_BYTES),
+    raised before anything is queued: sent, the broker would end the connection at the
+    frame's length, and every resend would again. Callers compare the length inline
+    (``if len(body) > MAX_FRAME_RECORDS_BYTES: raise too_large(body)``): a call a record
+    costs a publisher more than the comparison does."""
+    return MessageTooLargeError(
+        f"message encodes to {len(body)} bytes, over the {MAX_FRAME_RECORDS_BYTES} one "
+        f"publish frame can carry (a broker stores at most its max_message_bytes: 1 MiB "
+        f"unless raised, up to 63 MiB)"
+    )
 
 
-def frame_count(bodies: Iterable[bytes], limit: int) -> int:
-    """How many of ``bodies`` (a publisher's queue, oldest first) go in its next frame:
-    up to ``limit`` of them, and no more bytes than MAX_FRAME_RECORDS_BYTES, at least one
-    (``check_frame_room`` let each through alone).
+def frame_count(bodies: Sequence[bytes]) -> int:
+    """How many of ``bodies`` (a frame's worth of a publisher's queue, oldest first) fit
+    one publish frame: all of them unless their bytes pass MAX_FRAME_RECORDS_BYTES (one
+    sum, in C, for the usual frame), else as many as fit from the first, at least one
+    (``too_large`` kept out any record that fits no frame alone).
 
-    >>> frame_count([b"x" * (MAX_FRAME_RECORDS_BYTES // 3)] * 3, 100)
+    >>> frame_count([b"x" * 10] * 3)
+    3
+    >>> frame_count([b"x" * (MAX_FRAME_RECORDS_BYTES // 3)] * 3)
     2
     """
+    if sum(map(len, bodies)) + len(bodies) <= MAX_FRAME_RECORDS_BYTES:
+        return len(bodies)
     total = 0
     count = 0
     for body in bodies:
-        if count == limit:
-            break
         total += len(body) + 1
         if total > MAX_FRAME_RECORDS_BYTES and count:
             break
