@@ -213,34 +213,55 @@ def test_reset_a_group_with_the_confirm(ui: UIProcess, browser: Any, data: Path)
 def test_read_only_hides_and_refuses_actions(
     data: Path, broker: BrokerProcess, browser: Any
 ) -> None:
+    """Its own topics and group (not the other tests'), so it holds when run alone."""
+    with Publisher(data=data) as publisher:
+        for n in range(3):
+            publisher.publish("audit", {"n": n})
+        publisher.publish("audit-jobs", {"job": "bad"})
+    with Consumer("audit", "auditors", data=data) as consumer:
+        for _ in range(3):
+            message = consumer.receive(timeout=WAIT)
+            assert message is not None
+            message.ack()
+    with Consumer("audit-jobs", "audit-workers", data=data, max_deliveries=1) as consumer:
+        message = consumer.receive(timeout=WAIT)
+        assert message is not None
+        message.nack(reason="bad job")
+        wait_until(lambda: _dead_letters(data, "audit-jobs"), WAIT, "the dead letter")
+    wait_until(lambda: _committed(data, "auditors", "audit") == 3, WAIT, "the 3 ACKs committed")
     with UIProcess(data, "--read-only") as ui:
         # localhost, not 127.0.0.1: its own cookies, so the other console's session stays.
         url = ui.url.replace("127.0.0.1", "localhost")
-        open_page(browser, url, "/dlq/jobs")
-        until(browser, lambda d: "dead letter(s)" in text_of(d, "#dlq-info"), "the DLQ page")
+        open_page(browser, url, "/dlq/audit-jobs")
+        until(browser, lambda d: "bad job" in text_of(d, "#dead-letters"), "the letter")
+        assert "1 dead letter(s)" in text_of(browser, "#dlq-info")
         assert "read-only" in text_of(browser, "#mode")
         assert browser.find_elements("id", "redrive-all") == []
         assert browser.find_elements("id", "purge") == []
+        assert browser.find_elements("css selector", "#dead-letters input.pick") == []
         open_page(browser, url, "/groups")
-        until(browser, lambda d: "billing" in text_of(d, "#groups"), "the groups page")
+        until(browser, lambda d: "auditors" in text_of(d, "#groups"), "the groups page")
         assert browser.find_elements("css selector", "form.reset") == []
         status = browser.execute_async_script(
             "const done = arguments[arguments.length - 1];"
-            "fetch('/api/groups/billing/reset', {method: 'POST', headers: {'Content-Type':"
+            "fetch('/api/groups/auditors/reset', {method: 'POST', headers: {'Content-Type':"
             " 'application/json', 'X-CSRF-Token': document.body.dataset.csrf}, body:"
-            " JSON.stringify({topic: 'orders', to: 'latest', execute: true})})"
+            " JSON.stringify({topic: 'audit', to: 'earliest', execute: true})})"
             ".then(r => r.json().then(j => done([r.status, j.error])));"
         )
         assert status[0] == 403 and "read-only" in status[1]
         browser.get("about:blank")  # leave before this console stops: no live stream retrying
         browser.get_log("browser")  # drop the 403 just provoked: it was the point
-    assert _committed(data) == 0  # the refused reset to latest changed nothing
+    assert _committed(data, "auditors", "audit") == 3  # the refused reset changed nothing
+    assert _dead_letters(data, "audit-jobs") == 1
 
 
-def _committed(data: Path) -> int | None:
+def _committed(data: Path, group: str, topic: str) -> int | None:
     from spoolmq.operations import group_rows
 
-    return int(group_rows(data, "billing")["billing"][0]["committed"])
+    rows = group_rows(data).get(group, [])
+    found = [row["committed"] for row in rows if row["topic"] == topic]
+    return int(found[0]) if found and found[0] is not None else None
 
 
 def test_metrics_of_the_running_broker(ui: UIProcess, data: Path) -> None:
