@@ -62,7 +62,7 @@ def run_program(directory: Path, name: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_readme_publisher_and_consumer_run_as_written(tmp_path: Path) -> None:
-    for name in ("publisher.py", "consumer.py"):
+    for name in ("publisher.py", "consumer.py", "batches.py"):
         (tmp_path / name).write_text(readme_program(name))
     # As the README says: a broker on ./queue_data, then each program from that directory.
     with BrokerProcess(tmp_path / "queue_data"):
@@ -71,6 +71,10 @@ def test_the_readme_publisher_and_consumer_run_as_written(tmp_path: Path) -> Non
         assert published.stdout.splitlines() == ["stored at 0 0", "last offset 98"]
         consumed = run_program(tmp_path, "consumer.py")
         assert consumed.returncode == 0, consumed.stderr
+        batched = run_program(tmp_path, "batches.py")
+        assert batched.returncode == 0, batched.stderr
+    saved = [int(line.split()[1]) for line in batched.stdout.splitlines()]
+    assert sum(saved) == 101 and max(saved) <= 100, batched.stdout  # 101 orders, 100 a call
     orders = [int(line.split()[-1]) for line in consumed.stdout.splitlines()]
     # The consumer starts on the whole backlog: the priority-9 order, published last, goes
     # first, then the rest in the order they were published.

@@ -49,11 +49,13 @@ from spoolmq import protocol
 from spoolmq.client.aio_connection import FrameStream, connect
 from spoolmq.client.common import (
     ReconnectClock,
+    ack_batch,
     add_to_group,
     after_topic_deleted,
     amount,
     answer_errors,
     answer_ranges,
+    batch_size,
     check_publisher_limits,
     check_topics_left,
     consumer_topics,
@@ -67,6 +69,7 @@ from spoolmq.client.common import (
     pause_frame,
     producer_id_or_new,
     refusal_error,
+    settle_acked,
     settle_frame,
     subscription_settings,
 )
@@ -902,6 +905,51 @@ class AsyncConsumer:
             if self._buffer and self._taken >= max(1, self.prefetch // 2):
                 self._flush_credit()
         return message
+
+    async def receive_many(
+        self, max_messages: int = 100, timeout: float | None = None
+    ) -> list[AsyncReceivedMessage]:
+        """As :meth:`Consumer.receive_many`: up to ``max_messages`` messages, waiting up to
+        ``timeout`` for the first and not for the rest; ``[]`` when the time is up."""
+        count = batch_size(max_messages)
+        first = await self.receive(timeout)
+        if first is None:
+            return []
+        buffer = self._buffer
+        more = min(len(buffer), count - 1)
+        if more <= 0 or (self._paused and not self.auto_ack):
+            return [first]
+        popleft = buffer.popleft
+        batch = [first, *[popleft() for _ in range(more)]]
+        if not self.auto_ack:
+            self._unsettled.update([message.tag for message in batch])
+        else:
+            self._taken += more
+            if buffer and self._taken >= max(1, self.prefetch // 2):  # as receive
+                self._flush_credit()
+        return batch
+
+    async def ack_many(
+        self, messages: Iterable[AsyncReceivedMessage], *, wait: bool = True
+    ) -> None:
+        """As :meth:`Consumer.ack_many`: every one of ``messages`` ACKed in one frame; with
+        ``wait``, refusals raise the first one's error after the rest are ACKed."""
+        live, tags = ack_batch(self, messages, connected=self._stream is not None)
+        if not tags:
+            return
+        try:
+            if wait:
+                reply = await self._request({"op": "ack", "runs": tag_runs(tags)})
+            else:
+                reply = None
+                self._acks += tags
+                if len(self._acks) >= 100:
+                    self._flush_acks()
+        except _LOST:
+            raise UnknownDeliveryError(
+                "lost the broker before it confirmed; the messages will be redelivered"
+            ) from None
+        settle_acked(live, tags, reply, self._unsettled)
 
     async def pause(self) -> int:
         """As :meth:`Consumer.pause`: take nothing more until :meth:`resume`; what was

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from spoolmq.client.delivered import DeliveredRecord
 from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -25,6 +26,7 @@ from spoolmq.errors import (
     SerializationError,
     SpoolError,
     TopicDeletedError,
+    UnknownDeliveryError,
     error_from_code,
 )
 from spoolmq.protocol.publish import (
@@ -263,6 +265,78 @@ def refusal_error(reply: Mapping[str, Any]) -> SpoolError | None:
     if not refused:
         return None
     return error_from_code(str(refused[0].get("code")), str(refused[0].get("message", "")))
+
+
+def batch_size(max_messages: Any) -> int:
+    """``receive_many``'s ``max_messages``: a whole number of at least 1."""
+    if type(max_messages) is not int or max_messages < 1:
+        raise InvalidArgumentError(
+            f"max_messages must be a whole number of at least 1, not {max_messages!r}"
+        )
+    return max_messages
+
+
+def ack_batch(
+    consumer: Any, messages: Iterable[DeliveredRecord], *, connected: bool
+) -> tuple[list[DeliveredRecord], list[int]]:
+    """The messages of an ``ack_many`` to send and their tags, all checked before any is
+    settled, so that a wrong one leaves the others as they were: each received by
+    ``consumer`` (a Consumer or an AsyncConsumer), not settled, not given twice
+    (InvalidArgumentError), on the connection it came on (UnknownDeliveryError: the
+    broker redelivers it). A message of a topic deleted meanwhile is settled here, as
+    ``ack`` settles it: nothing is left to ACK."""
+    auto_ack, generation = consumer.auto_ack, consumer._generation
+    unsettled, deleted_topics = consumer._unsettled, consumer.deleted_topics
+    if auto_ack:
+        raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
+    batch = list(messages)
+    seen: set[int] = set()
+    for message in batch:
+        if getattr(message, "_consumer", None) is not consumer:
+            raise InvalidArgumentError(f"{message!r} was not received by this consumer")
+        if message.settled:
+            raise InvalidArgumentError(f"{message!r} was already acknowledged or nacked")
+        if id(message) in seen:
+            raise InvalidArgumentError(f"{message!r} is given twice")
+        seen.add(id(message))
+    live: list[DeliveredRecord] = []
+    for message in batch:
+        if message.topic in deleted_topics:
+            continue
+        if message._generation != generation or not connected:
+            raise UnknownDeliveryError(
+                "the connection this message came on was lost; the broker redelivers it"
+            )
+        live.append(message)
+    for message in batch:
+        if message.topic in deleted_topics:
+            message.settled = True
+            unsettled.discard(message.tag)
+    return live, [message.tag for message in live]
+
+
+def settle_acked(
+    live: list[DeliveredRecord],
+    tags: list[int],
+    reply: Mapping[str, Any] | None,
+    unsettled: set[int],
+) -> None:
+    """Mark what an ``ack_many`` ACKed settled (``reply``: the broker's answer, None when
+    not waited for); the deliveries it refused stay unsettled, as a refused ``ack`` leaves
+    its message, and the first refusal's error is raised naming how many there were."""
+    refused = (reply or {}).get("refused") or []
+    refused_tags = {entry.get("tag") for entry in refused}
+    for message in live:
+        if message.tag not in refused_tags:
+            message.settled = True
+    unsettled.difference_update(tags)
+    unsettled.update(tag for tag in tags if tag in refused_tags)
+    if refused:
+        first = refused[0]
+        raise error_from_code(
+            str(first.get("code")),
+            f"{len(refused)} of {len(tags)} ACKs refused; the first: {first.get('message', '')}",
+        )
 
 
 def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> dict[str, Any]:

@@ -15,15 +15,17 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from spoolmq import protocol
 from spoolmq.client.common import (
     ReconnectClock,
+    ack_batch,
     after_topic_deleted,
     amount,
+    batch_size,
     check_topics_left,
     consumer_topics,
     delivery_entries,
@@ -31,6 +33,7 @@ from spoolmq.client.common import (
     lost_broker,
     pause_frame,
     refusal_error,
+    settle_acked,
     settle_frame,
     subscription_settings,
 )
@@ -313,6 +316,73 @@ class Consumer:
                     lost_broker(logger, exc)
                     self._drop()
         return message
+
+    def receive_many(
+        self, max_messages: int = 100, timeout: float | None = None
+    ) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages in one call: waits up to ``timeout`` seconds
+        (None: forever) for the first, as ``receive`` does, then takes those the broker
+        has already pushed (a ``prefetch`` of at least ``max_messages`` keeps them coming)
+        without waiting for more; ``[]`` when the time is up or ``wakeup`` was called.
+        Settle them one by one, or all at once with :meth:`ack_many`."""
+        count = batch_size(max_messages)
+        first = self.receive(timeout)
+        if first is None:
+            return []
+        batch = [first]
+        buffer = self._buffer
+        while len(batch) < count:
+            if not buffer:
+                # Frames that have arrived are taken too (a look, not a wait): the broker
+                # may have pushed the prefetch window in several.
+                if self._conn is None or not self._readiness.wait(self._conn, 0)[0]:
+                    break
+                try:
+                    self._read_frame()
+                except (EOFError, OSError) as exc:  # the next receive reconnects
+                    lost_broker(logger, exc)
+                    self._drop()
+                    break
+                continue
+            popleft = buffer.popleft
+            taken = [popleft() for _ in range(min(len(buffer), count - len(batch)))]
+            if not self.auto_ack:
+                self._unsettled.update([message.tag for message in taken])
+            else:
+                self._taken += len(taken)
+            batch += taken
+        if self.auto_ack and buffer and self._taken >= max(1, self.prefetch // 2):  # as receive
+            try:
+                self._flush_credit()
+            except (EOFError, OSError) as exc:
+                lost_broker(logger, exc)
+                self._drop()
+        return batch
+
+    def ack_many(self, messages: Iterable[ReceivedMessage], *, wait: bool = True) -> None:
+        """Acknowledge every one of ``messages`` in one frame (runs of delivery tags),
+        however many there are. Each must be a message this consumer received and has
+        not settled (InvalidArgumentError before any is ACKed otherwise). With ``wait``
+        (the default) the broker's answer is awaited: if it refused some (their lease ran
+        out and they went to another consumer) the others are still ACKed and the first
+        refusal's error is raised (LeaseExpiredError), saying how many. Without, the
+        ACKs join the next frame of ACKs, as ``ack(wait=False)``'s do."""
+        live, tags = ack_batch(self, messages, connected=self._conn is not None)
+        if not tags:
+            return
+        try:
+            if wait:
+                reply = self._request({"op": "ack", "runs": tag_runs(tags)})
+            else:
+                reply = None
+                self._acks += tags
+                if len(self._acks) >= 100:
+                    self._flush_acks()
+        except (EOFError, OSError):
+            raise UnknownDeliveryError(
+                "lost the broker before it confirmed; the messages will be redelivered"
+            ) from None
+        settle_acked(live, tags, reply, self._unsettled)
 
     def _wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a frame from the broker: True if one is

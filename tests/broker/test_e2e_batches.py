@@ -1,0 +1,161 @@
+"""Taking and settling many messages at once against a real broker: ``receive_many`` and
+``ack_many`` of the threaded and the asyncio consumer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spoolmq import AsyncConsumer, Consumer, Publisher
+from spoolmq.errors import InvalidArgumentError, LeaseExpiredError
+from spoolmq.operations import group_rows
+from spoolmq.testing import BrokerProcess, wait_until
+
+WAIT = 60  # seconds: a generous bound on a busy machine, never a sleep
+
+
+def publish(data_dir: Path, topic: str, count: int) -> None:
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish_many(topic, [{"n": n} for n in range(count)])
+
+
+def delivered(broker: BrokerProcess) -> int:
+    return int(broker.stats()["consumer"].get("delivered", 0))
+
+
+def committed(data_dir: Path, group: str, topic: str) -> int | None:
+    rows = [row for row in group_rows(data_dir).get(group, []) if row["topic"] == topic]
+    return rows[0]["committed"] if rows else None
+
+
+def test_receive_many_takes_what_was_pushed_in_order_and_ack_many_commits_it(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    publish(data_dir, "batches", 250)
+    with Consumer("batches", "g", data=data_dir, prefetch=100) as consumer:
+        # Once the broker has pushed the whole window, one call takes all of it, however
+        # many frames it came in.
+        wait_until(lambda: delivered(broker) >= 100, WAIT, "the window pushed")
+        first = consumer.receive_many(100, timeout=WAIT)
+        assert [m.value["n"] for m in first] == list(range(100))
+        consumer.ack_many(first)  # waited for: the broker has them
+        assert all(m.settled for m in first)
+        taken = [m.value["n"] for m in first]
+        while len(taken) < 250:
+            batch = consumer.receive_many(60, timeout=WAIT)
+            assert 1 <= len(batch) <= 60
+            taken += [m.value["n"] for m in batch]
+            consumer.ack_many(batch, wait=False)
+        assert taken == list(range(250))
+        assert consumer.receive_many(10, timeout=0.2) == []  # nothing left: the time is up
+    wait_until(lambda: committed(data_dir, "g", "batches") == 250, WAIT, "all 250 committed")
+    with Consumer("batches", "g", data=data_dir) as again:
+        assert again.receive(timeout=0.5) is None  # nothing to redeliver
+
+
+def test_receive_many_reads_every_frame_that_has_arrived(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """Published one at a time to a waiting consumer, each message comes in a frame of
+    its own: one call still takes all that have arrived."""
+    with Consumer("live", "g", data=data_dir, prefetch=20) as consumer:
+        consumer.receive_many(1, timeout=0)  # subscribed, and nothing there yet
+        with Publisher(data=data_dir) as publisher:
+            for n in range(20):
+                publisher.publish("live", {"n": n})  # each answered before the next
+        wait_until(lambda: delivered(broker) >= 20, WAIT, "the 20 pushed")
+        batch = consumer.receive_many(50, timeout=WAIT)
+        assert [m.value["n"] for m in batch] == list(range(20))
+        consumer.ack_many(batch)
+
+
+def test_ack_many_refuses_bad_input_before_acking_any(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    publish(data_dir, "checked", 4)
+    with (
+        Consumer("checked", "g", data=data_dir, prefetch=4) as consumer,
+        Consumer("other", "g", data=data_dir) as stranger,
+    ):
+        wait_until(lambda: delivered(broker) >= 4, WAIT, "the four pushed")
+        batch = consumer.receive_many(4, timeout=WAIT)
+        assert len(batch) == 4
+        for wrong in (0, -1, True, "5", 2.0):
+            with pytest.raises(InvalidArgumentError, match="max_messages"):
+                consumer.receive_many(wrong)
+        batch[0].ack()
+        with pytest.raises(InvalidArgumentError, match="already acknowledged"):
+            consumer.ack_many(batch)
+        with pytest.raises(InvalidArgumentError, match="twice"):
+            consumer.ack_many([batch[1], batch[1]])
+        with pytest.raises(InvalidArgumentError, match="not received by this consumer"):
+            stranger.ack_many(batch[1:])
+        with pytest.raises(InvalidArgumentError, match="not received by this consumer"):
+            consumer.ack_many([batch[1], {"n": 2}])  # type: ignore[list-item]
+        assert not any(m.settled for m in batch[1:])  # none of the refused calls ACKed one
+        consumer.ack_many([])  # nothing to do
+        consumer.ack_many(batch[1:])
+    assert committed(data_dir, "g", "checked") == 4
+    with Consumer("checked", "auto", data=data_dir, auto_ack=True, prefetch=4) as auto:
+        taken = auto.receive_many(4, timeout=WAIT)
+        assert taken
+        with pytest.raises(InvalidArgumentError, match="auto_ack"):
+            auto.ack_many(taken)
+
+
+def test_ack_many_acks_the_rest_when_some_leases_ran_out(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    # The second message's lease is extended before it runs out, and the first's is left
+    # to run out: a lease long enough for the first step on a busy machine is tried,
+    # each time longer (each in a group of its own: a group's lease is one setting).
+    for lease in (2, 6, 20, 60):
+        topic, group = f"leases-{lease}", f"g{lease}"
+        publish(data_dir, topic, 2)
+        options: dict[str, Any] = {"group": group, "data": data_dir, "lease": lease}
+        with Consumer(topic, prefetch=2, **options) as slow:
+            batch = []
+            while len(batch) < 2:
+                batch += slow.receive_many(2 - len(batch), timeout=WAIT)
+            assert [m.value["n"] for m in batch] == [0, 1]
+            try:
+                batch[1].extend_lease(300)
+            except LeaseExpiredError:
+                continue  # this machine took longer than the lease: a longer one
+            with Consumer(topic, **options) as other:
+                again = other.receive(timeout=WAIT + lease)
+                # (It may have gone back to the first member, and run out there, before.)
+                assert again is not None and again.value["n"] == 0 and again.attempt >= 2
+                with pytest.raises(LeaseExpiredError, match="1 of 2 ACKs refused"):
+                    slow.ack_many(batch)
+                assert batch[1].settled and not batch[0].settled
+                again.ack()
+        done = lambda g=group, t=topic: committed(data_dir, g, t) == 2  # noqa: E731
+        wait_until(done, WAIT, "both committed")
+        return
+    raise AssertionError("no lease was long enough to extend the second message in time")
+
+
+def test_async_receive_many_and_ack_many(broker: BrokerProcess, data_dir: Path) -> None:
+    publish(data_dir, "aio", 150)
+
+    async def main() -> list[int]:
+        taken: list[int] = []
+        async with AsyncConsumer("aio", "g", data=data_dir, prefetch=100) as consumer:
+            while len(taken) < 150:
+                batch = await consumer.receive_many(70, timeout=WAIT)
+                assert 1 <= len(batch) <= 70
+                taken += [m.value["n"] for m in batch]
+                await consumer.ack_many(batch, wait=len(taken) < 100)
+            assert await consumer.receive_many(5, timeout=0.2) == []
+            with pytest.raises(InvalidArgumentError, match="max_messages"):
+                await consumer.receive_many(0)
+            with pytest.raises(InvalidArgumentError, match="already acknowledged"):
+                await consumer.ack_many(batch)
+        return taken
+
+    assert asyncio.run(main()) == list(range(150))
+    wait_until(lambda: committed(data_dir, "g", "aio") == 150, WAIT, "all 150 committed")
