@@ -65,20 +65,22 @@ async def _consume(data: str, barrier: Any, done: DoneCounter, cpu: Any) -> list
     barrier.wait()  # subscribing starts the pushes, so it is part of the measured time
     started = time.process_time()
     async with AsyncConsumer(TOPIC, GROUP, data=data, prefetch=500) as consumer:
-        while True:
-            message = await consumer.receive(timeout=0)
-            if message is None or uncounted >= 100:
-                done.add(uncounted)  # as the threaded consumer: 100 at a time, or when idle
+        while True:  # as the threaded consumer: 100 a call, counted a batch at a time
+            batch = await consumer.receive_many(100, timeout=0)
+            if not batch:
+                done.add(uncounted)
                 uncounted = 0
-                if message is None:
-                    if done.is_set():
-                        break
-                    message = await consumer.receive(timeout=0.2)
-                    if message is None:
-                        continue
-            ids.append(message.value["id"])
-            await message.ack(wait=False)
-            uncounted += 1
+                if done.is_set():
+                    break
+                batch = await consumer.receive_many(100, timeout=0.2)
+                if not batch:
+                    continue
+            ids += [message.value["id"] for message in batch]
+            await consumer.ack_many(batch, wait=False)
+            uncounted += len(batch)
+            if uncounted >= 100:
+                done.add(uncounted)
+                uncounted = 0
         done.add(uncounted)
     add_cpu(cpu, time.process_time() - started)
     return ids
