@@ -325,18 +325,21 @@ def settle_acked(
     not waited for); the deliveries it refused stay unsettled, as a refused ``ack`` leaves
     its message, and the first refusal's error is raised naming how many there were."""
     refused = (reply or {}).get("refused") or []
+    if not refused:
+        for message in live:
+            message.settled = True
+        unsettled.difference_update(tags)
+        return
     refused_tags = {entry.get("tag") for entry in refused}
     for message in live:
         if message.tag not in refused_tags:
             message.settled = True
-    unsettled.difference_update(tags)
-    unsettled.update(tag for tag in tags if tag in refused_tags)
-    if refused:
-        first = refused[0]
-        raise error_from_code(
-            str(first.get("code")),
-            f"{len(refused)} of {len(tags)} ACKs refused; the first: {first.get('message', '')}",
-        )
+    unsettled.difference_update([tag for tag in tags if tag not in refused_tags])
+    first = refused[0]
+    raise error_from_code(
+        str(first.get("code")),
+        f"{len(refused)} of {len(tags)} ACKs refused; the first: {first.get('message', '')}",
+    )
 
 
 def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> dict[str, Any]:
