@@ -72,6 +72,36 @@ def test_receive_many_reads_every_frame_that_has_arrived(
         consumer.ack_many(batch)
 
 
+def test_an_error_while_reading_more_frames_hands_out_none(
+    broker: BrokerProcess, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If reading the frames that arrived fails (an error frame, Ctrl-C), the messages the
+    call took go back to the buffer: the next call hands them out, none is lost."""
+    with Consumer("interrupted", "g", data=data_dir, prefetch=20) as consumer:
+        consumer.receive_many(1, timeout=0)
+        with Publisher(data=data_dir) as publisher:
+            for n in range(20):
+                publisher.publish("interrupted", {"n": n})
+        wait_until(lambda: delivered(broker) >= 20, WAIT, "the 20 pushed")
+        read_frame = consumer._read_frame
+        calls = []
+
+        def failing() -> Any:
+            calls.append(1)
+            if len(calls) == 2:  # the first read is receive's own; fail the next one
+                raise KeyboardInterrupt
+            return read_frame()
+
+        monkeypatch.setattr(consumer, "_read_frame", failing)
+        with pytest.raises(KeyboardInterrupt):
+            consumer.receive_many(50, timeout=WAIT)
+        monkeypatch.setattr(consumer, "_read_frame", read_frame)
+        batch = consumer.receive_many(50, timeout=WAIT)
+        assert [m.value["n"] for m in batch] == list(range(20))
+        consumer.ack_many(batch)
+    assert committed(data_dir, "g", "interrupted") == 20
+
+
 def test_ack_many_refuses_bad_input_before_acking_any(
     broker: BrokerProcess, data_dir: Path
 ) -> None:

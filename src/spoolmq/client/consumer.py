@@ -343,6 +343,9 @@ class Consumer:
                     lost_broker(logger, exc)
                     self._drop()
                     break
+                except BaseException:  # an error frame, or Ctrl-C: none was handed out
+                    self._give_back(batch)
+                    raise
                 continue
             popleft = buffer.popleft
             taken = [popleft() for _ in range(min(len(buffer), count - len(batch)))]
@@ -358,6 +361,15 @@ class Consumer:
                 lost_broker(logger, exc)
                 self._drop()
         return batch
+
+    def _give_back(self, batch: list[ReceivedMessage]) -> None:
+        """Put messages taken from the buffer back at its front, not handed out: the next
+        ``receive`` gives them again."""
+        self._buffer.extendleft(reversed(batch))
+        if self.auto_ack:
+            self._taken -= len(batch)
+        else:
+            self._unsettled.difference_update([message.tag for message in batch])
 
     def ack_many(self, messages: Iterable[ReceivedMessage], *, wait: bool = True) -> None:
         """Acknowledge every one of ``messages`` in one frame (runs of delivery tags),
