@@ -171,6 +171,16 @@ def test_commands_that_only_look_refuse_a_missing_data_directory(
     result = run_cli(*args, "--data", str(typo))
     assert_one_line_error(result, f"no queue data directory at {typo}")
     assert not typo.exists()
+    # An existing directory that is not a store is left as it was: no store made in it,
+    # its mode unchanged.
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    (home / "notes.txt").write_text("mine")
+    result = run_cli(*args, "--data", str(home))
+    assert_one_line_error(result, f"{home} is not a queue data directory")
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+    assert home.stat().st_mode & 0o777 == 0o755
 
 
 @pytest.mark.parametrize(

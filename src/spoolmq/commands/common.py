@@ -72,12 +72,20 @@ def table_console() -> Console:
 _PIPE_WIDTH = 100_000  # a table is no wider than its cells need
 
 
-def data_dir(args: argparse.Namespace, *, must_exist: bool = False) -> Path:
+def data_dir(args: argparse.Namespace, *, must_exist: bool = False, store: bool = True) -> Path:
     """The data directory; ``must_exist`` for commands that only look at a store, so that a
-    mistyped ``--data`` is an error instead of a new empty store."""
+    mistyped ``--data`` is an error instead of a new empty store (and, unless ``store`` is
+    False for a command that reads other files there, one that is not a store yet)."""
     data = resolve_data_dir(args.data)
     if must_exist and not data.is_dir():
         raise ConfigError(f"no queue data directory at {data} (pass --data or set SPOOLMQ_DATA)")
+    if must_exist and store and not (data / "state.db").is_file():
+        # An existing directory that is not a store (``--data .``, ``--data ~``): opening
+        # it would make one there, and make the directory private.
+        raise ConfigError(
+            f"{data} is not a queue data directory (it has no state.db); pass the one the "
+            "broker uses (--data or SPOOLMQ_DATA)"
+        )
     return data
 
 

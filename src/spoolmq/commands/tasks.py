@@ -50,7 +50,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> Any:
     from spoolmq.tasks.results import FILE_NAME, ResultStore
 
-    data = data_dir(args, must_exist=True)
+    data = data_dir(args, must_exist=True, store=False)  # tasks.db is looked for instead
     if not (data / FILE_NAME).exists():
         raise ConfigError(f"no tasks have been sent with {data} ({FILE_NAME} does not exist)")
     return ResultStore(data)

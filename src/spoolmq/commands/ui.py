@@ -51,7 +51,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from spoolmq.ui import auth
 
     # A token is for a store that exists; a password may be set before the first broker.
-    data = data_dir(args, must_exist=not args.set_password)
+    data = data_dir(args, must_exist=not args.set_password, store=False)
     if args.ui_command == "token":
         return _token(args, data)
     if args.set_password:

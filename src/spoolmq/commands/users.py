@@ -48,7 +48,7 @@ def cmd_users(args: argparse.Namespace) -> int:
         update_users,
     )
 
-    data = data_dir(args, must_exist=args.action != "add")
+    data = data_dir(args, must_exist=args.action != "add", store=False)
     if args.action == "list":
         users = load_users(data)
         if args.json:
