@@ -172,6 +172,32 @@ def test_stats_watch_json_lines_until_sigint(broker: BrokerProcess, data_dir: Pa
             process.wait()
 
 
+def test_stats_watch_says_when_the_broker_stops(data_dir: Path, tmp_path: Path) -> None:
+    """It ended with exit 0 and nothing said, as if asked to stop."""
+    import json
+
+    broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
+    broker.start()
+    process = subprocess.Popen(
+        [*SPOOLMQ, "stats", "--watch", "0.2", "--json", "--data", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert json.loads(process.stdout.readline())["pid"] == broker.pid
+        broker.stop()
+        assert process.wait(60) == 2
+        error = process.stderr.read()
+        assert error.startswith("spoolmq: lost the broker") and error.count("\n") == 1, error
+    finally:
+        broker.stop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_top_without_a_terminal_is_one_line(data_dir: Path) -> None:
     """Into a pipe it drew nothing and never ended."""
     data_dir.mkdir()

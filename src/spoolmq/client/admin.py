@@ -10,6 +10,7 @@ from typing import Any
 from spoolmq import protocol
 from spoolmq.client.connection import Address, connect, resolve
 from spoolmq.config import known_settings
+from spoolmq.errors import BrokerUnavailableError
 from spoolmq.types import TopicPartition
 
 
@@ -27,9 +28,17 @@ class Admin:
         self._ids = 0
 
     def request(self, action: str, **fields: Any) -> dict[str, Any]:
+        """Send one admin request and return its answer (the error it carries raised);
+        BrokerUnavailableError if the broker is gone (stopped, or restarted: an Admin
+        does not reconnect)."""
         self._ids += 1
-        protocol.send(self._conn, {"op": "admin", "id": self._ids, "action": action, **fields})
-        reply = protocol.receive(self._conn)
+        try:
+            protocol.send(self._conn, {"op": "admin", "id": self._ids, "action": action, **fields})
+            reply = protocol.receive(self._conn)
+        except (EOFError, OSError) as exc:
+            raise BrokerUnavailableError(
+                f"lost the broker during {action!r} ({type(exc).__name__}): it stopped or restarted"
+            ) from None
         protocol.raise_if_error(reply)
         return reply
 
