@@ -235,3 +235,26 @@ def test_opening_reads_only_the_tail(data_dir: Path, monkeypatch: pytest.MonkeyP
     assert appended.offset == end == 800
     assert record is not None and record.value == "next"
     assert read_bytes <= 3 * segments[-1].stat().st_size + 8192
+
+
+def test_check_beside_a_writer_finds_nothing(data_dir: Path) -> None:
+    """``spoolmq check`` next to a broker that is appending: the segment grew between the
+    scan and its size being read, and that was reported as trailing bytes."""
+    import threading
+
+    with Store(data_dir) as writer, Store(data_dir) as checker:
+        writer.create_topic("busy", partitions=1, segment_bytes=64 * 1024)
+
+        def append() -> None:
+            for n in range(1500):
+                writer.append_batch("busy", [Message({"n": n})] * 50, acks="0")
+
+        thread = threading.Thread(target=append)
+        thread.start()
+        found = []
+        try:
+            while thread.is_alive():
+                found.append(checker.check("busy"))
+        finally:
+            thread.join()
+    assert found and [problems for problems in found if problems] == []

@@ -272,9 +272,13 @@ def scan_batches(
     expected_offset: int | None,
     *,
     keep_records: bool = False,
+    size: int | None = None,
 ) -> ScanResult:
-    """Read every whole batch from byte ``start`` (a batch start) to the end of the file."""
-    size = os.fstat(fd).st_size
+    """Read every whole batch from byte ``start`` (a batch start) to the end of the file,
+    or to byte ``size`` (what the file held when a writer was known to be between
+    batches)."""
+    if size is None:
+        size = os.fstat(fd).st_size
     data = pread_all(fd, size - start, start)
     result = ScanResult(
         end=start,
