@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import os
 import re
 import socket
@@ -80,7 +81,9 @@ def parse_duration_ms(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise ConfigError(f"a duration must be a number or a string like '30s', not {text!r}")
     if isinstance(text, int | float):
-        return -1 if text < 0 else int(text * 1000)
+        if text < 0:
+            return -1
+        return _whole_ms(float(text) * 1000, text)
     value = text.strip().lower()
     if value in ("never", "-1", "unlimited"):
         return -1
@@ -92,7 +95,24 @@ def parse_duration_ms(text: str | int | float) -> int:
             f"bad duration {text!r}: use a number with a unit ms, s, m, h, d or w "
             "(e.g. '14d'), or 'never'"
         )
-    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+    return _whole_ms(float(match.group(1)) * _DURATION_UNITS[match.group(2)], text)
+
+
+#: The longest duration a setting takes: what SQLite's and JSON's 64-bit integers hold of
+#: epoch milliseconds with room to add a clock to it (about 146 million years).
+MAX_DURATION_MS = 2**62
+
+
+def _whole_ms(ms: float, given: object) -> int:
+    """A duration in whole milliseconds: ConfigError for one that is not finite, longer
+    than MAX_DURATION_MS, or more than 0 and under 1 ms (which would be 0: "keep nothing")."""
+    if not math.isfinite(ms):
+        raise ConfigError(f"duration {given!r} is not a finite number")
+    if ms > MAX_DURATION_MS:
+        raise ConfigError(f"duration {given!r} is too long (at most {MAX_DURATION_MS} ms)")
+    if 0 < ms < 1:
+        raise ConfigError(f"duration {given!r} is under 1 ms: give 0 or at least 1ms")
+    return int(ms)
 
 
 def parse_size_bytes(text: str | int) -> int:
@@ -216,10 +236,13 @@ class TopicConfig:
             raise ConfigError(f"segment_ms must be positive, not {self.segment_ms!r}")
         for name in ("retention_ms", "retention_bytes", "tombstone_retention_ms"):
             value = getattr(self, name)
-            if not isinstance(value, int) or (value < 0 and value != -1):
+            if not isinstance(value, int) or (value < 0 and value != -1) or value > 2**62:
                 raise ConfigError(
-                    f"{name} must be -1 (unlimited) or a non-negative number, not {value!r}"
+                    f"{name} must be -1 (unlimited) or a number from 0 to 2**62, not {value!r}"
                 )
+        for name in ("segment_bytes", "segment_ms"):
+            if getattr(self, name) > 2**62:
+                raise ConfigError(f"{name} must be at most 2**62, not {getattr(self, name)!r}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TopicConfig:
