@@ -119,6 +119,8 @@ def _whole(text: str, *, minimum: int) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r} must be {minimum} or more")
+    if value > 2**63 - 1:  # past what JSON frames and SQLite hold
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most 2**63 - 1)")
     return value
 
 
