@@ -181,39 +181,47 @@ def _idle_seconds(text: str) -> float:
 def cmd_consume(args: argparse.Namespace) -> int:
     from spoolmq.client import Consumer
 
-    count = 0
     existed = _topic_exists(args, args.topic)
     with Consumer(
         args.topic, args.group, data=args.data, start=args.start, auto_ack=args.no_ack
     ) as consumer:
         _say_if_created(args, args.topic, existed)
-        while args.max is None or count < args.max:
-            message = consumer.receive(timeout=None if args.follow else args.timeout)
-            if message is None:
-                break
-            key = message.key
-            value = message.value
-            sys.stdout.write(
-                orjson.dumps(
-                    {
-                        "topic": message.topic,
-                        "partition": message.partition,
-                        "offset": message.offset,
-                        "key": json_shown(key),
-                        "value": json_shown(value),
-                        "headers": [[n, json_shown(v)] for n, v in message.headers],
-                        "tags": list(message.tags),
-                        "timestamp": message.timestamp,
-                        "attempt": message.attempt,
-                    }
-                ).decode()
-                + "\n"
-            )
-            sys.stdout.flush()
-            if not args.no_ack:
-                message.ack()
-            count += 1
+        # Ctrl-C is the way to stop --follow: as for read --follow, exit 0.
+        with contextlib.suppress(KeyboardInterrupt):
+            _consume(args, consumer)
     return 0
+
+
+def _consume(args: argparse.Namespace, consumer: Any) -> None:
+    """Print and ACK messages until ``--max``, the idle ``--timeout`` or Ctrl-C (the one a
+    Ctrl-C interrupts is not ACKed: it comes again)."""
+    count = 0
+    while args.max is None or count < args.max:
+        message = consumer.receive(timeout=None if args.follow else args.timeout)
+        if message is None:
+            break
+        key = message.key
+        value = message.value
+        sys.stdout.write(
+            orjson.dumps(
+                {
+                    "topic": message.topic,
+                    "partition": message.partition,
+                    "offset": message.offset,
+                    "key": json_shown(key),
+                    "value": json_shown(value),
+                    "headers": [[n, json_shown(v)] for n, v in message.headers],
+                    "tags": list(message.tags),
+                    "timestamp": message.timestamp,
+                    "attempt": message.attempt,
+                }
+            ).decode()
+            + "\n"
+        )
+        sys.stdout.flush()
+        if not args.no_ack:
+            message.ack()
+        count += 1
 
 
 # -- topics ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ real ``spoolmq`` subprocess, against a real broker process where one is involved
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -141,9 +142,12 @@ def test_consume_follow_prints_messages_as_they_come(broker: BrokerProcess, data
                 line = orjson.loads(process.stdout.readline())  # waits for the message
                 assert (line["value"], line["tags"]) == ({"n": n}, ["vip"])
         assert process.poll() is None  # still following
+        process.send_signal(signal.SIGINT)  # Ctrl-C: how --follow is stopped
+        assert process.wait(60) == 0  # as read --follow and stats --watch (it was 130)
     finally:
-        process.terminate()
-        process.wait(30)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
 
 
 # -- 12: groups reset ----------------------------------------------------------------------
