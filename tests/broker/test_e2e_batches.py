@@ -189,3 +189,35 @@ def test_async_receive_many_and_ack_many(broker: BrokerProcess, data_dir: Path) 
 
     assert asyncio.run(main()) == list(range(150))
     wait_until(lambda: committed(data_dir, "g", "aio") == 150, WAIT, "all 150 committed")
+
+
+def test_timing_arguments_out_of_range_are_invalid_argument_errors(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A NaN, a string or a number past 64-bit milliseconds, each named: they were a
+    ValueError, a TypeError, or a SerializationError blaming the value."""
+    import math
+
+    with Publisher(data=data_dir) as publisher:
+        for bad in ({"delay": 1e20}, {"ttl": 1e20}, {"deliver_at": 2**63}):
+            with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
+                publisher.publish("timing", 1, **bad)
+        publisher.publish("timing", 1)
+    with Consumer("timing", "g", data=data_dir) as consumer:
+        for bad_timeout in (math.nan, math.inf, "1", True):
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                consumer.receive(timeout=bad_timeout)  # type: ignore[arg-type]
+        message = consumer.receive(timeout=WAIT)
+        assert message is not None
+        for bad_delay in (math.nan, 1e20, -1, "5"):
+            with pytest.raises(InvalidArgumentError, match="delay"):
+                message.nack(delay=bad_delay)  # type: ignore[arg-type]
+        assert not message.settled
+        message.nack(delay=0)
+
+    async def receive_nan() -> None:
+        async with AsyncConsumer("timing", "g", data=data_dir) as consumer:
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                await consumer.receive(timeout=math.nan)
+
+    asyncio.run(receive_nan())

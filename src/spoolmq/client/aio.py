@@ -57,6 +57,7 @@ from spoolmq.client.common import (
     answer_ranges,
     batch_size,
     check_publisher_limits,
+    check_timeout,
     check_topics_left,
     consumer_topics,
     delivery_entries,
@@ -878,6 +879,7 @@ class AsyncConsumer:
         broker is away the wait is spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this AsyncConsumer is closed")
+        check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         # Paused, a buffered message may be one the broker is taking back (auto_ack
         # consumers' are final: those are still handed out).

@@ -36,7 +36,7 @@ from spoolmq.protocol.publish import (
     numbered,
     too_large,
 )
-from spoolmq.store.message import PublishOptions
+from spoolmq.store.message import MAX_DELAY_S, PublishOptions
 from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
@@ -267,6 +267,17 @@ def refusal_error(reply: Mapping[str, Any]) -> SpoolError | None:
     return error_from_code(str(refused[0].get("code")), str(refused[0].get("message", "")))
 
 
+def check_timeout(timeout: Any) -> None:
+    """A ``receive``'s ``timeout``: None or a finite number of seconds (one already past,
+    0 or less, means "only what is there"); InvalidArgumentError otherwise."""
+    if timeout is not None and (
+        type(timeout) not in (int, float) or not -math.inf < timeout < math.inf
+    ):
+        raise InvalidArgumentError(
+            f"timeout must be None or a finite number of seconds, not {timeout!r}"
+        )
+
+
 def batch_size(max_messages: Any) -> int:
     """``receive_many``'s ``max_messages``: a whole number of at least 1."""
     if type(max_messages) is not int or max_messages < 1:
@@ -347,6 +358,10 @@ def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> 
     frame: dict[str, Any] = {"op": op, "tags": [tag]}
     if op == "nack":
         if delay is not None:
+            if amount(delay, "delay") > MAX_DELAY_S:
+                raise InvalidArgumentError(
+                    f"delay must be at most {MAX_DELAY_S} seconds (a thousand years), not {delay!r}"
+                )
             frame["delay_ms"] = int(delay * 1000)
         if reason is not None:
             frame["reason"] = reason

@@ -26,6 +26,7 @@ from spoolmq.client.common import (
     after_topic_deleted,
     amount,
     batch_size,
+    check_timeout,
     check_topics_left,
     consumer_topics,
     delivery_entries,
@@ -279,6 +280,7 @@ class Consumer:
         spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this Consumer is closed")
+        check_timeout(timeout)
         if not self._buffer:  # (a buffered message is handed out with no clock read)
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self._buffer:

@@ -130,6 +130,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: The longest ``delay`` or ``ttl`` (and NACK delay) a message takes, in seconds: a
+#: thousand years, which epoch milliseconds in 64 bits hold with room to spare.
+MAX_DELAY_S = 1000 * 365 * 24 * 3600
+#: The latest ``deliver_at`` (epoch ms) a message takes.
+MAX_EPOCH_MS = 2**62
+
+
 def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
     """The one check of a message's timing options: ``delay`` (seconds, at least 0) or
     ``deliver_at`` (epoch ms, not both), and ``ttl`` (seconds, more than 0).
@@ -145,14 +152,24 @@ def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
             raise InvalidArgumentError("give either delay (seconds) or deliver_at (ms), not both")
         if not _is_number(delay) or delay < 0:
             raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
+        if delay > MAX_DELAY_S:
+            raise InvalidArgumentError(
+                f"delay must be at most {MAX_DELAY_S} seconds (a thousand years), not {delay!r}"
+            )
     if deliver_at is not None and (
-        not isinstance(deliver_at, int) or isinstance(deliver_at, bool) or deliver_at < 0
+        not isinstance(deliver_at, int)
+        or isinstance(deliver_at, bool)
+        or not 0 <= deliver_at <= MAX_EPOCH_MS
     ):
         raise InvalidArgumentError(
-            f"deliver_at must be a non-negative integer (epoch ms), not {deliver_at!r}"
+            f"deliver_at must be an integer from 0 to 2**62 (epoch ms), not {deliver_at!r}"
         )
     if ttl is not None and (not _is_number(ttl) or ttl <= 0):
         raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
+    if ttl is not None and ttl > MAX_DELAY_S:
+        raise InvalidArgumentError(
+            f"ttl must be at most {MAX_DELAY_S} seconds (a thousand years), not {ttl!r}"
+        )
 
 
 def seconds_to_ms(seconds: float) -> int:
