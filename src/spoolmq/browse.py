@@ -202,9 +202,15 @@ def parse_time(text: str, *, zoneless: str = "local") -> int:
             f"a time must be ISO 8601, like 2026-11-23T21:00:00Z or "
             f"2026-11-23T22:00:00+01:00, not {text!r}"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC) if zoneless == "utc" else moment.astimezone()
-    return int(moment.timestamp() * 1000)
+    try:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC) if zoneless == "utc" else moment.astimezone()
+        ms = int(moment.timestamp() * 1000)
+    except (ValueError, OverflowError, OSError):  # year 1 in a zone west of UTC, say
+        raise InvalidArgumentError(f"the time {text!r} is out of range") from None
+    # Nothing is stored before 1970: an earlier time means the start, as it does for
+    # ``groups reset --to-datetime``.
+    return max(ms, 0)
 
 
 @dataclass(slots=True)

@@ -181,6 +181,7 @@ def test_bad_input(clocked: Store) -> None:
 def test_parse_time(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_time("1970-01-01T00:00:01Z") == 1000
     assert parse_time("1970-01-01T01:00:01+01:00") == 1000
+    assert parse_time("1969-01-01T00:00:00Z") == 0  # before anything stored: the start
     # A time without a zone: local time for what a person types (every command), UTC where
     # the page says its times are UTC (the console).
     monkeypatch.setenv("TZ", "Asia/Tokyo")  # UTC+9, no daylight saving
@@ -188,6 +189,9 @@ def test_parse_time(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         assert parse_time("1970-01-01T09:00:01.5") == 1500
         assert parse_time("1970-01-01T00:00:01.5", zoneless="utc") == 1500
+        # Nine hours before year 1 began: a ValueError from astimezone() it was.
+        with pytest.raises(InvalidArgumentError, match="out of range"):
+            parse_time("0001-01-01")
     finally:
         monkeypatch.undo()
         time.tzset()
