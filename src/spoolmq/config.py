@@ -83,6 +83,8 @@ def parse_duration_ms(text: str | int | float) -> int:
     if isinstance(text, int | float):
         if text < 0:
             return -1
+        if text > MAX_DURATION_MS:  # (an int past 1e308 would overflow float())
+            raise ConfigError(f"duration {text!r} is too long (at most {MAX_DURATION_MS} ms)")
         return _whole_ms(float(text) * 1000, text)
     value = text.strip().lower()
     if value in ("never", "-1", "unlimited"):

@@ -199,21 +199,44 @@ def test_timing_arguments_out_of_range_are_invalid_argument_errors(
     import math
 
     with Publisher(data=data_dir) as publisher:
-        for bad in ({"delay": 1e20}, {"ttl": 1e20}, {"deliver_at": 2**63}):
+        for bad in (
+            {"delay": 1e20},
+            {"ttl": 1e20},
+            {"deliver_at": 2**63},
+            {"delay": 10**400},  # past what a float holds: an OverflowError it was
+            {"ttl": 10**400},
+        ):
             with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
                 publisher.publish("timing", 1, **bad)
         publisher.publish("timing", 1)
     with Consumer("timing", "g", data=data_dir) as consumer:
-        for bad_timeout in (math.nan, math.inf, "1", True):
+        for bad_timeout in (math.nan, math.inf, "1", True, 10**400):
             with pytest.raises(InvalidArgumentError, match="timeout"):
                 consumer.receive(timeout=bad_timeout)  # type: ignore[arg-type]
         message = consumer.receive(timeout=WAIT)
         assert message is not None
-        for bad_delay in (math.nan, 1e20, -1, "5"):
+        for bad_delay in (math.nan, 1e20, -1, "5", 10**400):
             with pytest.raises(InvalidArgumentError, match="delay"):
                 message.nack(delay=bad_delay)  # type: ignore[arg-type]
         assert not message.settled
         message.nack(delay=0)
+
+        class Seconds(float):  # a float of another type (numpy's float64 is one)
+            pass
+
+        again = consumer.receive(timeout=Seconds(WAIT))
+        assert again is not None
+        again.ack()
+        # A wait longer than poll() takes (24.8 days): it raised OverflowError. wakeup()
+        # ends it here; the point is that it waits at all.
+        import threading
+
+        waker = threading.Timer(0.5, consumer.wakeup)
+        waker.start()
+        try:
+            assert consumer.receive(timeout=3_000_000) is None
+        finally:
+            waker.cancel()
 
     async def receive_nan() -> None:
         async with AsyncConsumer("timing", "g", data=data_dir) as consumer:

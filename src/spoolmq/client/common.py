@@ -78,7 +78,7 @@ def amount(value: Any, name: str, unit: str = "seconds", *, positive: bool = Fal
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or (isinstance(value, float) and not math.isfinite(value))  # (an int is finite)
         or value < 0
         or (positive and value == 0)
     ):
@@ -86,7 +86,10 @@ def amount(value: Any, name: str, unit: str = "seconds", *, positive: bool = Fal
         raise InvalidArgumentError(
             f"{name} must be a finite number of {unit}, {kind}: not {value!r}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past 1e308
+        raise InvalidArgumentError(f"{name} is too large: {value!r}") from None
 
 
 def producer_id_or_new(producer_id: str | None) -> str:
@@ -271,10 +274,13 @@ def check_timeout(timeout: Any) -> None:
     """A ``receive``'s ``timeout``: None or a finite number of seconds (one already past,
     0 or less, means "only what is there"); InvalidArgumentError otherwise."""
     if timeout is not None and (
-        type(timeout) not in (int, float) or not -math.inf < timeout < math.inf
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not -MAX_DELAY_S <= timeout <= MAX_DELAY_S  # False for NaN
     ):
         raise InvalidArgumentError(
-            f"timeout must be None or a finite number of seconds, not {timeout!r}"
+            f"timeout must be None or a number of seconds up to {MAX_DELAY_S} (a thousand "
+            f"years), not {timeout!r}"
         )
 
 

@@ -126,7 +126,10 @@ class Readiness:
             self._conn_fd = fd
         # Milliseconds, rounded up (as the selectors module does): a wait shorter than
         # asked would come back early and be asked again.
-        events = self._poll.poll(-1 if timeout is None else math.ceil(max(timeout, 0) * 1000))
+        # poll() takes at most 2**31 - 1 ms (24.8 days): a longer wait comes back early,
+        # and the callers, which loop to their deadline, wait again.
+        wait_ms = -1 if timeout is None else min(math.ceil(max(timeout, 0) * 1000), 2**31 - 1)
+        events = self._poll.poll(wait_ms)
         conn_ready = woken = False
         for ready_fd, _ in events:  # any event: data, or a hang-up the read then reports
             if ready_fd == fd:

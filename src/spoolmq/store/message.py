@@ -127,7 +127,9 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)  # (an int past 1e308 overflows it)
 
 
 #: The longest ``delay`` or ``ttl`` (and NACK delay) a message takes, in seconds: a
