@@ -146,16 +146,21 @@ def test_bad_intervals_are_one_line(
     assert err.startswith("spoolmq: ") and message in err and err.count("\n") == 1, err
 
 
-def test_stats_watch_json_lines_until_sigint(broker: BrokerProcess, data_dir: Path) -> None:
-    import json
-    import signal
-
-    process = subprocess.Popen(
+def stats_watch_json(data_dir: Path) -> subprocess.Popen[str]:
+    """``spoolmq stats --watch 0.2 --json`` started as a user starts it, its output piped."""
+    return subprocess.Popen(
         [*SPOOLMQ, "stats", "--watch", "0.2", "--json", "--data", str(data_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_stats_watch_json_lines_until_sigint(broker: BrokerProcess, data_dir: Path) -> None:
+    import json
+    import signal
+
+    process = stats_watch_json(data_dir)
     try:
         assert process.stdout is not None
         first = json.loads(process.stdout.readline())
@@ -178,12 +183,7 @@ def test_stats_watch_says_when_the_broker_stops(data_dir: Path, tmp_path: Path) 
 
     broker = BrokerProcess(data_dir, log_file=tmp_path / "broker.log")
     broker.start()
-    process = subprocess.Popen(
-        [*SPOOLMQ, "stats", "--watch", "0.2", "--json", "--data", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = stats_watch_json(data_dir)
     try:
         assert process.stdout is not None and process.stderr is not None
         assert json.loads(process.stdout.readline())["pid"] == broker.pid

@@ -36,7 +36,7 @@ from spoolmq.protocol.publish import (
     numbered,
     too_large,
 )
-from spoolmq.store.message import MAX_DELAY_S, PublishOptions
+from spoolmq.store.message import MAX_DELAY_S, PublishOptions, check_at_most_max_delay
 from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
@@ -364,10 +364,7 @@ def settle_frame(op: str, tag: int, delay: float | None, reason: str | None) -> 
     frame: dict[str, Any] = {"op": op, "tags": [tag]}
     if op == "nack":
         if delay is not None:
-            if amount(delay, "delay") > MAX_DELAY_S:
-                raise InvalidArgumentError(
-                    f"delay must be at most {MAX_DELAY_S} seconds (a thousand years), not {delay!r}"
-                )
+            check_at_most_max_delay(amount(delay, "delay"), "delay")
             frame["delay_ms"] = int(delay * 1000)
         if reason is not None:
             frame["reason"] = reason

@@ -139,6 +139,15 @@ MAX_DELAY_S = 1000 * 365 * 24 * 3600
 MAX_EPOCH_MS = 2**62
 
 
+def check_at_most_max_delay(seconds: float, name: str) -> None:
+    """InvalidArgumentError for a checked ``delay``/``ttl`` (or a NACK's delay) longer
+    than MAX_DELAY_S."""
+    if seconds > MAX_DELAY_S:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_DELAY_S} seconds (a thousand years), not {seconds!r}"
+        )
+
+
 def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
     """The one check of a message's timing options: ``delay`` (seconds, at least 0) or
     ``deliver_at`` (epoch ms, not both), and ``ttl`` (seconds, more than 0).
@@ -154,10 +163,7 @@ def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
             raise InvalidArgumentError("give either delay (seconds) or deliver_at (ms), not both")
         if not _is_number(delay) or delay < 0:
             raise InvalidArgumentError(f"delay must be at least 0 seconds, not {delay!r}")
-        if delay > MAX_DELAY_S:
-            raise InvalidArgumentError(
-                f"delay must be at most {MAX_DELAY_S} seconds (a thousand years), not {delay!r}"
-            )
+        check_at_most_max_delay(delay, "delay")
     if deliver_at is not None and (
         not isinstance(deliver_at, int)
         or isinstance(deliver_at, bool)
@@ -168,10 +174,8 @@ def check_timing(delay: Any, deliver_at: Any, ttl: Any) -> None:
         )
     if ttl is not None and (not _is_number(ttl) or ttl <= 0):
         raise InvalidArgumentError(f"ttl must be more than 0 seconds, not {ttl!r}")
-    if ttl is not None and ttl > MAX_DELAY_S:
-        raise InvalidArgumentError(
-            f"ttl must be at most {MAX_DELAY_S} seconds (a thousand years), not {ttl!r}"
-        )
+    if ttl is not None:
+        check_at_most_max_delay(ttl, "ttl")
 
 
 def seconds_to_ms(seconds: float) -> int:
