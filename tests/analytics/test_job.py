@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -85,6 +87,33 @@ def test_an_empty_directory_gives_an_empty_report(spark: SparkSession, tmp_path:
         "throughput.png", "latency.png", "lag.png", "attempts.png", "consumers.png",
     }  # fmt: skip
     assert "Every line was read" in result.report.read_text()
+
+
+def test_what_the_job_writes_is_private(spark: SparkSession, tmp_path: Path) -> None:
+    """The tables and the report name keys, consumers and failure reasons: a directory the
+    job makes is 0700, its tables and charts 0700 in any directory, its files 0600; an
+    existing --out keeps its mode, and an older run's wider modes are narrowed."""
+    with Store(tmp_path / "queue_data") as store:
+        store.append("t", [Message(value={"n": 1}, key="customer-42")])
+    old_umask = os.umask(0o022)  # what a user's shell has: Spark's files take it
+    try:
+        made = tmp_path / "a" / "out"
+        run(spark, tmp_path / "queue_data", made)
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o755)
+        (shared / "tables").mkdir(mode=0o755)
+        (shared / "summary.json").write_text("{}")
+        os.chmod(shared / "summary.json", 0o644)
+        run(spark, tmp_path / "queue_data", shared)
+    finally:
+        os.umask(old_umask)
+    mode = lambda path: stat.S_IMODE(path.stat().st_mode)  # noqa: E731
+    assert mode(made) == 0o700
+    assert mode(shared) == 0o755
+    for out in (made, shared):
+        assert mode(out / "tables") == 0o700 and mode(out / "charts") == 0o700
+        assert mode(out / "summary.json") == 0o600 and mode(out / "report.html") == 0o600
+        assert orjson.loads((out / "summary.json").read_bytes())["topics"]["t"]["messages"] == 1
 
 
 def test_topics_without_messages_show_their_partitions(spark: SparkSession, tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from spoolmq.analytics.settled import SettledOutcomes, Where
 from spoolmq.analytics.summary import build_summary, chart_bucket_ms, needs_attention
 from spoolmq.config import resolve_data_dir
 from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.files import DIR_MODE, FILE_MODE
 from spoolmq.types import EventType
 
 TOP_KEYS = 20
@@ -133,8 +134,12 @@ def _log_level(spark: SparkSession) -> str:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
+    """``path`` replaced by ``data`` (0600: the figures name keys and consumers)."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
+    fd = os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(partial, FILE_MODE)  # one left by an older run may have had a wider mode
     os.replace(partial, path)
 
 
@@ -940,12 +945,23 @@ def _spark_error(exc: Exception) -> str:
 
 
 def _make_out_dir(out_dir: Path) -> None:
-    """The output directory and its ``charts``, made if missing; an InvalidArgumentError
-    (one line from the CLI) for one that cannot be: a file there, no permission."""
+    """The output directory and its ``tables`` and ``charts``, made if missing; an
+    InvalidArgumentError (one line from the CLI) for one that cannot be: a file there, no
+    permission. What the job writes names keys, consumers and failure reasons, so it is as
+    private as the store: an output directory the job makes is 0700, and ``tables`` and
+    ``charts`` are 0700 in any (the files Spark writes in them take its umask). An existing
+    ``--out`` keeps its mode: it may be a directory the user shares on purpose."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InvalidArgumentError(f"--out {out_dir} exists and is not a directory")
     try:
-        (out_dir / "charts").mkdir(parents=True, exist_ok=True)
+        if not out_dir.is_dir():
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(out_dir, DIR_MODE)
+                os.chmod(out_dir, DIR_MODE)
+        for inner in ("tables", "charts"):
+            (out_dir / inner).mkdir(mode=DIR_MODE, exist_ok=True)
+            os.chmod(out_dir / inner, DIR_MODE)  # made by an older run with the umask's mode
     except OSError as exc:
         raise InvalidArgumentError(
             f"cannot make the output directory {out_dir}: {exc.strerror or exc}"
