@@ -455,7 +455,7 @@ def _print_members(data: Path, args: argparse.Namespace) -> int:
                 m["kind"],
                 m["pid"],
                 m["name"],
-                _moment(m["since"] * 1000) if m["since"] else None,
+                _moment(m["since"]) if m["since"] else None,
                 _moment(m["last_seen"]) if m["last_seen"] else "not yet",
                 m["in_flight"],
             ]

@@ -168,8 +168,8 @@ def group_members(data: Path, group: str) -> list[dict[str, Any]]:
 def members_by_group(data: Path, group: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """The consumers in ``group`` (or in every group) now, by group, from the running
     broker; none when no broker runs. Each is a dict with ``kind`` ``"spoolmq"``, a
-    consumer connected to the broker (consumer id, client id, pid, name, connected since in
-    epoch s, last seen in epoch ms, in-flight), or ``"kafka"``, a member the Kafka front
+    consumer connected to the broker (consumer id, client id, pid, name, connected since and
+    last seen in epoch ms, in-flight), or ``"kafka"``, a member the Kafka front
     has joined to the group (its member id as ``consumer``, its client id as ``name``, its
     ``host`` and ``assignment``; what the broker does not know of it is None)."""
     if not broker_running(data):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -562,7 +563,10 @@ def test_groups_members_and_delete_with_a_broker_running(
         assert [(m["consumer"], m["kind"], m["pid"], m["in_flight"]) for m in members] == [
             (consumer.consumer_id, "spoolmq", os.getpid(), 1)
         ]
-        assert type(members[0]["last_seen"]) is int and members[0]["last_seen"] > 0
+        # Both moments in epoch ms (`since` was in seconds, a float, beside `last_seen`).
+        assert type(members[0]["last_seen"]) is int and type(members[0]["since"]) is int
+        now_ms = time.time() * 1000
+        assert now_ms - 120_000 < members[0]["since"] <= members[0]["last_seen"] <= now_ms
         assert consumer.consumer_id in ok("groups", "describe", "g", "--members", *d)
         one_line_error(run("groups", "delete", "g", *d), "live consumer")
         held.ack()

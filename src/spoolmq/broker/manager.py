@@ -702,7 +702,7 @@ class BrokerManager:
                 "role": role,
                 "pid": hello.get("pid"),
                 "name": str(hello.get("name", ""))[:100],
-                "since": time.time(),
+                "since": time.time_ns() // 1_000_000,  # epoch ms, as last_seen
             }
         if role == "admin":
             self._serve_admin(conn, client_id)
