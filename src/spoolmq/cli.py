@@ -15,7 +15,9 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
+import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -52,12 +54,38 @@ def _parse_headers(items: Sequence[str]) -> list[tuple[str, str]]:
     return headers
 
 
+# 19 digits in a row: where an integer past 64 bits may be, which orjson reads as a float.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_TEXT = re.compile("[0-9]{19}")
+
+
+def _check_whole(text: str) -> int:
+    number = int(text)
+    if not -(2**63) <= number < 2**64:
+        raise InvalidArgumentError(
+            f"the integer {text[:30]}{'...' if len(text) > 30 else ''} is past 64 bits, which "
+            "the store does not hold: send it as a string"
+        )
+    return number
+
+
+def _loads_exactly(data: bytes | str) -> Any:
+    """``orjson.loads``, and an InvalidArgumentError for an integer past 64 bits, which it
+    would read as a float and so store as another number (99999999999999999999 as 1e+20).
+    Only text with 19 digits in a row is read a second time, by the json module, to find
+    one."""
+    value = orjson.loads(data)
+    if _LONG_DIGITS.search(data) if isinstance(data, bytes) else _LONG_DIGITS_TEXT.search(data):
+        json.loads(data, parse_int=_check_whole)
+    return value
+
+
 def _parse_value(text: str) -> Any:
     """A JSON value if the text is JSON, else the text as a string; but text that opens
     as a JSON object or array and does not parse is a mistake (a trailing comma, a quote
     missing), not a message: it is refused rather than stored as a string."""
     try:
-        return orjson.loads(text)
+        return _loads_exactly(text)
     except orjson.JSONDecodeError as exc:
         if text.lstrip()[:1] in ("{", "["):
             raise InvalidArgumentError(
@@ -119,9 +147,11 @@ def _stdin_values() -> Iterator[list[Any]]:
             if not line.strip():
                 continue
             try:
-                values.append(orjson.loads(line))
+                values.append(_loads_exactly(line))
             except orjson.JSONDecodeError as exc:
                 raise InvalidArgumentError(f"stdin line {number} is not JSON: {exc}") from None
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"stdin line {number}: {exc}") from None
         if values:
             yield values
         if not chunk:

@@ -62,6 +62,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (["tasks", "list", "--limit", "0"], "'0' must be 1 or more"),
         (["publish", "t", '{"a": 1,}'], "VALUE opens as JSON but is not"),
         (["publish", "t", "[1, 2"], "VALUE opens as JSON but is not"),
+        # orjson reads it as the float 1e+20: it was stored as another number.
+        (["publish", "t", '{"a": 99999999999999999999}'], "99999999999999999999 is past 64 bits"),
+        (["publish", "t", "-9223372036854775809"], "-9223372036854775809 is past 64 bits"),
     ],
 )
 def test_a_mistake_is_one_line_on_stderr(tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -220,6 +223,11 @@ def test_mistakes_with_a_broker_running_store_nothing(
     bad_stdin = run_cli("publish", "ok", *data, stdin='{"n": 2}\nnot json\n{"n": 3}\n')
     assert_one_line_error(bad_stdin, "stdin line 2 is not JSON")
     assert bad_stdin.stdout == ""
+    past_64_bits = run_cli("publish", "ok", *data, stdin='{"n": 2}\n[1, 123456789012345678901]\n')
+    assert_one_line_error(past_64_bits, "stdin line 2: the integer 123456789012345678901 is past")
+    # What 64 bits hold is stored as it is, and so are long digits in a string.
+    edges = '18446744073709551615\n-9223372036854775808\n"123456789012345678901"\n'
+    assert run_cli("publish", "ok", *data, stdin=edges).returncode == 0
     too_big = run_cli("publish", "ok", *data, stdin='"' + "x" * (1100 * 1024) + '"\n')
     assert_one_line_error(too_big, "over")
     assert_one_line_error(
@@ -233,7 +241,9 @@ def test_mistakes_with_a_broker_running_store_nothing(
     )
     with Store(data_dir) as store:
         assert store.topics().keys() == {"ok"}
-        assert [r.value for r in store.reader("ok", 0)] == [{"n": 1}]
+        assert [r.value for r in store.reader("ok", 0)] == [
+            {"n": 1}, 2**64 - 1, -(2**63), "123456789012345678901",
+        ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
