@@ -403,7 +403,16 @@ def test_max_deliveries_stays_below_where_a_tags_attempt_would_wrap(tmp_path: Pa
     assert len({delivery_tag(3, 7, a) for a in range(1, MAX_DELIVERIES + 1)}) == MAX_DELIVERIES
     assert GroupSettings(max_deliveries=MAX_DELIVERIES).max_deliveries == 1000
     for bad in (0, MAX_DELIVERIES + 1, 100_000):
-        with pytest.raises(InvalidArgumentError, match="max_deliveries must be from 1 to 1000"):
+        with pytest.raises(
+            InvalidArgumentError, match="max_deliveries must be a whole number from 1 to 1000"
+        ):
             GroupSettings(max_deliveries=bad)
+    # A string: the range named is max_deliveries's, not the ten years in ms of the times.
+    with pytest.raises(
+        InvalidArgumentError, match="max_deliveries must be a whole number from 1 to 1000, not '5'"
+    ):
+        GroupSettings(max_deliveries="5")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="lease_ms must be a whole number from 1 to"):
+        GroupSettings(lease_ms=0)
     with pytest.raises(InvalidArgumentError, match="must be a whole number from 1 to 1000"):
         Tasks(data=tmp_path / "d").task(topic="t", max_deliveries=5000)(print)

@@ -116,23 +116,25 @@ class GroupSettings:
     limits: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("lease_ms", "max_deliveries", "retry_backoff_ms", "retry_backoff_max_ms"):
+        # Times are whole numbers that fit state.db's 64-bit columns once added to a clock
+        # in ms; max_deliveries fits a delivery tag's attempt bits.
+        for name, lowest, highest in (
+            ("lease_ms", 1, _MAX_SETTING),
+            ("max_deliveries", 1, MAX_DELIVERIES),
+            ("retry_backoff_ms", 0, _MAX_SETTING),
+            ("retry_backoff_max_ms", 0, _MAX_SETTING),
+        ):
             number = getattr(self, name)
-            # Whole numbers that fit state.db's 64-bit columns once added to a clock in ms.
-            if not isinstance(number, int) or isinstance(number, bool) or number > _MAX_SETTING:
+            if (
+                not isinstance(number, int)
+                or isinstance(number, bool)
+                or not lowest <= number <= highest
+            ):
                 raise InvalidArgumentError(
-                    f"{name} must be a whole number up to {_MAX_SETTING}, not {number!r}"
+                    f"{name} must be a whole number from {lowest} to {highest}, not {number!r}"
                 )
         if not isinstance(self.auto_ack, bool):
             raise InvalidArgumentError(f"auto_ack must be true or false, not {self.auto_ack!r}")
-        if self.lease_ms < 1:
-            raise InvalidArgumentError(f"lease must be positive, not {self.lease_ms} ms")
-        if not 1 <= self.max_deliveries <= MAX_DELIVERIES:
-            raise InvalidArgumentError(
-                f"max_deliveries must be from 1 to {MAX_DELIVERIES}, not {self.max_deliveries}"
-            )
-        if self.retry_backoff_ms < 0 or self.retry_backoff_max_ms < 0:
-            raise InvalidArgumentError("retry backoff must not be negative")
         check_filter(self.filter)
         check_limits(self.limits)
 
