@@ -105,6 +105,14 @@ def test_any_producer_id_makes_a_valid_frame(producer_id: str) -> None:
         ({"deliver_at": "tomorrow"}, InvalidArgumentError, "deliver_at must be"),
         ({"key": 5}, SerializationError, "a key must be"),
         ({"tags": ["ok", ""]}, SerializationError, "a tag must be"),
+        # Not "a tag must be a non-empty string, not 97" (bytes taken as numbers).
+        (
+            {"tags": b"ab"},
+            SerializationError,
+            "tags must be a string or a list of strings, not bytes",
+        ),
+        ({"tags": {"a": 1}}, SerializationError, "a list of strings, not dict"),
+        ({"tags": 5}, SerializationError, "a list of strings, not int"),
         ({"headers": {"h": 1}}, SerializationError, "str or bytes value"),
         ({"bogus": 1}, TypeError, "bogus"),
     ],

@@ -129,7 +129,15 @@ def check_priority_header(value: Any) -> None:
 
 def normalize_tags(tags: Sequence[str] | str) -> list[str]:
     """Tags as stored: a list of non-empty strings (one string is one tag)."""
-    stored = [tags] if isinstance(tags, str) else list(tags)
+    if isinstance(tags, str):
+        return normalize_tags([tags])
+    if isinstance(tags, bytes | bytearray | memoryview | Mapping) or not isinstance(
+        tags, Iterable
+    ):  # bytes would be taken as numbers, a dict as its keys
+        raise SerializationError(
+            f"tags must be a string or a list of strings, not {type(tags).__name__}"
+        )
+    stored = list(tags)
     for tag in stored:
         if not isinstance(tag, str) or not tag:
             raise SerializationError(f"a tag must be a non-empty string, not {tag!r}")
