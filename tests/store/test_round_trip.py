@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from spoolmq import Message, Store
 from spoolmq.errors import CorruptRecordError
+from spoolmq.store.message import PRIORITY_HEADER
 from spoolmq.store.record import (
     check_line,
     decode_line,
@@ -36,7 +37,10 @@ json_values = st.recursive(
 )
 keys = st.none() | text | st.binary(max_size=24)
 header_values = text | st.binary(max_size=12)
-headers = st.lists(st.tuples(text.filter(bool), header_values), max_size=4)
+# Not the reserved priority header, which holds one digit and is refused otherwise (its own
+# tests say so): Hypothesis draws string constants from the code under test, that name too.
+header_names = text.filter(lambda name: bool(name) and name != PRIORITY_HEADER)
+headers = st.lists(st.tuples(header_names, header_values), max_size=4)
 values = json_values | st.binary(max_size=64)
 
 messages = st.builds(
