@@ -118,6 +118,7 @@ def _dead_letter(store: Store, n: int, reason: str) -> None:
             (DeadLetterHeader.PARTITION, "0"),
             (DeadLetterHeader.OFFSET, str(n)),
             (DeadLetterHeader.ATTEMPTS, "5"),
+            (DeadLetterHeader.GROUP, "billing"),
         ],
     )
 
@@ -161,6 +162,20 @@ def test_a_replay_to_one_group_carries_the_header_and_is_its_own_redrive(
     assert (everyone.replayed, billing.replayed, again.already_replayed) == (1, 1, 1)
     records = list(letters.reader("jobs", 0))
     assert [r.headers for r in records] == [[], [(ONLY_GROUP_HEADER, "billing")]]
+
+
+def test_a_replay_to_a_group_that_does_not_read_the_topic_is_refused(letters: Store) -> None:
+    """A typo in --to-group stored copies no group would ever be given; a group that gave
+    up on a letter, or has a committed offset in the topic, is taken."""
+    with pytest.raises(
+        InvalidArgumentError, match="--to-group 'biling': no group of that name reads 'jobs'"
+    ) as refused:
+        replay_dead_letters(letters, "jobs", to_group="biling")
+    assert str(refused.value).endswith("groups that do: billing")
+    assert letters.log_end_offset("jobs", 0) == 0
+    letters.state.commit_offsets("audit", {TopicPartition("jobs", 0): 0})
+    assert replay_dead_letters(letters, "jobs", offsets=[(0, 1)], to_group="audit").replayed == 1
+    assert [r.headers for r in letters.reader("jobs", 0)] == [[(ONLY_GROUP_HEADER, "audit")]]
 
 
 def test_a_purge_hides_what_it_picked_and_counts_it(letters: Store) -> None:

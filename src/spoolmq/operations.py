@@ -338,12 +338,25 @@ def replay_dead_letters(
     group is given them (the :data:`ONLY_GROUP_HEADER` header); ``dry_run`` selects and
     returns them without appending anything.
 
+    ``to_group`` must be a group that reads ``topic``: one that gave up on one of its dead
+    letters, or has a committed offset in it. Another name is a mistake (a typo would
+    otherwise store messages that no group is ever given).
+
     Each DLQ offset is published once per destination however often this runs
     (idempotent publishing, keyed by the DLQ partition and offset, and the group), so a
     replay that was interrupted can simply be run again."""
     if to_group is not None and (not isinstance(to_group, str) or not to_group.strip()):
         raise InvalidArgumentError(f"--to-group needs a group name, not {to_group!r}")
-    letters = _select(dead_letters(store, topic), offsets=offsets, reason=reason)
+    every = dead_letters(store, topic)
+    if to_group is not None:
+        readers = {d.group for d in every if d.group} | set(store.state.groups_reading(topic))
+        if to_group not in readers:
+            raise InvalidArgumentError(
+                f"--to-group {to_group!r}: no group of that name reads {topic!r} (none has "
+                f"dead-lettered its messages or committed an offset in it); groups that do: "
+                f"{', '.join(sorted(readers)) or 'none'}"
+            )
+    letters = _select(every, offsets=offsets, reason=reason)
     if dry_run:
         return ReplayResult(0, 0, tuple(letters), to_group, dry_run=True)
     producer = f"dlq-replay:{dlq_topic(topic)}"

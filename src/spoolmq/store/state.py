@@ -688,9 +688,7 @@ class StateDB:
                 (topic, partition),
             )
         )
-        names = self.query(
-            "SELECT DISTINCT group_name FROM group_offsets WHERE topic = ?", (topic,)
-        )
+        names = self.groups_reading(topic)
         parked = {
             row[0]
             for row in self.query(
@@ -698,7 +696,17 @@ class StateDB:
                 (topic, partition, offset),
             )
         }
-        return {name: (int(committed.get(name, 0)), name in parked) for (name,) in names}
+        return {name: (int(committed.get(name, 0)), name in parked) for name in names}
+
+    def groups_reading(self, topic: str) -> list[str]:
+        """Every group with a committed offset in ``topic``, by name."""
+        return [
+            row[0]
+            for row in self.query(
+                "SELECT DISTINCT group_name FROM group_offsets WHERE topic = ? ORDER BY 1",
+                (topic,),
+            )
+        ]
 
     def commit_offsets(self, group: str, offsets: PartitionOffsets) -> None:
         timestamp = self._clock.now_ms()
