@@ -47,11 +47,6 @@ def marks(tmp_path: Path) -> Path:
     return path
 
 
-def count_marks(marks: Path, name: str) -> list[str]:
-    path = marks / name
-    return path.read_text().split() if path.exists() else []
-
-
 @pytest.fixture
 def broker(data_dir: Path) -> Iterator[BrokerProcess]:
     with BrokerProcess(data_dir) as running:

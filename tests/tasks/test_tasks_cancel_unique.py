@@ -9,8 +9,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tasks_helpers import count_marks
 
-from conftest import count_marks
 from event_shapes import events_of
 from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess, wait_until

@@ -13,7 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from conftest import count_marks
+from tasks_helpers import count_marks
+
 from spoolmq import Store
 from spoolmq.tasks import Tasks
 from spoolmq.tasks.scheduler import Scheduler

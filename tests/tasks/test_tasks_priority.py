@@ -7,7 +7,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from conftest import count_marks
+from tasks_helpers import count_marks
+
 from spoolmq import Admin
 from spoolmq.testing import BrokerProcess, wait_until
 

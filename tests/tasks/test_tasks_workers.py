@@ -13,9 +13,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tasks_helpers import count_marks
 
 import spoolmq.tasks.worker as worker_module
-from conftest import count_marks
 from spoolmq import Consumer
 from spoolmq.errors import TaskFailed
 from spoolmq.testing import BrokerProcess, wait_until
