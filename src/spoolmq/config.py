@@ -100,9 +100,11 @@ def parse_duration_ms(text: str | int | float) -> int:
     return _whole_ms(float(match.group(1)) * _DURATION_UNITS[match.group(2)], text)
 
 
-#: The longest duration a setting takes: what SQLite's and JSON's 64-bit integers hold of
-#: epoch milliseconds with room to add a clock to it (about 146 million years).
-MAX_DURATION_MS = 2**62
+#: The largest number a setting takes, a duration in ms or a size in bytes: what SQLite's
+#: and JSON's 64-bit integers hold with room to add a clock in epoch milliseconds to it
+#: (as a duration, about 146 million years).
+MAX_SETTING = 2**62
+MAX_DURATION_MS = MAX_SETTING
 
 
 def _whole_ms(ms: float, given: object) -> int:
@@ -238,12 +240,12 @@ class TopicConfig:
             raise ConfigError(f"segment_ms must be positive, not {self.segment_ms!r}")
         for name in ("retention_ms", "retention_bytes", "tombstone_retention_ms"):
             value = getattr(self, name)
-            if not isinstance(value, int) or (value < 0 and value != -1) or value > 2**62:
+            if not isinstance(value, int) or (value < 0 and value != -1) or value > MAX_SETTING:
                 raise ConfigError(
                     f"{name} must be -1 (unlimited) or a number from 0 to 2**62, not {value!r}"
                 )
         for name in ("segment_bytes", "segment_ms"):
-            if getattr(self, name) > 2**62:
+            if getattr(self, name) > MAX_SETTING:
                 raise ConfigError(f"{name} must be at most 2**62, not {getattr(self, name)!r}")
 
     @classmethod
