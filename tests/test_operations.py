@@ -178,6 +178,44 @@ def test_a_replay_to_a_group_that_does_not_read_the_topic_is_refused(letters: St
     assert [r.headers for r in letters.reader("jobs", 0)] == [[(ONLY_GROUP_HEADER, "audit")]]
 
 
+def test_a_replayed_task_is_queued_again_for_the_group_that_gave_up_on_it(
+    data_dir: Path,
+) -> None:
+    """A dead-lettered task stayed ``dead_lettered`` after its replay, so ``result()``
+    raised the old TaskFailed while the task ran again; now it is ``queued`` again when its
+    copy reaches the workers' group (not for a replay to another group)."""
+    from spoolmq.errors import ResultTimeoutError, TaskFailed
+    from spoolmq.tasks import Tasks
+    from spoolmq.tasks.results import ResultStore
+
+    task = {"task": "jobs.x", "id": "t1", "args": [], "kwargs": {}, "priority": 0}
+    with Store(data_dir) as store:
+        store.create_topic("jobs")
+        store.append("jobs.dlq", task, headers=[(DeadLetterHeader.GROUP, "spoolmq-tasks")])
+        store.append("jobs.dlq", {"not": "a task"}, headers=[(DeadLetterHeader.GROUP, "audit")])
+        store.state.commit_offsets("audit", {TopicPartition("jobs", 0): 0})
+    results = ResultStore(data_dir)
+    row = {"name": "jobs.x", "topic": "jobs", "args": {"args": [], "kwargs": {}}}
+    results.add("t1", **row, key=None, priority=0, eta_ms=None, result_ttl_ms=60_000)
+    assert results.dead_lettered("t1", "dead-lettered to jobs.dlq after 5 deliveries: x")
+    results.close()
+    with Tasks(data_dir) as tasks, Store(data_dir) as store:
+        with pytest.raises(TaskFailed, match="dead-lettered"):
+            tasks.result("t1", timeout=0.1)
+        elsewhere = replay_dead_letters(store, "jobs", to_group="audit")
+        assert (elsewhere.replayed, elsewhere.tasks_queued) == (2, 0)
+        with pytest.raises(TaskFailed):
+            tasks.result("t1", timeout=0.1)
+        everyone = replay_dead_letters(store, "jobs")
+        assert (everyone.replayed, everyone.tasks_queued) == (2, 1)
+        row_now = tasks.store.get("t1")
+        assert row_now is not None and (row_now.state, row_now.error) == ("queued", None)
+        with pytest.raises(ResultTimeoutError):  # it waits for the run to come
+            tasks.result("t1", timeout=0.1)
+        again = replay_dead_letters(store, "jobs")
+        assert (again.already_replayed, again.tasks_queued) == (2, 0)
+
+
 def test_a_purge_hides_what_it_picked_and_counts_it(letters: Store) -> None:
     assert purge_dead_letters(letters, "jobs", before_ms=1_150) == 2  # stored at 1000, 1100
     assert [d.dlq_offset for d in dead_letters(letters, "jobs")] == [2, 3]

@@ -573,6 +573,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                         "selected": len(result.letters),
                         "replayed": result.replayed,
                         "already_replayed": result.already_replayed,
+                        "tasks_queued": result.tasks_queued,
                         "letters": [_letter_row(d) for d in result.letters],
                     }
                 )
@@ -585,6 +586,11 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 print(
                     f"replayed {result.replayed} dead letter(s) to {where}; "
                     f"{result.already_replayed} had been replayed before"
+                    + (
+                        f"; {result.tasks_queued} dead-lettered task(s) queued again"
+                        if result.tasks_queued
+                        else ""
+                    )
                 )
             return 0
         if args.action == "purge":

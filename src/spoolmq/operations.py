@@ -11,6 +11,7 @@ files are read and written directly.
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from spoolmq.client import Admin
 from spoolmq.errors import (
     GroupActiveError,
     InvalidArgumentError,
+    StorageError,
     UnknownTopicError,
 )
 from spoolmq.files import write_durably
@@ -42,6 +44,9 @@ from spoolmq.kafka.group_store import (
 )
 from spoolmq.store import Message, Record, Store
 from spoolmq.store.names import dlq_topic, topic_dir
+from spoolmq.tasks.codec import task_id_of
+from spoolmq.tasks.results import FILE_NAME as TASKS_FILE
+from spoolmq.tasks.results import ResultStore
 from spoolmq.types import TopicPartition
 
 # -- consumer groups -------------------------------------------------------------------------
@@ -321,6 +326,7 @@ class ReplayResult:
     letters: tuple[DeadLetter, ...] = ()
     to_group: str | None = None
     dry_run: bool = False
+    tasks_queued: int = 0  # dead-lettered tasks in tasks.db made ``queued`` again
 
 
 def replay_dead_letters(
@@ -344,7 +350,11 @@ def replay_dead_letters(
 
     Each DLQ offset is published once per destination however often this runs
     (idempotent publishing, keyed by the DLQ partition and offset, and the group), so a
-    replay that was interrupted can simply be run again."""
+    replay that was interrupted can simply be run again.
+
+    A replayed task message (``spoolmq.tasks``) that reaches the group that gave up on
+    it makes its task ``queued`` again in ``tasks.db``, if it was ``dead_lettered``:
+    ``result()`` then waits for the new run."""
     if to_group is not None and (not isinstance(to_group, str) or not to_group.strip()):
         raise InvalidArgumentError(f"--to-group needs a group name, not {to_group!r}")
     every = dead_letters(store, topic)
@@ -387,7 +397,38 @@ def replay_dead_letters(
         )[0]
         if not position.duplicate:
             replayed += 1
-    return ReplayResult(replayed, len(letters) - replayed, tuple(letters), to_group)
+    return ReplayResult(
+        replayed,
+        len(letters) - replayed,
+        tuple(letters),
+        to_group,
+        tasks_queued=_requeue_tasks(store.path, letters, to_group),
+    )
+
+
+def _requeue_tasks(data: Path, letters: list[DeadLetter], to_group: str | None) -> int:
+    """The dead-lettered tasks of replayed ``letters`` queued again in ``tasks.db``
+    (where there is one): those whose copy reaches the group that gave up on them."""
+    if not (data / TASKS_FILE).exists():
+        return 0
+    task_ids = [
+        task_id
+        for letter in letters
+        if (task_id := task_id_of(letter.record.value)) is not None
+        and (to_group is None or to_group == letter.group)
+    ]
+    if not task_ids:
+        return 0
+    results = ResultStore(data)
+    try:
+        return results.redriven(task_ids)
+    except sqlite3.Error as exc:
+        raise StorageError(
+            f"replayed the dead letters, but could not queue their tasks again in "
+            f"{results.path}: {exc} (run the replay again to retry)"
+        ) from None
+    finally:
+        results.close()
 
 
 def purge_dead_letters(

@@ -324,7 +324,7 @@ def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(tmp_path: Pa
         status, done = client.json(
             "/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 1]]}
         )
-        assert status == 200 and done == {"replayed": 1, "already_replayed": 0}
+        assert status == 200 and done == {"replayed": 1, "already_replayed": 0, "tasks_queued": 0}
         body = {"all": True, "filter": {"key": "job-3"}, "to_group": "workers"}
         assert client.json("/api/dlq/jobs/redrive", method="POST", body=body)[1]["replayed"] == 1
         body = {"all": True, "to_group": "wrokers"}  # a typo: no group of that name reads jobs

@@ -16,6 +16,13 @@ from spoolmq.errors import SerializationError
 _INT_RANGE = (-(2**63), 2**64 - 1)  # what orjson writes and reads back as an int
 
 
+def task_id_of(value: Any) -> str | None:
+    """The task id a task message's value carries (``{"task": ..., "id": ...}``), None
+    for a value that is not a task message."""
+    task_id = value.get("id") if isinstance(value, dict) else None
+    return task_id if isinstance(task_id, str) and isinstance(value.get("task"), str) else None
+
+
 def check_json(value: Any, where: str) -> None:
     """SerializationError naming the first part of ``value`` that is not plain JSON
     (dicts with string keys, lists, tuples, str, int, finite float, bool, None)."""

@@ -23,6 +23,7 @@ from spoolmq.client import Consumer, ReceivedMessage
 from spoolmq.errors import SpoolError
 from spoolmq.store.names import dlq_topic, topic_dir
 from spoolmq.tasks.app import Tasks
+from spoolmq.tasks.codec import task_id_of
 from spoolmq.types import DeadLetterHeader
 
 logger = logging.getLogger("spoolmq.tasks")
@@ -86,9 +87,9 @@ class DeadLetterWatch:
 
     def record(self, message: ReceivedMessage) -> None:
         value = message.value
-        task_id = value.get("id") if isinstance(value, dict) else None
-        name = value.get("task") if isinstance(value, dict) else None
-        if not isinstance(task_id, str):
+        task_id = task_id_of(value)
+        name = value.get("task") if task_id is not None else None
+        if task_id is None:
             message.ack(wait=False)  # not a task message: nothing to record
             return
         headers = {

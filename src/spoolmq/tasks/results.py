@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,6 +393,21 @@ class ResultStore:
                 (DEAD_LETTERED, now, reason, _expiry(now, row[1]), task_id),
             )
             return True
+
+    def redriven(self, task_ids: Iterable[str]) -> int:
+        """The dead-lettered tasks among ``task_ids``, whose messages were published again
+        (``spoolmq dlq replay``), are ``queued`` again, so ``result()`` waits for the run
+        to come instead of raising the old dead letter's TaskFailed. A task that a worker
+        took up meanwhile, or that ended otherwise, is left as it is. Returns how many."""
+        with self._write() as db:
+            return sum(
+                db.execute(
+                    "UPDATE tasks SET state = ?, finished_ms = NULL, error = NULL, "
+                    "traceback = NULL, expires_ms = NULL WHERE id = ? AND state = ?",
+                    (QUEUED, task_id, DEAD_LETTERED),
+                ).rowcount
+                for task_id in dict.fromkeys(task_ids)
+            )
 
     def purge_expired(self) -> int:
         """Delete finished tasks whose result TTL has passed, and closed unique windows."""

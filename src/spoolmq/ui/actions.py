@@ -40,9 +40,13 @@ def redrive(
         store.topic_config(topic)  # UnknownTopicError for a topic that is not there
         offsets = _picked(store, topic, letters, query)
         if offsets == []:
-            return {"replayed": 0, "already_replayed": 0}
+            return {"replayed": 0, "already_replayed": 0, "tasks_queued": 0}
         result = operations.replay_dead_letters(store, topic, offsets=offsets, to_group=to_group)
-    return {"replayed": result.replayed, "already_replayed": result.already_replayed}
+    return {
+        "replayed": result.replayed,
+        "already_replayed": result.already_replayed,
+        "tasks_queued": result.tasks_queued,
+    }
 
 
 def purge(data: Path, topic: str, letters: Letters | None, query: Search) -> dict[str, Any]:

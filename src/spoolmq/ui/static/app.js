@@ -365,7 +365,8 @@ pages.dlq = async () => {
       const result = await post(base + "/redrive", { ...payload, to_group: to.value || undefined,
         filter: Object.fromEntries(params(filter)) });
       document.getElementById("dlq-result").innerHTML = `<span class="good redrive-done">Redriven: ${n(result.replayed)}` +
-        (result.already_replayed ? `, ${n(result.already_replayed)} had been redriven before` : "") + "</span>";
+        (result.already_replayed ? `, ${n(result.already_replayed)} had been redriven before` : "") +
+        (result.tasks_queued ? `, ${n(result.tasks_queued)} dead-lettered task(s) queued again` : "") + "</span>";
     } catch (e) { showError(e.message); }
   };
   document.getElementById("redrive-selected").onclick = () => {
