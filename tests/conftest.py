@@ -52,16 +52,24 @@ def store(data_dir: Path) -> Iterator[Store]:
 
 @pytest.fixture
 def verified_lines(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every record line the store's readers in this process verify, in order: a test
-    sees which lines were read (and read again)."""
+    """Every record line the store's readers in this process verify (whose CRC is good),
+    in order: a test sees which lines were read (and read again). A reader verifies a
+    chunk's lines inline, parsing each through ``_parse_line``, and one line alone
+    (``read_many``) through ``verified_fields``."""
     lines: list[bytes] = []
     verify = reader_module.verified_fields
+    parse = reader_module._parse_line
 
     def counting(line: bytes) -> dict[str, Any] | None:
         lines.append(line)
         return verify(line)
 
+    def counting_parse(line: bytes) -> Any:
+        lines.append(line)
+        return parse(line)
+
     monkeypatch.setattr(reader_module, "verified_fields", counting)
+    monkeypatch.setattr(reader_module, "_parse_line", counting_parse)
     return lines
 
 
