@@ -233,10 +233,40 @@ class GroupRuntime:
             if last + 1 >= below:
                 del self.parked_below[key]
                 self.revived_early.pop(key, None)
-        lines: list[bytes] = []
-        keys: list[Key] = []
-        extras: dict[int, Extra] = {}
+        if not entries:
+            return
         expected = state.next_fetch
+        if (
+            entries[0][0]["offset"] == expected
+            and entries[-1][0]["offset"] == expected + len(entries) - 1
+        ):
+            # The common case: no gap (a log's offsets grow, so first and last tell). Each
+            # record's extras and key are looked for with `in` tests and no call: almost
+            # no record has any (record_extra and key_identity say which when one may).
+            lines = [line for _, line in entries]
+            keys: list[Key] = []
+            append_key = keys.append
+            extras: dict[int, Extra] = {}
+            for index, (fields, _) in enumerate(entries):
+                if (
+                    "deliver_at" in fields
+                    or "expires_at" in fields
+                    or "tags" in fields
+                    or fields.get("headers")
+                ) and (extra := record_extra(fields)) is not None:
+                    extras[index] = extra
+                append_key(
+                    None
+                    if fields.get("key") is None and "key_b64" not in fields
+                    else key_identity(fields)
+                )
+            group.add_batch(
+                state, lines, keys if any(keys) else None, extras, now, restored, parked
+            )
+            return
+        lines = []
+        keys = []
+        extras = {}
         for fields, line in entries:
             offset = fields["offset"]
             if offset != expected + len(lines):
