@@ -9,6 +9,7 @@ CorruptRecordError where it is found.
 from __future__ import annotations
 
 import bisect
+import io
 import os
 import zlib
 from collections import deque
@@ -462,17 +463,21 @@ class Reader:
         pending = self._pending
         wanted = self.position
         whole_until = self._whole_until - self._byte_position
-        # One split for the chunk instead of a find and a slice per line; the part after
-        # the last newline is not a whole line. (JSON may hold a raw \r as whitespace; it
-        # never holds a raw \n.)
-        parts = data.split(b"\n")
-        last = len(parts) - 2  # the index of the last whole line
+        # The chunk's lines at once, newlines kept, split on \n only (JSON may hold a raw
+        # \r as whitespace; it never holds a raw \n): BytesIO finds each end with memchr
+        # (400 instructions a 300-byte line, where bytes.split looks at every byte, 1,800,
+        # and a line was then joined to its newline again). A last part without its
+        # newline is not a whole line.
+        parts = io.BytesIO(data).readlines()
+        last = len(parts) - 1  # the index of the last whole line
+        if parts and parts[-1][-1:] != b"\n":
+            last -= 1
         crc32, loads, crc_mark = zlib.crc32, _parse_line, _CRC_MARK
         position = consumed = 0
         remaining = 0
         batch: list[tuple[dict[str, Any], bytes]] = []
         for index in range(last + 1):
-            line = parts[index] + b"\n"
+            line = parts[index]
             # verified_fields, inlined (a call a line less): the CRC of all before
             # `,"crc":`, then the whole parse. The line ends in a newline, so the digits
             # end two bytes before its end; a line whose object does not close right
@@ -537,8 +542,9 @@ def fresh_lines(data: bytes, count: int, first: int) -> list[bytes] | None:
     full verification says what is wrong."""
     if not data.endswith(b"\n"):
         return None
-    # Split on newlines only: JSON may hold a raw \r as whitespace; it never holds a raw \n.
-    lines = [part + b"\n" for part in data[:-1].split(b"\n")]
+    # Split on newlines only (JSON may hold a raw \r as whitespace; it never holds a raw
+    # \n), newlines kept, each end found with memchr (see _parse_whole_batches).
+    lines = io.BytesIO(data).readlines()
     if len(lines) != count:
         return None
     crc32 = zlib.crc32
