@@ -21,9 +21,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from json_strategies import JSON_VALUES
-from spoolmq.client.common import encode_many
+from spoolmq.client.common import delivered_messages, encode_many
 from spoolmq.client.publisher import _PublishFuture
-from spoolmq.errors import InvalidArgumentError, InvalidTopicError, SerializationError
+from spoolmq.errors import (
+    InvalidArgumentError,
+    InvalidTopicError,
+    ProtocolError,
+    SerializationError,
+)
 from spoolmq.protocol.publish import encode_publish_message, plain_body
 from spoolmq.store.message import Message, Position
 from spoolmq.store.names import check_topic
@@ -292,3 +297,46 @@ def test_topic_check_remembers_only_valid_names() -> None:
             check_topic(bad)
         with pytest.raises(InvalidTopicError):
             check_topic(bad)
+
+
+@dataclasses.dataclass
+class _Made:
+    consumer: Any
+    generation: int
+    topic: str
+    partition: int
+    offset: int
+    tag: int
+    attempt: int
+    line: bytes
+
+
+_LINES = [b"a\n", b"b\n", b"c\n"]
+
+
+def test_a_deliver_frames_messages_are_made_run_by_run_in_order() -> None:
+    """The clients make a deliver frame's messages a run at a time in one comprehension:
+    each with its run's topic, partition and attempt, and its own offset, tag and line."""
+    frame = {"op": "deliver", "r": [["t", 0, 7, 2, 1, 100], ["u", 3, 40, 1, 2, 900]]}
+    made = delivered_messages(_Made, "me", 5, frame, _LINES)
+    assert made == [
+        _Made("me", 5, "t", 0, 7, 100, 1, b"a\n"),
+        _Made("me", 5, "t", 0, 8, 101, 1, b"b\n"),
+        _Made("me", 5, "u", 3, 40, 900, 2, b"c\n"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        [["t", 0, 7, 2, 1, 100]],  # fewer messages than lines
+        [["t", 0, 7, 4, 1, 100], ["t", 0, 11, -1, 1, 104]],  # a negative count balancing
+        [["t", 0, 7, 3, 1]],  # a run too short
+        [["t", 0, 7, 3, 1, 100, 9]],  # or too long
+        [["t", 0, "7", 3, 1, 100]],  # not a number
+        None,
+    ],
+)
+def test_a_deliver_frame_whose_runs_do_not_fit_its_lines_is_refused(runs: Any) -> None:
+    with pytest.raises(ProtocolError, match="deliver frame"):
+        delivered_messages(_Made, "me", 1, {"op": "deliver", "r": runs}, _LINES)

@@ -60,7 +60,7 @@ from spoolmq.client.common import (
     check_timeout,
     check_topics_left,
     consumer_topics,
-    delivery_entries,
+    delivered_messages,
     encode_many,
     expired_error,
     frame_partition,
@@ -821,10 +821,8 @@ class AsyncConsumer:
         frame, lines = protocol.split_frame(data)
         op = frame["op"]
         if op == "deliver":
-            generation = self._generation
             self._buffer.extend(
-                AsyncReceivedMessage(self, generation, t, p, offset, tag, attempt, line)
-                for t, p, offset, tag, attempt, line in delivery_entries(frame, lines)
+                delivered_messages(AsyncReceivedMessage, self, self._generation, frame, lines)
             )
             self._arrived.poke()
             return

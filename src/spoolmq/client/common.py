@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from spoolmq.client.delivered import DeliveredRecord
@@ -241,24 +241,41 @@ def subscription_settings(
     }
 
 
-def delivery_entries(
-    frame: Mapping[str, Any], lines: list[bytes]
-) -> Iterator[tuple[str, int, int, int, int, bytes]]:
-    """The messages of a ``deliver`` frame as ``(topic, partition, offset, tag, attempt,
-    line)``: its header has runs ``[topic, partition, first offset, count, attempt, first
-    tag]`` and its record lines follow in the runs' order. ProtocolError (before anything
-    is yielded) if the header and the lines do not match."""
+def delivered_messages(
+    make: Callable[[Any, int, str, int, int, int, int, bytes], M],
+    consumer: Any,
+    generation: int,
+    frame: Mapping[str, Any],
+    lines: list[bytes],
+) -> list[M]:
+    """The messages of a ``deliver`` frame, each ``make(consumer, generation, topic,
+    partition, offset, tag, attempt, line)``: its header has runs ``[topic, partition,
+    first offset, count, attempt, first tag]`` and its record lines follow in the runs'
+    order. ProtocolError (before any is made) if the header and the lines do not match.
+    A run's messages are made in one comprehension (no generator resumed per message)."""
     runs = frame.get("r")
     try:
         if sum(run[3] for run in runs) != len(lines):  # type: ignore[union-attr]
             raise ProtocolError("a deliver frame's header and records do not match")
     except (TypeError, IndexError):
         raise ProtocolError("a deliver frame's header has no valid runs") from None
+    messages: list[M] = []
     position = 0
-    for topic, partition, first, count, attempt, tag in runs:  # type: ignore[union-attr]
-        for step in range(count):
-            yield topic, partition, first + step, tag + step, attempt, lines[position + step]
-        position += count
+    try:
+        for topic, partition, first, count, attempt, tag in runs:  # type: ignore[union-attr]
+            messages += [
+                make(consumer, generation, topic, partition, offset, tag_, attempt, line)
+                for offset, tag_, line in zip(
+                    range(first, first + count),
+                    range(tag, tag + count),
+                    lines[position : position + count],
+                    strict=True,  # a negative count cannot balance another run's
+                )
+            ]
+            position += count
+    except (TypeError, ValueError):  # a run of the wrong shape, or not numbers
+        raise ProtocolError("a deliver frame's header has no valid runs") from None
+    return messages
 
 
 def refusal_error(reply: Mapping[str, Any]) -> SpoolError | None:

@@ -29,7 +29,7 @@ from spoolmq.client.common import (
     check_timeout,
     check_topics_left,
     consumer_topics,
-    delivery_entries,
+    delivered_messages,
     handler_failure,
     lost_broker,
     pause_frame,
@@ -266,10 +266,8 @@ class Consumer:
     def _take_delivery(self, frame: dict[str, Any], lines: list[bytes]) -> None:
         """Buffer a ``deliver`` frame's messages: its header has runs ``[topic, partition,
         first offset, count, attempt, first tag]``, its lines follow in the runs' order."""
-        generation = self._generation
         self._buffer.extend(
-            ReceivedMessage(self, generation, topic, partition, offset, tag, attempt, line)
-            for topic, partition, offset, tag, attempt, line in delivery_entries(frame, lines)
+            delivered_messages(ReceivedMessage, self, self._generation, frame, lines)
         )
 
     # -- receiving -----------------------------------------------------------------------------
