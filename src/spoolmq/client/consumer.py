@@ -347,8 +347,12 @@ class Consumer:
                     self._give_back(batch)
                     raise
                 continue
-            popleft = buffer.popleft
-            taken = [popleft() for _ in range(min(len(buffer), count - len(batch)))]
+            if len(buffer) <= count - len(batch):
+                taken = list(buffer)  # all of it (the common case), taken in C
+                buffer.clear()
+            else:
+                popleft = buffer.popleft
+                taken = [popleft() for _ in range(count - len(batch))]
             if not self.auto_ack:
                 self._unsettled.update([message.tag for message in taken])
             else:
