@@ -12,7 +12,6 @@ import bisect
 import io
 import os
 import zlib
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,7 +144,10 @@ class Reader:
         self._byte_position = 0
         self._chunk = _FIRST_CHUNK
         self._whole_until = 0
-        self._pending: deque[tuple[dict[str, Any], bytes]] = deque()
+        # Records parsed and not yet returned: those of _pending from _pending_at on (a
+        # list and a start, so a call takes its records with one slice).
+        self._pending: list[tuple[dict[str, Any], bytes]] = []
+        self._pending_at = 0
         self.position = 0
         self.seek(offset)
 
@@ -165,7 +167,7 @@ class Reader:
         bases = self._partition.segment_bases()
         if not bases:  # nothing appended yet: the first poll that finds a segment opens it
             self._close_file()
-            self._pending.clear()
+            self._clear_pending()
             self.position = offset
             return
         slot = bisect.bisect_right(bases, offset) - 1
@@ -216,7 +218,11 @@ class Reader:
         self._whole_until = (
             os.fstat(self._fd).st_size if self._partition.is_closed(base) else byte_position
         )
+        self._clear_pending()
+
+    def _clear_pending(self) -> None:
         self._pending.clear()
+        self._pending_at = 0
 
     def _close_file(self) -> None:
         if self._fd >= 0:
@@ -225,7 +231,7 @@ class Reader:
 
     def close(self) -> None:
         self._close_file()
-        self._pending.clear()
+        self._clear_pending()
 
     def __del__(self) -> None:
         # A reader dropped without close() (an abandoned iteration, a caller that forgot)
@@ -261,7 +267,7 @@ class Reader:
             base = bases[slot]
             if base != self._base or self._fd < 0:
                 self._close_file()
-                self._pending.clear()
+                self._clear_pending()
                 try:
                     self._fd = os.open(self._partition.segment_path(base), os.O_RDONLY)
                 except FileNotFoundError:
@@ -322,7 +328,7 @@ class Reader:
         ``base`` (or starts that new segment, after the reader read all of the one before),
         with nothing read ahead? Then a batch written there can be taken without reading
         through the reader (:meth:`skip_batch`)."""
-        if self._pending or self.position != offset:
+        if len(self._pending) > self._pending_at or self.position != offset:
             return False
         if base == self._base:
             return self._byte_position == byte_position
@@ -370,21 +376,22 @@ class Reader:
         """Up to ``max_records`` as (parsed fields, stored line): the broker forwards the
         stored line as it is, without re-encoding. ``end``: only offsets below it (what
         is known to be durable); records read past it wait for a later call."""
-        if not self._pending:
-            self._fill()
         pending = self._pending
-        count = min(max_records, len(pending))
-        if count > 0 and end is not None and pending[count - 1][0]["offset"] >= end:
+        if self._pending_at >= len(pending):
+            self._clear_pending()
+            self._fill()
+        at = self._pending_at
+        stop = min(at + max_records, len(pending))
+        if stop > at and end is not None and pending[stop - 1][0]["offset"] >= end:
             # In offset order: those below ``end`` are a prefix.
-            count = bisect.bisect_left(pending, end, hi=count, key=_entry_offset)
-        if count <= 0:
+            stop = bisect.bisect_left(pending, end, lo=at, hi=stop, key=_entry_offset)
+        if stop <= at:
             return []
-        if count == len(pending):
-            taken = list(pending)
-            pending.clear()
+        taken = pending[at:stop]
+        if stop == len(pending):
+            self._clear_pending()
         else:
-            popleft = pending.popleft
-            taken = [popleft() for _ in range(count)]
+            self._pending_at = stop
         self.position = taken[-1][0]["offset"] + 1
         return taken
 
@@ -397,7 +404,9 @@ class Reader:
             return
         if entries[-1][0]["offset"] + 1 != self.position:
             raise ValueError("unread takes back the newest entries read, in order")
-        self._pending.extendleft(reversed(entries))
+        # In place of what was taken before (the list's start, no longer needed).
+        self._pending[: self._pending_at] = entries
+        self._pending_at = 0
         self.position = entries[0][0]["offset"]
 
     def _fill(self) -> None:
@@ -473,7 +482,8 @@ class Reader:
         if parts and parts[-1][-1:] != b"\n":
             last -= 1
         crc32, loads, crc_mark = zlib.crc32, _parse_line, _CRC_MARK
-        position = consumed = 0
+        consumed = 0  # the bytes of the whole batches taken so far
+        taken = 0  # and how many lines they are
         remaining = 0
         batch: list[tuple[dict[str, Any], bytes]] = []
         for index in range(last + 1):
@@ -481,24 +491,29 @@ class Reader:
             # verified_fields, inlined (a call a line less): the CRC of all before
             # `,"crc":`, then the whole parse. The line ends in a newline, so the digits
             # end two bytes before its end; a line whose object does not close right
-            # there fails the parse.
+            # there fails the parse. Of what orjson returns only a dict takes a str
+            # index: one whose "offset" is an int is a record's.
             head, mark, tail = line.rpartition(crc_mark)
             try:
-                fields = loads(line) if mark and crc32(head) == int(tail[:-2]) else None
-            except ValueError:  # an unreadable checksum, or bad JSON (JSONDecodeError)
-                fields = None
-            if type(fields) is not dict or type(fields.get("offset")) is not int:
+                if mark and crc32(head) == int(tail[:-2]):
+                    fields = loads(line)
+                    good = type(fields["offset"]) is int
+                else:
+                    good = False
+            except (ValueError, TypeError, KeyError):  # a bad checksum or JSON, no offset
+                good = False
+            if not good:
                 if index == last and os.fstat(self._fd).st_size == len(data) + self._byte_position:
                     # The last line of the file: a writer may be mid-write or crashed
                     # mid-write (recovery will move it aside). Not returned, not skipped.
                     return consumed
                 if consumed or pending:
                     return consumed  # hand out the good records first; raise next time
-                check_line(line, path=path, position=self._byte_position + position)
+                position = self._byte_position + sum(map(len, parts[:index]))
+                check_line(line, path=path, position=position)
                 raise CorruptRecordError(  # pragma: no cover - check_line raised already
-                    f"bad record in {path}", path=path, position=self._byte_position + position
+                    f"bad record in {path}", path=path, position=position
                 )
-            position += len(line)
             if remaining:
                 batch.append((fields, line))
                 remaining -= 1
@@ -508,13 +523,16 @@ class Reader:
                     else:
                         pending.extend(entry for entry in batch if entry[0]["offset"] >= wanted)
                     batch = []
-                    consumed = position
+                    # The batch's bytes summed in C, not a len() a line.
+                    consumed += sum(map(len, parts[taken : index + 1]))
+                    taken = index + 1
                 continue
             count = fields.get("batch_records", 1) if consumed >= whole_until else 1
             if count == 1:
                 if fields["offset"] >= wanted:
                     pending.append((fields, line))
-                consumed = position
+                consumed += len(line)
+                taken = index + 1
                 continue
             if last - index < count - 1:
                 return consumed  # the rest of the batch is not in ``data`` yet
