@@ -4,6 +4,7 @@ broker refuses bad messages with a per-message error, never an exception that wo
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -249,6 +250,61 @@ def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
         assert checked.sequences[index] == one.sequence
         assert (checked.extras or {}).get(index) == one.extra
     assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]
+
+
+def _common(sequence: int, key: str | None = None, value: Any = None) -> dict[str, Any]:
+    value = {"n": sequence} if value is None else value
+    return {"key": key, "value": value, "headers": [], "sequence": sequence, "producer_id": "p"}
+
+
+@pytest.mark.parametrize(
+    "spoiler",
+    [
+        None,  # every record the common one: the frame is checked a field at a time
+        ["key", "value", "headers", "sequence", "producer_id"],  # its tuple is _COMMON's
+        "key",
+        7,
+        {"value": 1, "key": None, "headers": [], "sequence": 9, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [["h", "v"]], "sequence": 9, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": True, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 9.0, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": -1, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 2**64, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 9, "producer_id": "q"},
+        {"key": None, "value": 1, "headers": [], "sequence": 9, "producer_id": None},
+        {"key": 5, "value": 1, "headers": [], "sequence": 9, "producer_id": "p"},
+        {"key": None, "value": 1, "headers": [], "sequence": 9},
+        {"key": None, "value": 1, "headers": [], "sequence": 9, "producer_id": "p", "x": 1},
+        _common(9, value="x" * 3_000),
+        _common(9, value=functools.reduce(lambda inner, _: [inner], range(300), 0)),
+        _common(9, key="k"),
+    ],
+)
+def test_a_common_frame_is_checked_alike_at_once_and_one_by_one(spoiler: Any) -> None:
+    """``check_records`` checks a frame of common records a field at a time over the
+    frame: one record that is not (anywhere in it) sends the frame through the loop, and
+    what is stored and refused is what ``check_record`` stores and refuses per record."""
+    from spoolmq.protocol.publish import check_records
+
+    for at in (0, 3, 7):
+        records: list[Any] = [_common(n, key="k" if n == 5 else None) for n in range(8)]
+        if spoiler is not None:
+            records[at] = spoiler
+        checked = check_records(records, "p", NOW, 2_000)
+        for index, record in enumerate(records):
+            try:
+                one = check_record(record, "p", NOW, 2_000)
+            except SpoolError as exc:
+                assert checked.errors is not None
+                assert type(checked.errors[index]) is type(exc)
+                assert checked.bodies[index] is None
+                continue
+            assert checked.errors is None or index not in checked.errors
+            assert checked.bodies[index] == one.body
+            assert (checked.keys[index], checked.identities[index]) == (one.key, one.identity)
+            assert checked.sequences[index] == one.sequence
+            assert type(checked.sequences[index]) is type(one.sequence)
+            assert (checked.extras or {}).get(index) == one.extra
 
 
 @pytest.mark.parametrize(
