@@ -18,6 +18,7 @@ from spoolmq.store.record import (
     check_line,
     decode_line,
     encode_message,
+    frame_batch,
     frame_record,
     verified_fields,
 )
@@ -52,6 +53,30 @@ messages = st.builds(
     deliver_at=st.none() | st.integers(min_value=0, max_value=2**53),
     producer_id=st.none(),
 )
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.lists(messages, min_size=1, max_size=12),
+    offset=st.integers(0, 2**62),
+    timestamp=st.integers(0, 2**50),
+)
+def test_a_batch_is_its_records_framed_line_by_line(
+    batch: list[Message], offset: int, timestamp: int
+) -> None:
+    """``frame_batch`` builds a batch's lines from pieces: the same bytes as framing each
+    record alone, the first with ``batch_records`` when there is more than one."""
+    bodies = [encode_message(message).body for message in batch]
+    lines = frame_batch(offset, timestamp, bodies).splitlines(keepends=True)
+    assert len(lines) == len(bodies)
+    if len(bodies) == 1:
+        assert lines == [frame_record(offset, timestamp, bodies[0])]
+    assert lines[1:] == [
+        frame_record(offset + i, timestamp, body) for i, body in enumerate(bodies) if i
+    ]
+    first = check_line(lines[0])
+    assert (first["offset"], first["timestamp"]) == (offset, timestamp)
+    assert first.get("batch_records", 1) == len(bodies)
 
 
 def expected_value(value: Any) -> Any:
