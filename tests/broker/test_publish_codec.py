@@ -222,8 +222,6 @@ def test_extras_tell_the_consumer_broker_what_a_record_has() -> None:
 def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
     """``check_records`` takes the common record inline: what it stores and refuses is what
     ``check_record`` stores and refuses for each record."""
-    from spoolmq.protocol.publish import check_records
-
     records: list[Any] = [
         {"key": None, "value": {"n": 1}, "headers": [], "sequence": 1, "producer_id": "p"},
         {"key": "k", "value": [1.5], "headers": [], "sequence": 2, "producer_id": "p"},
@@ -235,6 +233,15 @@ def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
         {"key_b64": "AAE=", "value": 1, "headers": [], "tags": ["t"], "delay_ms": 5},
         "nope",
     ]
+    checked = _assert_checked_as_one_by_one(records)
+    assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]
+
+
+def _assert_checked_as_one_by_one(records: list[Any]) -> Any:
+    """``check_records`` of the frame stores and refuses what ``check_record`` stores and
+    refuses of each record; returns what ``check_records`` gave."""
+    from spoolmq.protocol.publish import check_records
+
     checked = check_records(records, "p", NOW, 2_000)
     for index, record in enumerate(records):
         try:
@@ -248,8 +255,9 @@ def test_a_frames_records_are_checked_alike_inline_and_one_by_one() -> None:
         assert checked.bodies[index] == one.body
         assert (checked.keys[index], checked.identities[index]) == (one.key, one.identity)
         assert checked.sequences[index] == one.sequence
+        assert type(checked.sequences[index]) is type(one.sequence)
         assert (checked.extras or {}).get(index) == one.extra
-    assert checked.errors is not None and sorted(checked.errors) == [2, 3, 4, 5, 8]
+    return checked
 
 
 def _common(sequence: int, key: str | None = None, value: Any = None) -> dict[str, Any]:
@@ -284,27 +292,11 @@ def test_a_common_frame_is_checked_alike_at_once_and_one_by_one(spoiler: Any) ->
     """``check_records`` checks a frame of common records a field at a time over the
     frame: one record that is not (anywhere in it) sends the frame through the loop, and
     what is stored and refused is what ``check_record`` stores and refuses per record."""
-    from spoolmq.protocol.publish import check_records
-
     for at in (0, 3, 7):
         records: list[Any] = [_common(n, key="k" if n == 5 else None) for n in range(8)]
         if spoiler is not None:
             records[at] = spoiler
-        checked = check_records(records, "p", NOW, 2_000)
-        for index, record in enumerate(records):
-            try:
-                one = check_record(record, "p", NOW, 2_000)
-            except SpoolError as exc:
-                assert checked.errors is not None
-                assert type(checked.errors[index]) is type(exc)
-                assert checked.bodies[index] is None
-                continue
-            assert checked.errors is None or index not in checked.errors
-            assert checked.bodies[index] == one.body
-            assert (checked.keys[index], checked.identities[index]) == (one.key, one.identity)
-            assert checked.sequences[index] == one.sequence
-            assert type(checked.sequences[index]) is type(one.sequence)
-            assert (checked.extras or {}).get(index) == one.extra
+        _assert_checked_as_one_by_one(records)
 
 
 @pytest.mark.parametrize(
