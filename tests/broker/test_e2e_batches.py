@@ -191,6 +191,51 @@ def test_async_receive_many_and_ack_many(broker: BrokerProcess, data_dir: Path) 
     wait_until(lambda: committed(data_dir, "g", "aio") == 150, WAIT, "all 150 committed")
 
 
+def test_a_timeout_of_0_looks_at_what_has_arrived(broker: BrokerProcess, data_dir: Path) -> None:
+    """``receive(timeout=0)`` returned None before it looked at the connection, so a loop
+    polling with it never took a message (and the asyncio one never let the event loop
+    read). Now each call looks once: polling takes every message, in order."""
+    publish(data_dir, "polled", 30)
+
+    def poll(take: Any) -> list[int]:
+        taken: list[int] = []
+        wait_until(lambda: taken.extend(take()) or len(taken) >= 30 or None, WAIT, "all 30")
+        return taken
+
+    with Consumer("polled", "threaded", data=data_dir, prefetch=10) as consumer:
+
+        def one() -> list[int]:
+            message = consumer.receive(timeout=0)
+            if message is None:
+                return []
+            message.ack()
+            return [message.value["n"]]
+
+        assert poll(one) == list(range(30))
+    with Consumer("polled", "many", data=data_dir, prefetch=10) as consumer:
+
+        def many() -> list[int]:
+            batch = consumer.receive_many(7, timeout=0)
+            consumer.ack_many(batch)
+            return [message.value["n"] for message in batch]
+
+        assert poll(many) == list(range(30))
+
+    async def main() -> list[int]:
+        taken: list[int] = []
+        async with AsyncConsumer("polled", "asyncio", data=data_dir, prefetch=10) as consumer:
+            for _ in range(1_000_000):  # bounded: WAIT is the real bound
+                message = await consumer.receive(timeout=0)
+                if message is not None:
+                    await message.ack()
+                    taken.append(message.value["n"])
+                if len(taken) == 30:
+                    break  # (no other await: receive(0) alone must let the loop read)
+        return taken
+
+    assert asyncio.run(asyncio.wait_for(main(), WAIT)) == list(range(30))
+
+
 def test_timing_arguments_out_of_range_are_invalid_argument_errors(
     broker: BrokerProcess, data_dir: Path
 ) -> None:

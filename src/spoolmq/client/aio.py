@@ -873,22 +873,30 @@ class AsyncConsumer:
     # -- receiving ----------------------------------------------------------------------
 
     async def receive(self, timeout: float | None = None) -> AsyncReceivedMessage | None:
-        """The next message, waiting up to ``timeout`` seconds (None: forever); while the
-        broker is away the wait is spent reconnecting, and it still ends on time."""
+        """The next message, waiting up to ``timeout`` seconds (None: forever; 0: one turn
+        of the event loop, for what has arrived); while the broker is away the wait is
+        spent reconnecting, and it still ends on time."""
         if self._closed:
             raise SpoolError("this AsyncConsumer is closed")
         check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        looked = False
         # Paused, a buffered message may be one the broker is taking back (auto_ack
         # consumers' are final: those are still handed out).
         while not self._buffer or (self._paused and not self.auto_ack):
             check_topics_left(self.topics, self.deleted_topics)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                return None
+                if looked or self._stream is None:
+                    return None
+                # timeout=0: one turn of the event loop, whose reading of the socket
+                # comes first, for what has arrived (a receive(0) loop took nothing, and
+                # never let the loop read).
+                remaining = 0.0
             if self._stream is None:
                 await self._reconnect(deadline)
                 continue
+            looked = True
             try:
                 self._flush_acks()  # about to wait: the broker may be waiting for these
                 self._flush_credit()

@@ -273,19 +273,26 @@ class Consumer:
     # -- receiving -----------------------------------------------------------------------------
 
     def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
-        """The next message, waiting up to ``timeout`` seconds (None: forever); None when
-        the time is up or ``wakeup`` was called. While the broker is away, the wait is
-        spent reconnecting, and it still ends on time."""
+        """The next message, waiting up to ``timeout`` seconds (None: forever; 0: none, a
+        look at what has arrived); None when the time is up or ``wakeup`` was called.
+        While the broker is away, the wait is spent reconnecting, and it still ends on
+        time."""
         if self._closed:
             raise SpoolError("this Consumer is closed")
         check_timeout(timeout)
         if not self._buffer:  # (a buffered message is handed out with no clock read)
             deadline = None if timeout is None else time.monotonic() + timeout
+            looked = False
             while not self._buffer:
                 check_topics_left(self.topics, self.deleted_topics)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return None
+                    if looked or self._conn is None:
+                        return None
+                    # timeout=0 (or a time already spent): one look at what has arrived,
+                    # never none (a receive(0) loop took nothing, ever).
+                    remaining = 0.0
+                looked = True
                 if self._conn is None:
                     self._reconnect(deadline)  # BrokerUnavailableError (an OSError) goes up
                 else:
