@@ -189,6 +189,37 @@ def test_wakeup_ends_a_wait_in_receive_and_messages_still_come(
     consumer.wakeup()  # after close: nothing happens
 
 
+def test_close_from_another_thread_ends_its_receive_and_never_reconnects(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """A receive waiting in one thread while another closed the consumer took the closed
+    socket for a lost broker and connected again: a hidden member of the group, which
+    took messages no one would read, and a thread (Consumer.run's) that never returned."""
+    consumer = Consumer("closing", group="g", data=data_dir, prefetch=5)
+    results: list[Any] = []
+    waiting = threading.Thread(target=lambda: results.append(consumer.receive(timeout=None)))
+    waiting.start()
+    wait_until(lambda: _members(data_dir, "g") == 1 or None, 60, "the consumer joined")
+    consumer.close()
+    waiting.join(60)
+    assert not waiting.is_alive() and results == [None]
+    # Nobody in the group: a message published now stays for the next consumer.
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("closing", "kept")
+    assert _members(data_dir, "g") == 0
+    with Consumer("closing", group="g", data=data_dir) as next_one:
+        message = next_one.receive(timeout=30)
+        assert message is not None and (message.value, message.attempt) == ("kept", 1)
+        message.ack()
+    with pytest.raises(Exception, match="closed"):
+        consumer.receive(timeout=0)
+
+
+def _members(data_dir: Path, group: str) -> int:
+    with Admin(data=data_dir) as admin:
+        return len(admin.describe_groups().get(group, {}).get("members", []))
+
+
 def test_a_consumer_that_leaves_has_its_messages_redelivered_at_once(
     broker: BrokerProcess, data_dir: Path
 ) -> None:

@@ -189,6 +189,10 @@ class Consumer:
             if not self.auto_ack:  # (an auto_ack consumer's are final: it keeps them)
                 self._buffer.clear()
 
+    def _closed_now(self) -> bool:
+        """Whether close() has run, maybe in another thread since this one looked."""
+        return self._closed
+
     def _drop(self) -> None:
         """Forget a lost connection; the next ``receive`` reconnects."""
         if self._conn is not None:
@@ -203,12 +207,15 @@ class Consumer:
         caller waiting for a broker that is gone can still stop. Raises
         BrokerUnavailableError once ``reconnect_timeout`` has passed since the loss."""
         self._drop()
-        while True:
+        while not self._closed_now():  # closed from another thread: no new connection
             try:
                 self._open()
             except (BrokerUnavailableError, OSError, EOFError) as exc:
                 pause = self._reconnects.pause(exc, until, self.reconnect_timeout)
             else:
+                if self._closed_now():  # closed while this one was being made
+                    self._drop()
+                    return
                 self._reconnects.back()
                 logger.info("reconnected to the broker as %s", self.consumer_id)
                 return
@@ -235,8 +242,10 @@ class Consumer:
     def _read_frame(self) -> dict[str, Any] | None:
         """Read one frame (waiting for it); deliveries go to the buffer (and None is
         returned)."""
-        assert self._conn is not None
-        frame, lines = protocol.split_frame(self._conn.recv_bytes(protocol.MAX_FRAME_BYTES))
+        conn = self._conn
+        if conn is None:  # closed by close() in another thread
+            raise EOFError("this Consumer is closed")
+        frame, lines = protocol.split_frame(conn.recv_bytes(protocol.MAX_FRAME_BYTES))
         op = frame["op"]
         if op == "deliver":
             self._take_delivery(frame, lines)
@@ -284,6 +293,8 @@ class Consumer:
             deadline = None if timeout is None else time.monotonic() + timeout
             looked = False
             while not self._buffer:
+                if self._closed_now():  # by close() in another thread: as a wakeup
+                    return None
                 check_topics_left(self.topics, self.deleted_topics)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -302,6 +313,8 @@ class Consumer:
                         if self._wait(remaining if remaining is not None else 1.0):
                             self._read_frame()
                     except (EOFError, OSError) as exc:
+                        if self._closed_now():  # its connection closed under it, not lost
+                            return None
                         lost_broker(logger, exc)
                         self._drop()
                 if self._woken:
@@ -410,14 +423,17 @@ class Consumer:
     def _wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a frame from the broker: True if one is
         there to read; False when the time is up or ``wakeup`` was called."""
-        assert self._conn is not None
-        conn_ready, woken = self._readiness.wait(self._conn, timeout)
+        conn = self._conn
+        if conn is None:  # closed by close() in another thread
+            raise EOFError("this Consumer is closed")
+        conn_ready, woken = self._readiness.wait(conn, timeout)
         if woken:
             self._drain_wakeups()
         return conn_ready
 
     def _drain_wakeups(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        # OSError: close() in another thread closed the descriptor (BlockingIOError: empty).
+        with contextlib.suppress(OSError):
             while os.read(self._wake_read, 4096):
                 pass
         self._woken = True
@@ -596,9 +612,12 @@ class Consumer:
             protocol.send(self._conn, frame)
 
     def close(self) -> None:
+        """Say goodbye to the broker and close the connection. A ``receive`` waiting in
+        another thread returns None (as after :meth:`wakeup`), and nothing reconnects."""
         if self._closed:
             return
         self._closed = True
+        self.wakeup()  # a receive waiting in another thread returns now
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._flush_acks()
