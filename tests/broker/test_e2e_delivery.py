@@ -189,6 +189,38 @@ def test_wakeup_ends_a_wait_in_receive_and_messages_still_come(
     consumer.wakeup()  # after close: nothing happens
 
 
+@pytest.mark.parametrize("seconds", [1e20, float("nan"), float("inf"), 0, -1, "5", True])
+def test_a_lease_extension_out_of_range_is_refused_and_the_consumer_goes_on(
+    broker: BrokerProcess, data_dir: Path, seconds: Any
+) -> None:
+    """extend_lease(1e20) reached the broker, whose answer could not be encoded: it dropped
+    the consumer (its messages were redelivered) and the client got a raw EOFError."""
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish("extend-range", "job")
+    with Consumer("extend-range", group="g", data=data_dir) as consumer:
+        message = consumer.receive(timeout=30)
+        assert message is not None
+        with pytest.raises(InvalidArgumentError, match="a lease extension must be a number"):
+            message.extend_lease(seconds)
+        message.extend_lease(60)  # the connection is still there
+        message.ack()
+    # Sent as a raw frame, the broker refuses it, and keeps the connection.
+    key = (data_dir / protocol.AUTHKEY_FILE).read_bytes()
+    with Client(str(data_dir / protocol.SOCKET_FILE), family="AF_UNIX", authkey=key) as raw:
+        hello = {"op": "hello", "version": protocol.PROTOCOL_VERSION, "role": "consumer"}
+        protocol.send(raw, {**hello, "pid": os.getpid()})
+        assert protocol.receive(raw)["op"] == "welcome"
+        protocol.send(raw, {"op": "subscribe", "id": 1, "group": "g", "topics": ["extend-range"]})
+        assert protocol.receive(raw)["id"] == 1
+        for frame_id in (2, 3):  # a second answer: the connection was kept
+            protocol.send(raw, {"op": "extend", "id": frame_id, "tags": [1], "seconds": 1e300})
+            answer = protocol.receive(raw)
+            assert (answer["op"], answer["id"]) == ("extend_result", frame_id)
+            [refused] = answer["refused"]
+            assert refused["code"] == "invalid_argument"
+            assert "a lease extension must be a number" in refused["message"]
+
+
 def test_close_from_another_thread_ends_its_receive_and_never_reconnects(
     broker: BrokerProcess, data_dir: Path
 ) -> None:

@@ -75,6 +75,9 @@ def test_unacked_deliveries_are_redelivered_after_a_restart(
         assert held is not None and (held.offset, held.attempt) == (1, 1)
         assert broker.stop() == 0
         broker.start()
+        # On the lost connection: as for an ACK, not a raw BrokenPipeError.
+        with pytest.raises(UnknownDeliveryError):
+            held.extend_lease(5)
         # The same consumer reconnects; the delivery it never ACKed comes back.
         again = consumer.receive(timeout=60)
         assert again is not None

@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple, TypeGuard
 
 from spoolmq.broker.delivery import GroupSettings
 from spoolmq.errors import InvalidArgumentError, ProtocolError
+from spoolmq.store.message import check_extension
 from spoolmq.store.names import check_topic
 from spoolmq.types import TopicPartition
 
@@ -130,11 +131,8 @@ def parse_nack(frame: dict[str, Any]) -> tuple[int | None, str | None]:
 
 
 def parse_extend(frame: dict[str, Any]) -> float:
-    """The seconds an ``extend`` asks for (checked to be positive by the group)."""
-    seconds = frame.get("seconds")
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-        raise InvalidArgumentError("'extend' needs a number of seconds")
-    return seconds
+    """The seconds an ``extend`` asks for: more than 0, at most a thousand years."""
+    return check_extension(frame.get("seconds"))
 
 
 def parse_reset_offsets(offsets: list[Any]) -> dict[TopicPartition, int]:

@@ -53,7 +53,7 @@ from spoolmq.errors import (
     UnknownDeliveryError,
 )
 from spoolmq.protocol.limits import MAX_DELIVERIES, Limit, check_limits
-from spoolmq.store.message import PRIORITY_HEADER, PRIORITY_VALUES
+from spoolmq.store.message import PRIORITY_HEADER, PRIORITY_VALUES, check_extension
 from spoolmq.store.record import key_identity, record_offset_and_timestamp
 from spoolmq.types import EventType, TopicPartition
 
@@ -1447,8 +1447,7 @@ class Group:
         self._push_ready(state, offset, first=True)  # it is the oldest work: first again
 
     def extend(self, tag: int, consumer_id: str, now: int, seconds: float) -> int:
-        if seconds <= 0:
-            raise InvalidArgumentError(f"a lease extension must be positive, not {seconds}")
+        check_extension(seconds)
         state, index = self._lookup(tag, consumer_id, now)
         lease_end = max(state.lease_end(index, self.settings.lease_ms), now + int(seconds * 1000))
         state.extended[state.base + index] = lease_end

@@ -91,7 +91,7 @@ from spoolmq.protocol.publish import (
     encode_publish_message,
     frame_count,
 )
-from spoolmq.store.message import Position, PublishOptions, normalize_acks
+from spoolmq.store.message import Position, PublishOptions, check_extension, normalize_acks
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -1078,6 +1078,7 @@ class AsyncConsumer:
             self._flush_acks_or_raise()
 
     async def _extend(self, message: AsyncReceivedMessage, seconds: float) -> None:
+        check_extension(seconds)
         if message._generation != self._generation or self._stream is None:
             raise UnknownDeliveryError("the connection this message came on was lost")
         try:

@@ -48,6 +48,7 @@ from spoolmq.errors import (
     UnknownDeliveryError,
     error_from_code,
 )
+from spoolmq.store.message import check_extension
 
 logger = logging.getLogger("spoolmq.client")
 
@@ -594,11 +595,14 @@ class Consumer:
         self._unsettled.discard(message.tag)
 
     def _extend(self, message: ReceivedMessage, seconds: float) -> None:
+        check_extension(seconds)
         if message._generation != self._generation or self._conn is None:
             raise UnknownDeliveryError("the connection this message came on was lost")
-        refusal = refusal_error(
-            self._request({"op": "extend", "tags": [message.tag], "seconds": seconds})
-        )
+        try:
+            reply = self._request({"op": "extend", "tags": [message.tag], "seconds": seconds})
+        except (EOFError, OSError):  # (a BrokenPipeError, after a broker restart)
+            raise UnknownDeliveryError("lost the broker before it confirmed") from None
+        refusal = refusal_error(reply)
         if refusal is not None:
             raise refusal
 

@@ -139,6 +139,22 @@ MAX_DELAY_S = 1000 * 365 * 24 * 3600
 MAX_EPOCH_MS = 2**62
 
 
+def check_extension(seconds: Any) -> float:
+    """The seconds of a lease extension (``extend_lease``): a finite number, more than 0
+    and at most MAX_DELAY_S; an InvalidArgumentError otherwise (1e20 s would overflow
+    the lease's end in ms, and NaN would compare as neither)."""
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not 0 < seconds <= MAX_DELAY_S  # False for NaN
+    ):
+        raise InvalidArgumentError(
+            f"a lease extension must be a number of seconds more than 0 and at most "
+            f"{MAX_DELAY_S} (a thousand years), not {seconds!r}"
+        )
+    return seconds
+
+
 def check_at_most_max_delay(seconds: float, name: str) -> None:
     """InvalidArgumentError for a checked ``delay``/``ttl`` (or a NACK's delay) longer
     than MAX_DELAY_S."""
