@@ -50,8 +50,9 @@ def worker_pid() -> int:
     return os.getpid()
 
 
-@tasks.task(topic="t.math")
+@tasks.task(topic="t.math", retry_backoff=0.1)
 def not_json() -> object:
+    mark("not_json")
     return {1, 2}
 
 

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tasks_helpers import count_marks
 
 from spoolmq.errors import (
     InvalidArgumentError,
@@ -57,12 +58,18 @@ def test_a_failure_carries_the_remote_error_and_traceback(
     assert "attempt 1 of 2; will retry" in log and "Traceback (most recent call last)" in log
 
 
-def test_a_result_that_is_not_json_fails_the_task(
-    broker: BrokerProcess, app: ModuleType, start_worker: Any
+def test_a_result_that_is_not_json_fails_the_task_without_running_it_again(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
 ) -> None:
+    """The function ran to its end: a retry would repeat its effects for a result that
+    can never be stored (it ran max_deliveries times)."""
     start_worker()
+    handle = app.not_json.send()
     with pytest.raises(TaskFailed, match="cannot travel as JSON"):
-        app.not_json.send().result(timeout=60)
+        handle.result(timeout=60)
+    row = app.tasks.get(handle.id)
+    assert row is not None and (row.state, row.attempts) == ("failed", 1)
+    assert len(count_marks(marks, "not_json")) == 1
 
 
 def test_arguments_json_cannot_carry_are_refused_at_send(data_dir: Path, app: ModuleType) -> None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolmq.client import Consumer, ReceivedMessage
-from spoolmq.errors import InvalidArgumentError, SpoolError
+from spoolmq.errors import InvalidArgumentError, SerializationError, SpoolError
 from spoolmq.tasks.app import Task, Tasks
 from spoolmq.tasks.codec import check_json
 from spoolmq.tasks.dead_letters import DeadLetterWatch
@@ -307,25 +307,42 @@ class WorkerProcess:
                 continue  # already settled when its time limit passed
             try:
                 result = running.future.result()
-                check_json(result, "the result")
             except BaseException as exc:  # the task's failure, whatever it was
                 self._failed(running, exc)
+                continue
+            try:
+                check_json(result, "the result")
+            except SerializationError as exc:
+                # The function ran to its end: another attempt would repeat its effects
+                # for a result that can never be stored.
+                self._failed(running, exc, retry=False)
                 continue
             self.tasks.store.finish(running.task_id, SUCCEEDED, result=result)
             self._settle(running.message, "ack")
 
-    def _failed(self, running: _Running, exc: BaseException, *, error: str | None = None) -> None:
+    def _failed(
+        self,
+        running: _Running,
+        exc: BaseException,
+        *,
+        error: str | None = None,
+        retry: bool = True,
+    ) -> None:
         error = error or f"{type(exc).__name__}: {exc}"
         text = "".join(traceback.format_exception(exc))
         message, task = running.message, running.task
-        final = message.attempt >= task.max_deliveries
+        final = not retry or message.attempt >= task.max_deliveries
         logger.error(
             "task %s (%s) failed on attempt %d of %d%s:\n%s",
             task.name,
             running.task_id,
             message.attempt,
             task.max_deliveries,
-            "" if final else "; will retry",
+            "; not retried: its result cannot be stored"
+            if not retry
+            else ""
+            if final
+            else "; will retry",
             text.rstrip(),
         )
         self.tasks.store.finish(
