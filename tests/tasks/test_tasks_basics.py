@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import stat
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -254,6 +254,10 @@ def test_send_options_of_the_wrong_kind_are_refused_before_anything_is_stored(
         ({"args": [1, 2], "delay": float("nan")}, "delay must be a finite number"),
         ({"args": [1, 2], "delay": float("inf")}, "delay must be a finite number"),
         ({"args": [1, 2], "unique_for": 60, "unique_key": 7}, "unique_key must be text"),
+        # Past what tasks.db's 64-bit times hold: an OverflowError from SQLite before.
+        ({"args": [1, 2], "delay": 1e30}, "delay must be at most 31536000000 seconds"),
+        ({"args": [1, 2], "unique_for": 1e30}, "unique_for must be at most 31536000000"),
+        ({"args": [1, 2], "delay": timedelta(days=999_999_999)}, "delay must be at most"),
     ]
     for options, message in refused:
         with pytest.raises(InvalidArgumentError, match=message):

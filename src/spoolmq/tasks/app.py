@@ -42,7 +42,7 @@ from spoolmq.errors import (
 from spoolmq.files import make_private_dirs
 from spoolmq.inotify import open_inotify
 from spoolmq.protocol.limits import MAX_DELIVERIES, check_concurrency, parse_rate
-from spoolmq.store.message import check_priority
+from spoolmq.store.message import check_at_most_max_delay, check_priority
 from spoolmq.store.names import check_topic
 from spoolmq.tasks.codec import check_json
 from spoolmq.tasks.results import ENDED_STATES, SUCCEEDED, ResultStore, TaskRow
@@ -66,13 +66,16 @@ AFTER_WRITE_S = 0.001
 
 def _seconds(value: float | timedelta | None, what: str, *, positive: bool = False) -> float | None:
     """None, or ``value`` (seconds or a timedelta) as finite seconds, not negative (more
-    than 0 if ``positive``); InvalidArgumentError naming ``what`` otherwise (text, a bool,
-    NaN and infinity included)."""
+    than 0 if ``positive``) and at most a thousand years (what tasks.db's 64-bit times
+    hold once added to the clock); InvalidArgumentError naming ``what`` otherwise (text,
+    a bool, NaN and infinity included)."""
     if value is None:
         return None
     if isinstance(value, timedelta):
-        return amount(value.total_seconds(), what, positive=positive)
-    return amount(value, what, positive=positive)
+        value = value.total_seconds()
+    seconds = amount(value, what, positive=positive)
+    check_at_most_max_delay(seconds, what)
+    return seconds
 
 
 class _Changes:
