@@ -240,6 +240,8 @@ def test_tasks_settings_of_the_wrong_kind_are_refused(data_dir: Path) -> None:
         Tasks(data_dir, lease="30")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="lease must be a finite number"):
         Tasks(data_dir, lease=0)
+    with pytest.raises(InvalidArgumentError, match="lease must be at most 31536000000 seconds"):
+        Tasks(data_dir, lease=1e30)
     with pytest.raises(InvalidArgumentError, match="group must be a non-empty name"):
         Tasks(data_dir, group="")
 

@@ -73,6 +73,12 @@ def _seconds(value: float | timedelta | None, what: str, *, positive: bool = Fal
         return None
     if isinstance(value, timedelta):
         value = value.total_seconds()
+    return _bounded(value, what, positive=positive)
+
+
+def _bounded(value: Any, what: str, *, positive: bool = False) -> float:
+    """``value`` as finite seconds from 0 (more than 0 if ``positive``) to a thousand
+    years; InvalidArgumentError naming ``what`` otherwise."""
     seconds = amount(value, what, positive=positive)
     check_at_most_max_delay(seconds, what)
     return seconds
@@ -271,7 +277,7 @@ class Tasks:
         address: Address | None = None,
         authkey: bytes | None = None,
     ) -> None:
-        lease = amount(lease, "lease", positive=True)
+        lease = _bounded(lease, "lease", positive=True)
         if not isinstance(group, str) or not group:
             raise InvalidArgumentError(f"group must be a non-empty name, not {group!r}")
         self.data: Path = resolve_data_dir(data)
@@ -352,8 +358,8 @@ class Tasks:
                 f"not {max_deliveries!r}"
             )
         # A negative backoff would be a NACK delay the broker refuses, at every failure.
-        backoff = amount(retry_backoff, "retry_backoff")
-        backoff_max = amount(retry_backoff_max, "retry_backoff_max")
+        backoff = _bounded(retry_backoff, "retry_backoff")
+        backoff_max = _bounded(retry_backoff_max, "retry_backoff_max")
         limit = _seconds(time_limit, "time_limit", positive=True)
         ttl = _seconds(result_ttl, "result_ttl")
         if rate_limit is not None:
