@@ -59,6 +59,15 @@ def wait_until(predicate: Callable[[], T | None], timeout: float, what: str) -> 
         time.sleep(0.05)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (an orphan's end may
+    wait for a reaper). Linux (``/proc``)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 class BrokerProcess:
     """One `spoolmq broker` subprocess on a data directory.
 

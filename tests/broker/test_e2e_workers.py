@@ -4,6 +4,10 @@ runs a handler in N processes; a handler that returns ACKs, one that raises NACK
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,9 +15,9 @@ from typing import Any
 import pytest
 from e2e_workers import flaky_handler, publish_all, read_lines
 
-from spoolmq import Consumer, ReceivedMessage, run_workers
+from spoolmq import Admin, Consumer, ReceivedMessage, run_workers
 from spoolmq.errors import InvalidArgumentError
-from spoolmq.testing import BrokerProcess
+from spoolmq.testing import BrokerProcess, process_alive, wait_until
 
 
 def test_run_workers_runs_a_handler_in_several_processes(
@@ -44,6 +48,48 @@ def test_run_workers_runs_a_handler_in_several_processes(
     # Nothing is left: the group has ACKed everything.
     with Consumer("tasks", group="workers", data=data_dir) as consumer:
         assert consumer.receive(timeout=1.0) is None
+
+
+def test_run_workers_processes_leave_when_their_parent_is_killed(
+    broker: BrokerProcess, data_dir: Path, tmp_path: Path
+) -> None:
+    """A script running run_workers killed with SIGKILL could not stop its workers: they
+    stayed in the group, taking messages, until killed by pid. Each now closes its
+    consumer and exits once its parent is gone."""
+    out = tmp_path / "calls"
+    out.mkdir()
+    script = (
+        "from e2e_workers import flaky_handler\n"
+        "from spoolmq import run_workers\n"
+        f"run_workers('orphans', 'w', flaky_handler, processes=1, data={str(data_dir)!r})\n"
+    )
+    env = {**os.environ, "E2E_OUT": str(out), "E2E_WORKERS": "1"}
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent, env=env)
+    children: list[int] = []
+    try:
+        wait_until(lambda: _members(data_dir, "w") == 1 or None, 60, "the worker joined")
+        children = _children(parent.pid)
+        parent.kill()
+        parent.wait(30)
+        wait_until(lambda: _members(data_dir, "w") == 0 or None, 60, "the worker to leave")
+        wait_until(lambda: not any(map(process_alive, children)) or None, 60, "the workers to exit")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(30)
+        for pid in children:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _members(data_dir: Path, group: str) -> int:
+    with Admin(data=data_dir) as admin:
+        return len(admin.describe_groups().get(group, {}).get("members", []))
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in found]
 
 
 def test_a_consumer_with_a_handler(broker: BrokerProcess, data_dir: Path) -> None:

@@ -18,7 +18,7 @@ from tasks_helpers import count_marks
 import spoolmq.tasks.worker as worker_module
 from spoolmq import Consumer
 from spoolmq.errors import TaskFailed
-from spoolmq.testing import BrokerProcess, wait_until
+from spoolmq.testing import BrokerProcess, process_alive, wait_until
 
 
 def _running_in(app: ModuleType, task_id: str, marks: Path, name: str) -> int:
@@ -59,6 +59,27 @@ def test_a_dead_workers_task_is_redelivered_at_once(
     assert runs[0] == str(victim) and runs[-1] == str(survivor) and len(runs) == 2
     row = app.tasks.get(handle.id)
     assert row is not None and row.attempts == 2
+
+
+def test_worker_processes_stop_when_their_supervisor_is_killed(
+    broker: BrokerProcess, app: ModuleType, start_worker: Any, marks: Path
+) -> None:
+    """A supervisor killed with SIGKILL cannot stop its processes: they went on taking
+    tasks, with nothing to stop them but a kill by pid. Now each stops as on SIGTERM:
+    it finishes the task in hand, then exits."""
+    worker = start_worker("--processes", "1")
+    handle = app.slow.send("orphan", 3)
+    child = _running_in(app, handle.id, marks, "orphan")
+    try:
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.wait(30)
+        assert handle.result(timeout=60) == child  # the task in hand was finished
+        wait_until(lambda: not process_alive(child) or None, 60, "the orphaned worker to exit")
+    finally:
+        if process_alive(child):
+            os.kill(child, signal.SIGKILL)
+    row = app.tasks.get(handle.id)
+    assert row is not None and (row.state, row.attempts) == ("succeeded", 1)
 
 
 def test_a_time_limit_fails_the_attempt_and_replaces_the_process(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +17,26 @@ from spoolmq.config import check_settings, setting_names
 from spoolmq.errors import InvalidArgumentError, WorkersFailedError
 
 logger = logging.getLogger(__name__)
+
+
+# How often a worker process looks whether the process that started it is still there.
+PARENT_CHECK_S = 0.5
+
+
+def watch_parent(on_gone: Callable[[], None], every: float = PARENT_CHECK_S) -> None:
+    """Call ``on_gone`` once, from a daemon thread, when the process that started this
+    one has gone (killed with SIGKILL, say: it could not stop its workers). A worker
+    process left behind would go on taking messages with nothing to stop it but a kill
+    by pid, and run old code beside the workers started after it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:  # a child whose parent ended has another
+            time.sleep(every)
+        logger.error("the process that started this worker (pid %d) is gone: stopping", parent)
+        on_gone()
+
+    threading.Thread(target=watch, name="spoolmq-parent-watch", daemon=True).start()
 
 
 def _worker(
@@ -26,6 +49,8 @@ def _worker(
 ) -> None:
     tune_allocator()  # a process of ours that only consumes: see spoolmq.allocator
     with Consumer(topics, group, **options) as consumer:
+        # Its receive returns None once closed: run() ends after the message in hand.
+        watch_parent(consumer.close)
         consumer.run(handler, max_messages=max_messages, idle_timeout=idle_timeout)
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolmq.client import Consumer, ReceivedMessage
+from spoolmq.client.workers import watch_parent
 from spoolmq.errors import InvalidArgumentError, SerializationError, SpoolError
 from spoolmq.tasks.app import Task, Tasks
 from spoolmq.tasks.codec import check_json
@@ -419,6 +420,8 @@ def _child(spec: str, topics: list[str], concurrency: int, shutdown_timeout: flo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)  # Ctrl-C reaches the whole process group
+    # A supervisor killed with SIGKILL cannot stop this process: it stops as on SIGTERM.
+    watch_parent(worker.stopping.set)
     code = worker.run()
     tasks.close()
     # A thread stuck in a task past its time limit would keep a normal exit waiting.
