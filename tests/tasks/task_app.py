@@ -29,6 +29,14 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+_NOT_GIVEN = object()  # a default JSON cannot carry
+
+
+@tasks.task(topic="t.math")
+def scaled(n: int, factor: int = 2, extra: object = _NOT_GIVEN) -> int:
+    return n * factor
+
+
 @tasks.task(topic="t.math")
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0.01)

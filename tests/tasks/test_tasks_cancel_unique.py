@@ -61,9 +61,22 @@ def test_a_unique_task_sent_twice_in_its_window_is_one_task(
     other = app.add.send_with(args=[2, 1], unique_for=60)
     assert second.id == first.id and second.created is False
     assert other.id != first.id
+    # The same call however its arguments are passed (by name, a default given or not).
+    by_name = app.add.send_with(kwargs={"b": 2, "a": 1}, unique_for=60)
+    mixed = app.add.send_with(args=[1], kwargs={"b": 2}, unique_for=60)
+    assert (by_name.id, mixed.id) == (first.id, first.id) and not by_name.created
+    scaled = app.scaled.send_with(args=[3], unique_for=60)
+    assert app.scaled.send_with(args=[3, 2], unique_for=60).id == scaled.id
+    assert app.scaled.send_with(kwargs={"n": 3, "factor": 2}, unique_for=60).id == scaled.id
+    assert app.scaled.send_with(args=[3, 3], unique_for=60).id != scaled.id
     keyed = app.add.send_with(args=[5, 5], unique_for=60, unique_key="report-7")
     again = app.add.send_with(args=[6, 6], unique_for=60, unique_key="report-7")
     assert again.id == keyed.id
+    # A key names a call of its task: another task's send with it is its own task (it got
+    # add's handle, and never ran).
+    elsewhere = app.scaled.send_with(args=[4], unique_for=60, unique_key="report-7")
+    assert elsewhere.id != keyed.id and elsewhere.created
+    assert elsewhere.result(timeout=60) == 8
     assert first.result(timeout=60) == 3 and again.result(timeout=60) == 10
     assert len(app.tasks.store.recent(name="task_app.add")) == 3
     # The window closes: the same send is a new task.

@@ -64,6 +64,10 @@ WATCHED_CAP_S = 1.0
 AFTER_WRITE_S = 0.001
 
 
+def _type_name(value: Any) -> str:
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
 def _seconds(value: float | timedelta | None, what: str, *, positive: bool = False) -> float | None:
     """None, or ``value`` (seconds or a timedelta) as finite seconds, not negative (more
     than 0 if ``positive``) and at most a thousand years (what tasks.db's 64-bit times
@@ -197,17 +201,22 @@ class Task(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
-    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        """InvalidArgumentError for arguments the function cannot take: a call the worker
-        could only fail, on every retry (or every tick of a periodic job)."""
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults filled in (so ``f(1)``,
+        ``f(n=1)`` and ``f(1, b=2)`` with ``b=2`` the default are one call); an
+        InvalidArgumentError for arguments the function cannot take: a call the worker
+        could only fail, on every retry (or every tick of a periodic job). Without a
+        signature to read (a builtin), the arguments as given."""
         if self.signature is None:
-            return
+            return {"args": list(args), "kwargs": dict(kwargs)}
         try:
-            self.signature.bind(*args, **kwargs)
+            bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise InvalidArgumentError(
                 f"{self.name}{self.signature} cannot take these arguments: {exc}"
             ) from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Enqueue a run with these arguments; returns once the message is stored."""
@@ -488,15 +497,25 @@ class Tasks:
             raise SpoolError("these Tasks are closed (tasks.close() was called): nothing is sent")
         check_json(args, "args")
         check_json(kwargs, "kwargs")
-        task.check_call(args, kwargs)
+        call = task.check_call(args, kwargs)
         if key is not None and not isinstance(key, str):
             raise InvalidArgumentError("a task's key must be text")
         if unique_key is not None and unique_for is None:
             raise InvalidArgumentError("unique_key needs unique_for (the window, in seconds)")
         if unique_for is not None and unique_key is None:
-            # The same task with the same arguments: canonical JSON (sorted keys), hashed.
-            canonical = orjson.dumps([task.name, args, kwargs], option=orjson.OPT_SORT_KEYS)
+            # The same task with the same arguments, however they were passed (by
+            # position or by name, a default left out or given): the call bound to the
+            # function's parameters, as canonical JSON (sorted keys), hashed.
+            # A default JSON cannot carry (a sentinel object) is named by its type, the same
+            # in every process.
+            canonical = orjson.dumps(
+                [task.name, call], option=orjson.OPT_SORT_KEYS, default=_type_name
+            )
             unique_key = f"{task.name}:{hashlib.sha256(canonical).hexdigest()}"
+        elif unique_key is not None:
+            # A key names a call of this task: another task's send with the same key is
+            # another call (it got that task's handle, and never ran).
+            unique_key = f"{task.name}:key:{unique_key}"
         task_id = task_id or uuid.uuid4().hex
         eta_ms = None if not delay else time.time_ns() // 1_000_000 + int(delay * 1000)
         task_id, created = self.store.add(
