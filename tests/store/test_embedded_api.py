@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import example, given, settings
 
 from spoolmq import Message, Store
+from spoolmq.errors import SpoolError
 
 
 def test_round_robin_then_key_then_read(store: Store) -> None:
@@ -103,3 +106,25 @@ def test_read_entries_takes_what_is_below_the_end_up_to_the_count(
                     assert reader.position == position
     finally:
         store.close()
+
+
+def test_a_closed_store_refuses_to_be_used(tmp_path: Path) -> None:
+    """After close() an append succeeded and reopened the files one by one (until a second
+    close); the clients say "closed", and now the store does too."""
+    store = Store(tmp_path / "queue_data")
+    store.append("events", 1)
+    store.close()
+    for use in (
+        lambda: store.append("events", 2),
+        lambda: store.append_batch("events", [Message(value=3)]),
+        lambda: store.reader("events", 0),
+        lambda: store.topics(),
+        lambda: store.create_topic("other"),
+        lambda: store.log_end_offset("events", 0),
+        lambda: store.check(),
+    ):
+        with pytest.raises(SpoolError, match="this Store is closed"):
+            use()
+    store.close()  # twice is fine
+    with Store(tmp_path / "queue_data") as again:  # nothing was added after the close
+        assert [record.value for record in again.reader("events", 0)] == [1]

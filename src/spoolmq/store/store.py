@@ -27,6 +27,7 @@ from spoolmq.config import StoreConfig, TopicConfig, resolve_data_dir
 from spoolmq.errors import (
     CorruptRecordError,
     InvalidArgumentError,
+    SpoolError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -128,6 +129,11 @@ class Store:
         # in state.db (a crashed writer's): off in the PublisherBroker, which reads them
         # back from the log itself (``spoolmq.broker.producer_ranges``). Set before use.
         self.restore_sequences = True
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SpoolError("this Store is closed (close() was called)")
 
     def __enter__(self) -> Store:
         return self
@@ -136,6 +142,9 @@ class Store:
         self.close()
 
     def close(self) -> None:
+        """Close the partitions' files and state.db; using the store afterwards is a
+        SpoolError (it reopened them, quietly, one by one)."""
+        self._closed = True
         with self._lock:
             for partition in self._partitions.values():
                 partition.close()
@@ -152,6 +161,7 @@ class Store:
         ``settings`` are TopicConfig fields: ``retention_ms``, ``retention_bytes``,
         ``cleanup_policy``, ``segment_bytes``, ``segment_ms``, ``tombstone_retention_ms``.
         """
+        self._check_open()
         check_topic(name)
         config = TopicConfig.from_mapping({"partitions": partitions, **settings})
         created = self.state.create_topic(name, config, exist_ok=exist_ok)
@@ -159,6 +169,7 @@ class Store:
         return created
 
     def topic_config(self, name: str, *, create: bool = False) -> TopicConfig:
+        self._check_open()
         return self._topic(name, create=create, allowed=self.config.auto_create_topics)
 
     def _topic(self, name: str, *, create: bool, allowed: bool) -> TopicConfig:
@@ -179,6 +190,7 @@ class Store:
     def current_topic_config(self, name: str) -> TopicConfig:
         """:meth:`topic_config` as ``state.db`` has it now: another process (``spoolmq
         topics alter``) may have changed what this one read before."""
+        self._check_open()
         check_topic(name)
         config = self.state.topic(name)
         if config is None:
@@ -196,6 +208,7 @@ class Store:
 
     def alter_topic(self, name: str, **settings: Any) -> TopicConfig:
         """Change retention, compaction or segment settings (not the partition count)."""
+        self._check_open()
         check_topic(name)
         if "partitions" in settings:
             raise InvalidArgumentError("the partition count of a topic cannot be changed")
@@ -218,6 +231,7 @@ class Store:
                     partition.topic_config = config
 
     def topics(self) -> dict[str, TopicConfig]:
+        self._check_open()
         return self.state.topics()
 
     def delete_topic(self, name: str) -> None:
@@ -230,6 +244,7 @@ class Store:
         sequences), then the directory is removed. A crash after the rename leaves an entry
         in ``trash/`` that :meth:`finish_deletions` completes at the broker's next start;
         one before it leaves the topic whole."""
+        self._check_open()
         self.topic_config(name)
         self.forget_topic(name)
         directory = topic_dir(self.path, name)
@@ -275,6 +290,7 @@ class Store:
         is cancelled (a starting ConsumerBroker reads the table; a running one is asked
         through ``Admin.cancel_message``, which calls this). InvalidArgumentError for an
         offset with no message yet, UnknownTopicError/UnknownPartitionError as usual."""
+        self._check_open()
         if type(partition) is not int or type(offset) is not int or partition < 0 or offset < 0:
             raise InvalidArgumentError("a cancel needs a whole partition and offset")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
@@ -341,6 +357,7 @@ class Store:
 
         Every message is validated before anything is written, so bad input writes nothing.
         """
+        self._check_open()
         level = normalize_acks(acks)
         check_topic(topic)
         batch = list(messages)
@@ -380,6 +397,7 @@ class Store:
         self, topic: str, partition: int, messages: Sequence[EncodedMessage], acks: Acks
     ) -> list[Position]:
         """Append already validated messages to one partition (the broker's path)."""
+        self._check_open()
         partition_log = self.partition_log(topic, partition)
         return [
             Position(
@@ -425,6 +443,7 @@ class Store:
 
     def flush(self) -> None:
         """fsync every partition this process appended to with acks 0 or 1."""
+        self._check_open()
         with self._lock:
             partitions = list(self._partitions.values())
         for partition in partitions:
@@ -442,6 +461,7 @@ class Store:
     ) -> Reader:
         """A reader with its own position: ``offset`` is a number, ``"earliest"`` (the
         default) or ``"latest"``; or ``timestamp`` (ms) for the first record at or after it."""
+        self._check_open()
         partition_log = self.partition_log(topic, partition)
         if timestamp is not None:
             if offset is not None:
@@ -470,6 +490,7 @@ class Store:
 
     def enforce_retention(self, topic: str | None = None) -> RetentionResult:
         """Delete closed segments past their topic's time or size retention."""
+        self._check_open()
         result = RetentionResult()
         moment = self._clock.now_ms()
         if topic is None:
@@ -502,6 +523,7 @@ class Store:
 
     def compact(self, topic: str) -> CompactionResult:
         """Keep the newest record per key in every closed segment of a compacted topic."""
+        self._check_open()
         config = self.topic_config(topic)
         if config.cleanup_policy != "compact":
             raise InvalidArgumentError(
@@ -540,6 +562,7 @@ class Store:
 
     def check(self, topic: str | None = None) -> list[CheckProblem]:
         """Verify every record's checksum and offset order; report every problem found."""
+        self._check_open()
         problems: list[CheckProblem] = []
         names = [topic] if topic is not None else list(self.topics())
         for name in names:
