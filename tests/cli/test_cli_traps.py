@@ -399,6 +399,7 @@ def test_numbers_are_numbers_in_every_json_shape(broker: BrokerProcess, data_dir
         "selected": integer,
         "replayed": integer,
         "already_replayed": integer,
+        "tasks_queued": integer,
     }
     assert replay["letters"] == _types(letters)
     assert _types(orjson.loads(ok("dlq", "purge", "pay", *d))) == {"purged": integer}
