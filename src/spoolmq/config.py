@@ -343,7 +343,10 @@ DEFAULT_DATA_DIR = "queue_data"
 
 def resolve_data_dir(data: str | os.PathLike[str] | None = None) -> Path:
     """The data directory rule every command and client shares:
-    the explicit argument, else ``$SPOOLMQ_DATA``, else ``./queue_data``."""
+    the explicit argument, else ``$SPOOLMQ_DATA``, else ``./queue_data``; a ConfigError
+    for an argument that is not a path (``data=5`` was a TypeError from deep inside)."""
+    if data is not None and not isinstance(data, str | os.PathLike):
+        raise ConfigError(f"data must be a path (str or os.PathLike), not {data!r:.60}")
     if data is not None and str(data) != "":
         return Path(data)
     env = os.environ.get(DATA_ENV)

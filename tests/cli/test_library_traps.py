@@ -3,17 +3,22 @@ errors, workers that cannot start, a missing extra."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_demo_and_readme import readme_program  # tests/cli is on sys.path
 
-from spoolmq import Admin, Consumer, Publisher, run_workers
-from spoolmq.errors import ConfigError, InvalidArgumentError, WorkersFailedError
+from spoolmq import Admin, AsyncPublisher, Consumer, Publisher, Store, run_workers
+from spoolmq.errors import ConfigError, InvalidArgumentError, SpoolError, WorkersFailedError
+from spoolmq.tasks import Tasks
 from spoolmq.testing import BrokerProcess
 
 
@@ -128,3 +133,94 @@ def test_a_command_that_needs_a_missing_extra_says_which(tmp_path: Path, args: l
     assert lines[0].startswith(f"spoolmq: spoolmq {args[0]}")
     assert "needs the 'analytics' extra (pyspark is not installed)" in lines[0]
     assert "pip install 'spoolmq[analytics]'" in lines[0]
+
+
+def _module_level_handler(message: object) -> None:
+    """For run_workers' argument checks (a module-level function it can import)."""
+
+
+def _store_with_topic(data: Path) -> Store:
+    store = Store(data)
+    store.create_topic("t")
+    return store
+
+
+def _periodic_both(data: Path) -> None:
+    tasks = Tasks(data)
+    job = tasks.task(topic="jobs")(_module_level_handler)
+    tasks.periodic("0 9 * * *", job, every=timedelta(seconds=3), args=[None])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "fragment"),
+    [
+        (lambda d: Publisher(data=5), ConfigError, "data must be a path"),  # type: ignore[arg-type]
+        (lambda d: Store(5), ConfigError, "data must be a path"),  # type: ignore[arg-type]
+        (lambda d: Consumer("t", "g", data=5), ConfigError, "data must be a path"),  # type: ignore[arg-type]
+        (
+            lambda d: run_workers("t", "g", _module_level_handler, data=d, processes="2"),
+            InvalidArgumentError,
+            "processes must be a whole number from 1, not '2'",
+        ),
+        (
+            lambda d: run_workers("t", "g", _module_level_handler, data=d, idle_timeout=-1),
+            InvalidArgumentError,
+            "idle_timeout must be a finite number",
+        ),
+        (
+            lambda d: run_workers("t", "g", _module_level_handler, data=d, max_messages=0),
+            InvalidArgumentError,
+            "max_messages must be None or a whole number from 1, not 0",
+        ),
+        (
+            lambda d: _store_with_topic(d).reader("t", 0, timestamp="x"),
+            InvalidArgumentError,
+            "timestamp must be a whole number of epoch ms, not 'x'",
+        ),
+        (
+            lambda d: Tasks(d).result(5),  # type: ignore[arg-type]
+            InvalidArgumentError,
+            "a task id is text, not 5",
+        ),
+        (
+            lambda d: _periodic_both(d),
+            InvalidArgumentError,
+            "a cron expression or every=, not both",
+        ),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_clear_errors_before_anything_starts(
+    tmp_path: Path, call: Any, error: type[Exception], fragment: str
+) -> None:
+    """Each was a raw TypeError from deep inside, accepted and ignored, or a misleading
+    message (found by a README walkthrough). No broker runs: none is needed to be told."""
+    data = tmp_path / "queue_data"
+    with pytest.raises(error, match=re.escape(fragment)):
+        call(data)
+
+
+def test_a_running_clients_wrong_arguments_are_clear_errors(tmp_path: Path) -> None:
+    """flush(timeout="1") and ack_many(5) were raw TypeErrors (the asyncio flush ignored a
+    bad timeout when nothing waited); an ACK after the consumer's own close() blamed a
+    lost connection."""
+    data = tmp_path / "queue_data"
+    with BrokerProcess(data, log_file=tmp_path / "broker.log"):
+        with Publisher(data=data) as publisher:
+            publisher.publish("traps", 1)
+            with pytest.raises(InvalidArgumentError, match="timeout must be None or a number"):
+                publisher.flush(timeout="1")  # type: ignore[arg-type]
+
+        async def flush_async() -> None:
+            async with AsyncPublisher(data=data) as publisher:
+                await publisher.flush(timeout="x")  # type: ignore[arg-type]
+
+        with pytest.raises(InvalidArgumentError, match="timeout must be None or a number"):
+            asyncio.run(flush_async())
+        consumer = Consumer("traps", "g", data=data)
+        message = consumer.receive(timeout=60)
+        assert message is not None
+        with pytest.raises(InvalidArgumentError, match="a list of received messages, not int"):
+            consumer.ack_many(5)  # type: ignore[arg-type]
+        consumer.close()
+        with pytest.raises(SpoolError, match="this Consumer is closed"):
+            message.ack()

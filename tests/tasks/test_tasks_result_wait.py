@@ -159,3 +159,24 @@ def test_a_dead_lettered_task_ends_for_result_and_runs_again_when_redriven(
         assert not store.dead_lettered("unknown-id", "no row")
     finally:
         store.close()
+
+
+def test_a_cancel_says_whether_the_task_had_run(data_dir: Path) -> None:
+    """A task waiting for its retry was recorded "cancelled before it started", though
+    its first attempt had run."""
+    from spoolmq.tasks.results import ResultStore
+
+    store = ResultStore(data_dir)
+    try:
+        row = {"name": "jobs.x", "topic": "jobs", "args": {"args": [], "kwargs": {}}}
+        for task_id in ("fresh", "retried"):
+            store.add(task_id, **row, key=None, priority=0, eta_ms=None, result_ttl_ms=60_000)
+        store.claim("retried", 1, "w:1", row)
+        store.finish("retried", "retrying", error="ValueError: x", traceback="...")
+        assert store.cancel("fresh") and store.cancel("retried")
+        fresh, retried = store.get("fresh"), store.get("retried")
+        assert fresh is not None and fresh.error == "cancelled before it started"
+        assert retried is not None and retried.error == "cancelled while waiting for a retry"
+        assert (fresh.state, retried.state) == ("cancelled", "cancelled")
+    finally:
+        store.close()

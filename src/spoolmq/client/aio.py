@@ -57,6 +57,7 @@ from spoolmq.client.common import (
     answer_ranges,
     batch_size,
     check_publisher_limits,
+    check_run_limits,
     check_timeout,
     check_topics_left,
     consumer_topics,
@@ -318,6 +319,7 @@ class AsyncPublisher:
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every message queued so far is answered (or failed)."""
+        check_timeout(timeout)  # also when nothing waits: the mistake is the caller's
         if not self._outstanding:
             return
         self._urgent = True
@@ -1008,6 +1010,7 @@ class AsyncConsumer:
         handle = handler or self.handler
         if handle is None:
             raise InvalidArgumentError("run() needs a handler")
+        check_run_limits(max_messages, idle_timeout)
         handled = 0
         while max_messages is None or handled < max_messages:
             message = await self.receive(idle_timeout)
@@ -1033,6 +1036,8 @@ class AsyncConsumer:
             raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
         if message.settled:
             raise InvalidArgumentError(f"{message!r} was already acknowledged or nacked")
+        if self._closed:
+            raise SpoolError("this AsyncConsumer is closed: its messages go back to the group")
         if message._generation != self._generation or self._stream is None:
             raise UnknownDeliveryError(
                 "the connection this message came on was lost; the broker redelivers it"

@@ -287,6 +287,20 @@ def refusal_error(reply: Mapping[str, Any]) -> SpoolError | None:
     return error_from_code(str(refused[0].get("code")), str(refused[0].get("message", "")))
 
 
+def check_run_limits(max_messages: Any, idle_timeout: Any) -> None:
+    """``run``'s (and ``run_workers``') ``max_messages`` (None or a whole number from 1)
+    and ``idle_timeout`` (None or seconds, 0 or more); InvalidArgumentError otherwise."""
+    if max_messages is not None and (
+        isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1
+    ):
+        raise InvalidArgumentError(
+            f"max_messages must be None or a whole number from 1, not {max_messages!r:.60}"
+        )
+    if idle_timeout is not None:
+        amount(idle_timeout, "idle_timeout")
+        check_timeout(idle_timeout)
+
+
 def check_timeout(timeout: Any) -> None:
     """A ``receive``'s ``timeout``: None or a finite number of seconds (one already past,
     0 or less, means "only what is there"); InvalidArgumentError otherwise."""
@@ -311,7 +325,7 @@ def batch_size(max_messages: Any) -> int:
 
 
 def ack_batch(
-    consumer: Any, messages: Iterable[DeliveredRecord], *, connected: bool
+    consumer: Any, messages: Any, *, connected: bool
 ) -> tuple[list[DeliveredRecord], list[int]]:
     """The messages of an ``ack_many`` to send and their tags, all checked before any is
     settled, so that a wrong one leaves the others as they were: each received by
@@ -323,6 +337,10 @@ def ack_batch(
     unsettled, deleted_topics = consumer._unsettled, consumer.deleted_topics
     if auto_ack:
         raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
+    if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+        raise InvalidArgumentError(
+            f"ack_many takes a list of received messages, not {type(messages).__name__}"
+        )
     batch = list(messages)
     if connected and not deleted_topics:
         # The common case checked in one pass: every message this consumer's, unsettled,

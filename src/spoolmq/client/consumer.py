@@ -26,6 +26,7 @@ from spoolmq.client.common import (
     after_topic_deleted,
     amount,
     batch_size,
+    check_run_limits,
     check_timeout,
     check_topics_left,
     consumer_topics,
@@ -508,6 +509,7 @@ class Consumer:
         handle = handler or self.handler
         if handle is None:
             raise InvalidArgumentError("run() needs a handler")
+        check_run_limits(max_messages, idle_timeout)
         handled = 0
         while max_messages is None or handled < max_messages:
             message = self.receive(idle_timeout)
@@ -571,6 +573,8 @@ class Consumer:
             raise InvalidArgumentError("an auto_ack consumer does not ack or nack")
         if message.settled:
             raise InvalidArgumentError(f"{message!r} was already acknowledged or nacked")
+        if self._closed_now():
+            raise SpoolError("this Consumer is closed: its messages go back to the group")
         if message.topic in self.deleted_topics:
             message.settled = True  # its topic is gone: nothing to settle
             self._unsettled.discard(message.tag)

@@ -30,6 +30,7 @@ from spoolmq.client.common import (
     answer_errors,
     check_next_sequence,
     check_publisher_limits,
+    check_timeout,
     encode_many,
     expired_error,
     frame_partition,
@@ -350,6 +351,7 @@ class Publisher:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued message is answered (or failed)."""
+        check_timeout(timeout)
         self._check_may_wait("flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spoolmq.allocator import tune_allocator
+from spoolmq.client.common import check_run_limits
 from spoolmq.client.consumer import Consumer, ReceivedMessage
 from spoolmq.config import check_settings, setting_names
 from spoolmq.errors import InvalidArgumentError, WorkersFailedError
@@ -82,8 +83,9 @@ def run_workers(
     # Checked here, before any process starts: in a worker the mistake would only be a
     # traceback in that worker's stderr.
     check_settings("run_workers", consumer_options, setting_names(Consumer.__init__))
-    if processes < 1:
-        raise InvalidArgumentError(f"processes must be at least 1, not {processes!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise InvalidArgumentError(f"processes must be a whole number from 1, not {processes!r}")
+    check_run_limits(max_messages, idle_timeout)
     if not _importable_by_name(handler):
         raise InvalidArgumentError(
             "run_workers' handler must be a module-level function (worker processes import "

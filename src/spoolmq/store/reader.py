@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from spoolmq.errors import CorruptRecordError, OffsetOutOfRangeError
+from spoolmq.errors import CorruptRecordError, InvalidArgumentError, OffsetOutOfRangeError
 from spoolmq.files import pread_all
 from spoolmq.store.partition import PartitionLog
 from spoolmq.store.record import (
@@ -40,7 +40,12 @@ def offset_for_timestamp(partition: PartitionLog, timestamp: int) -> int:
 
     Binary search over the segments' first timestamps, then over the sparse index of one
     segment, then over the line heads between two index entries: no whole-partition scan.
+    InvalidArgumentError for a ``timestamp`` that is not a whole number of ms.
     """
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise InvalidArgumentError(
+            f"timestamp must be a whole number of epoch ms, not {timestamp!r:.60}"
+        )
     bases = partition.segment_bases()
     if not bases:
         return 0

@@ -567,6 +567,8 @@ class Tasks:
         inotify on its directory, and reads the task's row again each time: the result
         is seen as soon as it is committed. Where inotify is not available, polls, backing
         off to every POLL_CAP_S."""
+        if not isinstance(task_id, str):
+            raise InvalidArgumentError(f"a task id is text, not {task_id!r:.60}")
         if timeout is not None:
             timeout = amount(timeout, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout

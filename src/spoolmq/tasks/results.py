@@ -302,7 +302,16 @@ class ResultStore:
             db.execute(
                 "UPDATE tasks SET state = ?, finished_ms = ?, error = ?, expires_ms = ? "
                 "WHERE id = ?",
-                (CANCELLED, now, "cancelled before it started", _expiry(now, ttl), task_id),
+                (
+                    CANCELLED,
+                    now,
+                    # A retrying task ran (and failed) already: its next run is what stops.
+                    "cancelled before it started"
+                    if state == QUEUED
+                    else "cancelled while waiting for a retry",
+                    _expiry(now, ttl),
+                    task_id,
+                ),
             )
             db.execute("DELETE FROM uniques WHERE task_id = ?", (task_id,))
             return True

@@ -55,7 +55,9 @@ class Periodic:
     ) -> Periodic:
         from croniter import croniter
 
-        if (cron is None) == (every is None):
+        if cron is not None and every is not None:
+            raise InvalidArgumentError("a periodic job takes a cron expression or every=, not both")
+        if cron is None and every is None:
             raise InvalidArgumentError("a periodic job needs either a cron expression or every=")
         if cron is not None and not croniter.is_valid(cron):
             raise InvalidArgumentError(f"not a cron expression: {cron!r}")
