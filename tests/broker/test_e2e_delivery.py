@@ -247,6 +247,29 @@ def test_close_from_another_thread_ends_its_receive_and_never_reconnects(
         consumer.receive(timeout=0)
 
 
+def test_close_from_another_thread_while_a_handler_runs_ends_run_quietly(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """run()'s ACK after the handler met the closed consumer: SpoolError out of run()."""
+    with Publisher(data=data_dir) as publisher:
+        publisher.publish_many("closing-run", [1, 2, 3])
+    consumer = Consumer("closing-run", group="g", data=data_dir)
+    handled: list[int] = []
+
+    def handle(message: Any) -> None:
+        closer = threading.Thread(target=consumer.close)
+        closer.start()
+        closer.join(60)
+        handled.append(message.value)
+
+    assert consumer.run(handle, idle_timeout=60) == 0  # the message in hand goes back
+    assert handled == [1]
+    with Consumer("closing-run", group="g", data=data_dir) as again:
+        message = again.receive(timeout=60)
+        assert message is not None and message.value == 1
+        message.ack()
+
+
 def _members(data_dir: Path, group: str) -> int:
     with Admin(data=data_dir) as admin:
         return len(admin.describe_groups().get(group, {}).get("members", []))

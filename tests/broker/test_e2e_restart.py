@@ -160,6 +160,21 @@ def test_the_clients_of_a_killed_child_leave_the_registry(broker: BrokerProcess)
         assert broker.stats()["clients"]["publisher"] == 1
 
 
+def test_polling_with_a_timeout_of_0_reconnects_after_a_restart(
+    broker: BrokerProcess, data_dir: Path
+) -> None:
+    """receive(timeout=0) with its connection lost returned None before trying to
+    reconnect: a loop polling with it never took a message again."""
+    with Consumer("polled-restart", group="g", data=data_dir) as consumer:
+        assert consumer.receive(timeout=0.5) is None  # subscribed
+        assert broker.stop() == 0
+        broker.start()
+        publish_all(data_dir, "polled-restart", ["after"])
+        message = wait_until(lambda: consumer.receive(timeout=0), 60, "a polled message")
+        assert message.value == "after"
+        message.ack()
+
+
 def test_a_receive_ends_on_time_while_the_broker_is_away(
     broker: BrokerProcess, data_dir: Path
 ) -> None:

@@ -64,7 +64,11 @@ def test_run_workers_processes_leave_when_their_parent_is_killed(
         f"run_workers('orphans', 'w', flaky_handler, processes=1, data={str(data_dir)!r})\n"
     )
     env = {**os.environ, "E2E_OUT": str(out), "E2E_WORKERS": "1"}
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent, env=env)
+    stderr = tmp_path / "stderr"
+    with open(stderr, "wb") as output:  # the workers inherit it
+        parent = subprocess.Popen(
+            [sys.executable, "-c", script], cwd=Path(__file__).parent, env=env, stderr=output
+        )
     children: list[int] = []
     try:
         wait_until(lambda: _members(data_dir, "w") == 1 or None, 60, "the worker joined")
@@ -73,6 +77,8 @@ def test_run_workers_processes_leave_when_their_parent_is_killed(
         parent.wait(30)
         wait_until(lambda: _members(data_dir, "w") == 0 or None, 60, "the worker to leave")
         wait_until(lambda: not any(map(process_alive, children)) or None, 60, "the workers to exit")
+        # A clean stop, not a worker's traceback (closing its consumer under run() raised).
+        assert "Traceback" not in stderr.read_text(errors="replace")
     finally:
         if parent.poll() is None:
             parent.kill()

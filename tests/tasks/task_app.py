@@ -33,7 +33,9 @@ _NOT_GIVEN = object()  # a default JSON cannot carry
 
 
 @tasks.task(topic="t.math")
-def scaled(n: int, factor: int = 2, extra: object = _NOT_GIVEN) -> int:
+def scaled(
+    n: int, factor: int = 2, extra: object = _NOT_GIVEN, table: object = {1: "a", "big": 2**70}
+) -> int:
     return n * factor
 
 

@@ -889,16 +889,16 @@ class AsyncConsumer:
             check_topics_left(self.topics, self.deleted_topics)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                if looked or self._stream is None:
+                if looked:
                     return None
                 # timeout=0: one turn of the event loop, whose reading of the socket
                 # comes first, for what has arrived (a receive(0) loop took nothing, and
                 # never let the loop read).
                 remaining = 0.0
+            looked = True  # (a timeout of 0 without a connection: one try to reconnect)
             if self._stream is None:
                 await self._reconnect(deadline)
                 continue
-            looked = True
             try:
                 self._flush_acks()  # about to wait: the broker may be waiting for these
                 self._flush_credit()
@@ -1012,7 +1012,7 @@ class AsyncConsumer:
             raise InvalidArgumentError("run() needs a handler")
         check_run_limits(max_messages, idle_timeout)
         handled = 0
-        while max_messages is None or handled < max_messages:
+        while (max_messages is None or handled < max_messages) and not self._closed_now():
             message = await self.receive(idle_timeout)
             if message is None:
                 break
@@ -1021,13 +1021,21 @@ class AsyncConsumer:
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:  # the handler's failure is the message's failure
+                if self._closed_now():  # closed by another task meanwhile: redelivered
+                    break
                 if not self.auto_ack and not message.settled:
                     await message.nack(reason=handler_failure(exc), wait=False)
             else:
+                if self._closed_now():  # closed by another task meanwhile: redelivered
+                    break
                 if not self.auto_ack and not message.settled:
                     await message.ack(wait=False)
             handled += 1
         return handled
+
+    def _closed_now(self) -> bool:
+        """Whether close() has run, maybe in another task since this one looked."""
+        return self._closed
 
     # -- settling -------------------------------------------------------------------------
 

@@ -145,6 +145,7 @@ class Consumer:
         self._generation = 0
         self._taken = 0
         self._closed = False
+        self._stop_run = False  # _request_stop(): run() returns after the message in hand
         self._paused = False  # pause(): the broker pushes nothing until resume()
         self.consumer_id = ""
         self.refused: list[dict[str, Any]] = []
@@ -191,6 +192,12 @@ class Consumer:
             if not self.auto_ack:  # (an auto_ack consumer's are final: it keeps them)
                 self._buffer.clear()
 
+    def _request_stop(self) -> None:
+        """Make ``run`` return after the message in hand is settled (and a waiting
+        ``receive`` return now): a gentler stop than close() from another thread."""
+        self._stop_run = True
+        self.wakeup()
+
     def _closed_now(self) -> bool:
         """Whether close() has run, maybe in another thread since this one looked."""
         return self._closed
@@ -213,6 +220,8 @@ class Consumer:
             try:
                 self._open()
             except (BrokerUnavailableError, OSError, EOFError) as exc:
+                if self._closed_now():  # closed meanwhile: its wake-up pipe is gone too
+                    return
                 pause = self._reconnects.pause(exc, until, self.reconnect_timeout)
             else:
                 if self._closed_now():  # closed while this one was being made
@@ -222,7 +231,11 @@ class Consumer:
                 logger.info("reconnected to the broker as %s", self.consumer_id)
                 return
             # Backoff, ended early by wakeup(): there is nothing else to wait on.
-            if pause is None or wait([self._wake_read], pause):
+            try:
+                woken = pause is None or bool(wait([self._wake_read], pause))
+            except (OSError, ValueError):  # the pipe closed by close() in another thread
+                return
+            if woken:
                 if pause is not None:
                     self._drain_wakeups()
                 return
@@ -300,7 +313,7 @@ class Consumer:
                 check_topics_left(self.topics, self.deleted_topics)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    if looked or self._conn is None:
+                    if looked:
                         return None
                     # timeout=0 (or a time already spent): one look at what has arrived,
                     # never none (a receive(0) loop took nothing, ever).
@@ -511,8 +524,13 @@ class Consumer:
             raise InvalidArgumentError("run() needs a handler")
         check_run_limits(max_messages, idle_timeout)
         handled = 0
-        while max_messages is None or handled < max_messages:
-            message = self.receive(idle_timeout)
+        while (max_messages is None or handled < max_messages) and not self._stop_run:
+            try:
+                message = self.receive(idle_timeout)
+            except SpoolError:
+                if self._closed_now():  # closed by another thread: the run ends
+                    break
+                raise
             if message is None:
                 break
             try:
@@ -527,9 +545,13 @@ class Consumer:
                     message.offset,
                     message.attempt,
                 )
+                if self._closed_now():  # closed meanwhile: the broker redelivers it
+                    break
                 if not self.auto_ack and not message.settled:
                     message.nack(reason=handler_failure(exc), wait=False)
             else:
+                if self._closed_now():  # closed meanwhile: the broker redelivers it
+                    break
                 if not self.auto_ack and not message.settled:
                     message.ack(wait=False)
             handled += 1

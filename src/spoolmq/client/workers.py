@@ -50,8 +50,8 @@ def _worker(
 ) -> None:
     tune_allocator()  # a process of ours that only consumes: see spoolmq.allocator
     with Consumer(topics, group, **options) as consumer:
-        # Its receive returns None once closed: run() ends after the message in hand.
-        watch_parent(consumer.close)
+        # run() returns once the message in hand is settled (a waiting receive at once).
+        watch_parent(consumer._request_stop)
         consumer.run(handler, max_messages=max_messages, idle_timeout=idle_timeout)
 
 

@@ -36,6 +36,7 @@ from spoolmq.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
     ResultTimeoutError,
+    SerializationError,
     SpoolError,
     TaskFailed,
 )
@@ -215,8 +216,15 @@ class Task(Generic[P, R]):
             raise InvalidArgumentError(
                 f"{self.name}{self.signature} cannot take these arguments: {exc}"
             ) from None
+        given = set(bound.arguments)
         bound.apply_defaults()
-        return dict(bound.arguments)
+        call = dict(bound.arguments)
+        for name in call.keys() - given:
+            try:  # a default JSON cannot carry (a sentinel, a set) is named by its type
+                check_json(call[name], name)
+            except SerializationError:
+                call[name] = _type_name(call[name])
+        return call
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Enqueue a run with these arguments; returns once the message is stored."""
@@ -506,11 +514,7 @@ class Tasks:
             # The same task with the same arguments, however they were passed (by
             # position or by name, a default left out or given): the call bound to the
             # function's parameters, as canonical JSON (sorted keys), hashed.
-            # A default JSON cannot carry (a sentinel object) is named by its type, the same
-            # in every process.
-            canonical = orjson.dumps(
-                [task.name, call], option=orjson.OPT_SORT_KEYS, default=_type_name
-            )
+            canonical = orjson.dumps([task.name, call], option=orjson.OPT_SORT_KEYS)
             unique_key = f"{task.name}:{hashlib.sha256(canonical).hexdigest()}"
         elif unique_key is not None:
             # A key names a call of this task: another task's send with the same key is
