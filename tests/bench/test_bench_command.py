@@ -53,7 +53,9 @@ def test_tiny_bench_with_redis_comparison(tmp_path: Path) -> None:
     # Group commit: 2 publishers with frames of 100 and several in flight; at least a frame
     # per commit, at most every message of the phase in one.
     assert 1 <= produce["messages_per_group_commit"] <= 2000
-    assert consume["broker_cpu_us_per_message"] > 0 and consume["broker_rss_peak_mib"] > 10
+    # As for produce: 2,000 messages consumed take the broker ~5 ms of CPU (2.5 us each),
+    # which 10 ms clock ticks can read as 0.
+    assert consume["broker_cpu_us_per_message"] >= 0 and consume["broker_rss_peak_mib"] > 10
     prefilled = result["spoolmq"]["prefilled"]
     assert prefilled["stored"] == 3000
     assert prefilled["store_bytes"] > 3000 * 200
