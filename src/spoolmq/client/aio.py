@@ -1016,20 +1016,20 @@ class AsyncConsumer:
             message = await self.receive(idle_timeout)
             if message is None:
                 break
+            failure: Exception | None = None
             try:
                 result = handle(message)
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:  # the handler's failure is the message's failure
-                if self._closed_now():  # closed by another task meanwhile: redelivered
-                    break
-                if not self.auto_ack and not message.settled:
-                    await message.nack(reason=handler_failure(exc), wait=False)
-            else:
-                if self._closed_now():  # closed by another task meanwhile: redelivered
-                    break
-                if not self.auto_ack and not message.settled:
+                failure = exc
+            if self._closed_now():  # closed by another task meanwhile: redelivered
+                break
+            if not self.auto_ack and not message.settled:
+                if failure is None:
                     await message.ack(wait=False)
+                else:
+                    await message.nack(reason=handler_failure(failure), wait=False)
             handled += 1
         return handled
 

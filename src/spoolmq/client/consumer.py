@@ -533,9 +533,11 @@ class Consumer:
                 raise
             if message is None:
                 break
+            failure: Exception | None = None
             try:
                 handle(message)
             except Exception as exc:  # the handler's failure is the message's failure
+                failure = exc
                 # Logged once per failed message, with its traceback: a NACK's reason alone
                 # does not say where the handler failed.
                 logger.exception(
@@ -545,15 +547,13 @@ class Consumer:
                     message.offset,
                     message.attempt,
                 )
-                if self._closed_now():  # closed meanwhile: the broker redelivers it
-                    break
-                if not self.auto_ack and not message.settled:
-                    message.nack(reason=handler_failure(exc), wait=False)
-            else:
-                if self._closed_now():  # closed meanwhile: the broker redelivers it
-                    break
-                if not self.auto_ack and not message.settled:
+            if self._closed_now():  # closed meanwhile: the broker redelivers it
+                break
+            if not self.auto_ack and not message.settled:
+                if failure is None:
                     message.ack(wait=False)
+                else:
+                    message.nack(reason=handler_failure(failure), wait=False)
             handled += 1
         return handled
 
