@@ -330,3 +330,54 @@ def test_numbering_a_body_later_gives_the_bytes_of_numbering_it_first(
     late, _, _ = encode_publish_message("t", value, options, sequence=None)
     first, _, _ = encode_publish_message("t", value, options, sequence=41, producer_id='p-"1')
     assert numbered(late, 41, orjson.dumps('p-"1')) == first
+
+
+def _checked(**head: Any) -> bytes:
+    """A pre-checked frame of two records with its head's fields replaced by ``head``."""
+    fields: dict[str, Any] = {
+        "op": "publish_checked",
+        "id": 1,
+        "acks": "all",
+        "producer_id": "kafka-1.0.t.0",
+        "topic": "t",
+        "partition": 0,
+        "count": 2,
+        "first_sequence": 5,
+        "identities": None,
+        "headed": None,
+    }
+    fields.update(head)
+    return b"\n".join((orjson.dumps(fields), b'"key":null,"value":1', b'"key":null,"value":2'))
+
+
+def test_a_pre_checked_frame_whose_head_and_records_disagree_is_a_protocol_error() -> None:
+    """Only the broker's own Kafka child sends the form, but a frame whose parts disagree
+    (a bug, a truncation) fails as a whole, never stores records under the wrong sequence."""
+    from spoolmq.errors import ProtocolError
+    from spoolmq.protocol.publish import decode_checked_frame
+
+    head, checked = decode_checked_frame(_checked())
+    assert head["topic"] == "t"
+    assert checked.bodies == [b'"key":null,"value":1', b'"key":null,"value":2']
+    assert checked.sequences == [5, 6]
+    assert (checked.extras, checked.errors) == (None, None)
+    assert decode_checked_frame(_checked(headed=[1]))[1].extras == {1: [None, None, None, True]}
+    for bad in (
+        {"count": 3},
+        {"count": 1},
+        {"partition": None},
+        {"first_sequence": -1},
+        {"first_sequence": "5"},
+        {"identities": ["s:a"]},
+        {"identities": "s:a"},
+        {"headed": [2]},
+        {"headed": [-1]},
+        {"headed": ["0"]},
+        {"op": "publish"},
+    ):
+        with pytest.raises(ProtocolError):
+            decode_checked_frame(_checked(**bad))
+    with pytest.raises(ProtocolError):
+        decode_checked_frame(b'{"op":"publish_checked",\n"key":null')  # a head cut short
+    with pytest.raises(ProtocolError):
+        decode_checked_frame(orjson.dumps({"op": "publish_checked", "partition": 0, "count": 0}))

@@ -390,6 +390,7 @@ def test_stats(broker: BrokerProcess, data_dir: Path, capsys: pytest.CaptureFixt
         }
         assert set(stats["publisher"]) == {
             "frames",
+            "frames_prechecked",
             "messages",
             "batches",
             "errors",

@@ -291,7 +291,13 @@ def test_a_cancelled_request_passes_the_turn_on_only_after_the_one_before_it(
 
         a, b, c = (
             asyncio.create_task(
-                _send_in_turn(ctx, core, [_Frame("t", 0, "p", [b'{"v":"%s0"}' % tag])], -1, 1000)  # type: ignore[arg-type]
+                _send_in_turn(
+                    ctx,
+                    core,
+                    [_Frame("t", 0, ("p", [b'{"v":"%s0"}' % tag], None, None, []))],
+                    -1,
+                    1000,
+                )  # type: ignore[arg-type]
             )
             for tag in (b"a", b"b", b"c")
         )
@@ -330,7 +336,7 @@ def test_a_request_cancelled_after_its_link_was_lost_leaves_no_error_unseen(
         # The second partition's send is held, and never let through.
         link, wire, _, calls = _gated_link(tmp_path, held=2)
         core = SimpleNamespace(link=link, count=lambda *_: None)
-        frames = [_Frame("t", p, "p", [b'{"v":"%d"}' % p]) for p in (0, 1)]
+        frames = [_Frame("t", p, ("p", [b'{"v":"%d"}' % p], None, None, [])) for p in (0, 1)]
         request = asyncio.create_task(
             _send_in_turn(SimpleNamespace(conn={}), core, frames, -1, 1000)  # type: ignore[arg-type]
         )

@@ -133,13 +133,16 @@ def test_a_batch_becomes_its_producer_s_frame_records_or_one_error() -> None:
 
     values = [b'{"n":1}', b"\x00\x01", b"x" * 300]
     ids = {"producer_id": 7, "producer_epoch": 0, "base_sequence": 40}
-    producer, bodies = _frame_records(_decoded(values, [], **ids), "orders", 2, 1 << 20)  # type: ignore[misc]
+    producer, bodies, first, identities, headed = _frame_records(  # type: ignore[misc]
+        _decoded(values, [], **ids), "orders", 2, 1 << 20
+    )
     assert producer == "kafka-7.0.orders.2"
+    assert (first, identities, headed) == (40, None, [])
     assert [orjson.loads(b)["sequence"] for b in bodies] == [40, 41, 42]
     assert bodies == [reference(None, v, [], 40 + i) for i, v in enumerate(values)]
 
-    plain, bodies = _frame_records(_decoded(values, []), "orders", 2, 1 << 20)  # type: ignore[misc]
-    assert plain == "kafka-front"
+    plain, bodies, first, _, _ = _frame_records(_decoded(values, []), "orders", 2, 1 << 20)  # type: ignore[misc]
+    assert (plain, first) == ("kafka-front", None)
     assert bodies == [reference(None, v, [], None) for v in values]
 
     largest = max(map(len, bodies))
@@ -171,3 +174,58 @@ def test_a_batch_more_than_one_publish_frame_carries_is_message_too_large(
     monkeypatch.setattr(publish, "MAX_FRAME_RECORDS_BYTES", total - 1)
     refused = produce._frame_records(_decoded(values, []), "orders", 2, 1 << 20)
     assert refused == ErrorCode.MESSAGE_TOO_LARGE
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(KEYS, VALUES, HEADERS), min_size=1, max_size=20),
+    st.none() | st.integers(0, 2**31 - 1),  # a Kafka batch's base sequence is an int32
+)
+def test_the_pre_checked_frame_gives_the_broker_what_checking_the_plain_one_gives(
+    entries: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+    first: int | None,
+) -> None:
+    """The Kafka child's pre-checked frame, as the PublisherBroker decodes it, against the
+    plain publish frame of the same batch as the PublisherBroker checks it: the same stored
+    bodies, key identities, sequences and extras, so what is stored and what the
+    ConsumerBroker is told do not depend on the form."""
+    from spoolmq.kafka.produce import _frame_records
+    from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
+    from spoolmq.protocol.publish import (
+        check_records,
+        decode_checked_frame,
+        encode_checked_frame,
+        encode_publish_frame,
+    )
+
+    ids = {} if first is None else {"producer_id": 7, "producer_epoch": 0, "base_sequence": first}
+    out = [
+        OutRecord(i, 1000, key, value, headers) for i, (key, value, headers) in enumerate(entries)
+    ]
+    (batch,) = decode_batches(encode_batch(out, **ids), 1 << 20, produced=True)
+    built = _frame_records(batch, "orders", 2, 1 << 20)
+    bare = _frame_records(batch, "orders", 2, 1 << 20, braces=False)
+    assert not isinstance(built, int) and not isinstance(bare, int)
+    producer, records, first_sequence, identities, headed = built
+    assert bare == (producer, [r[1:-1] for r in records], first_sequence, identities, headed)
+    plain = orjson.loads(encode_publish_frame(3, "all", producer, "orders", 2, records))
+    expected = check_records(plain["records"], producer, 0, 1 << 20)
+    head, checked = decode_checked_frame(
+        encode_checked_frame(
+            3, "all", producer, "orders", 2, bare[1], first_sequence, identities, headed
+        )
+    )
+    assert {k: head[k] for k in ("op", "id", "acks", "producer_id", "topic", "partition")} == {
+        "op": "publish_checked",
+        "id": 3,
+        "acks": "all",
+        "producer_id": producer,
+        "topic": "orders",
+        "partition": 2,
+    }
+    assert checked.bodies == expected.bodies
+    assert checked.identities == expected.identities
+    assert checked.sequences == expected.sequences
+    assert checked.extras == expected.extras
+    assert checked.errors is expected.errors is None
+    assert [k is None for k in checked.keys] == [k is None for k in expected.keys]

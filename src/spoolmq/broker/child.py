@@ -225,6 +225,9 @@ class ClientConnection:
     reader: protocol.FrameReader
     writer: protocol.FrameWriter
     lost: bool = False  # a write failed: the client is gone, only its sent frames remain
+    # The broker's own Kafka child, as the manager vouched (its hello showed the key the
+    # manager gave it at spawn): the PublisherBroker takes its pre-checked frames.
+    trusted: bool = False
 
     @classmethod
     def open(cls, conn: Connection, client_id: str) -> Self:
@@ -391,7 +394,8 @@ class BrokerChild(Generic[ClientT]):
             except (OSError, RuntimeError) as exc:  # out of descriptors: its fd was dropped
                 self.logger.warning("could not take client %s: %s", frame.get("client_id"), exc)
                 return
-            self.clients[conn] = self.new_client(conn, str(frame.get("client_id")))
+            client = self.clients[conn] = self.new_client(conn, str(frame.get("client_id")))
+            client.trusted = frame.get("trusted") is True
             self._waiter.watch(conn)
         elif op == "stop":
             self.stopping = True

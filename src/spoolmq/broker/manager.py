@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hmac
 import itertools
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 import sqlite3
@@ -316,6 +318,10 @@ class BrokerManager:
         self._threads: list[threading.Thread] = []
         self._notice_writer: Connection | None = None
         self._authkey = b""
+        # Given to the Kafka child at spawn (never written anywhere): its link to the
+        # PublisherBroker shows it in its hello, and only that connection may send
+        # pre-checked publish frames (docs/PROTOCOL.md). A new one per manager.
+        self._link_key = secrets.token_hex(32)
         self._stopping = threading.Event()
         self._wake_read, self._wake_write = socket.socketpair()
         self._client_ids = itertools.count(1)
@@ -468,7 +474,7 @@ class BrokerManager:
 
             host, port = self.settings.kafka
             cert, key = self.settings.kafka_tls or (None, None)
-            kafka = KafkaSettings(host, port, cert, key)
+            kafka = KafkaSettings(host, port, cert, key, link_key=self._link_key)
             if self.settings.kafka_max_connections is not None:
                 kafka = replace(kafka, max_connections=self.settings.kafka_max_connections)
             return run_kafka_child, (*common, kafka)
@@ -697,6 +703,7 @@ class BrokerManager:
         if greeting is None:
             return
         client_id, role, hello = greeting
+        trusted = "link_key" in hello  # checked by _greeting
         with self._registry_lock:
             self.registry[client_id] = {
                 "role": role,
@@ -712,7 +719,10 @@ class BrokerManager:
             with self._control_lock:
                 if child.control is None:
                     raise OSError("child is restarting")
-                send_control(child.control, {"op": "client", "client_id": client_id}, conn.fileno())
+                handover: dict[str, Any] = {"op": "client", "client_id": client_id}
+                if trusted:
+                    handover["trusted"] = True
+                send_control(child.control, handover, conn.fileno())
         except OSError:
             logger.warning("could not hand %s to the %s broker; closing it", client_id, child.name)
             with self._registry_lock:
@@ -771,6 +781,16 @@ class BrokerManager:
         role = hello.get("role")
         if role not in ("publisher", "consumer", "admin"):
             raise ProtocolError("role must be 'publisher', 'consumer' or 'admin'")
+        if "link_key" in hello:
+            # Claims to be this broker's Kafka child: only with the key it was given.
+            key = hello["link_key"]
+            if (
+                role != "publisher"
+                or "kafka" not in self._children
+                or type(key) is not str
+                or not hmac.compare_digest(key.encode(), self._link_key.encode())
+            ):
+                raise AuthenticationError("this is not the broker's Kafka child")
         client_id = f"{role[0]}{next(self._client_ids)}-{hello.get('pid', '?')}"
         protocol.send(
             conn,

@@ -10,9 +10,11 @@ A failed sync fails its commit and every later one written meanwhile, whose data
 the log: a publisher is never told "stored" for what the disk did not take.
 
 Per message the broker does one parse (of the frame), a few type checks and a dump of each
-record (``spoolmq.protocol.publish``); idempotence is a comparison per frame against the
-producer's runs (``spoolmq.broker.producer_ranges``), which go to ``state.db`` in batches,
-after the answers, as do the partitions' figures.
+record (``spoolmq.protocol.publish``), except in the frames of its own Kafka child, which
+come with their records in the store's form already (``decode_checked_frame``).
+Idempotence is a comparison per frame against the producer's runs
+(``spoolmq.broker.producer_ranges``), which go to ``state.db`` in batches, after the
+answers, as do the partitions' figures.
 """
 
 from __future__ import annotations
@@ -36,11 +38,25 @@ from spoolmq.broker.metrics import COMMIT_SIZE_BOUNDS, SECONDS_BOUNDS, Buckets
 from spoolmq.broker.producer_ranges import ProducerRanges, StoredAt
 from spoolmq.broker.sync_thread import SyncKey, SyncThread, describe
 from spoolmq.clock import SYSTEM_CLOCK, Clock
-from spoolmq.errors import ProtocolError, SpoolError, StorageError, UnknownPartitionError
-from spoolmq.protocol.publish import check_publish_frame, check_records
+from spoolmq.errors import (
+    MessageTooLargeError,
+    ProtocolError,
+    SpoolError,
+    StorageError,
+    UnknownPartitionError,
+)
+from spoolmq.protocol.publish import (
+    CheckedRecords,
+    check_publish_frame,
+    check_publish_head,
+    check_records,
+    decode_checked_frame,
+    is_checked_frame,
+)
 from spoolmq.store.compaction import compaction_due
 from spoolmq.store.names import check_topic
 from spoolmq.store.partitioner import partition_for_key
+from spoolmq.store.record import RECORD_OVERHEAD
 from spoolmq.store.state import RunRow
 from spoolmq.store.writer import Written
 
@@ -120,6 +136,11 @@ class _Frame:
         self.errors[str(index)] = {"code": exc.code, "message": str(exc)}
 
 
+# A frame read: its connection, the frame (its head, for a pre-checked frame) and, for
+# the Kafka child's pre-checked frames, its records as checked.
+_Read = tuple[ClientConnection, dict[str, Any], CheckedRecords | None]
+
+
 class _Commit:
     """One group commit: the frames read in one loop step, their batches (one per
     partition), written together and synced by one job of the sync thread."""
@@ -139,6 +160,7 @@ class _Commit:
 @dataclass(slots=True)
 class PublisherStats:
     frames: int = 0
+    frames_prechecked: int = 0  # of them, the Kafka child's, in the store's form already
     messages: int = 0
     batches: int = 0
     errors: int = 0
@@ -270,7 +292,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         ready = self._wait_step(timeout, [self._sync] if self._unsynced else [])
         if self._unsynced:
             self._settle()  # answers for what the disk synced meanwhile go out first
-        frames: list[tuple[ClientConnection, dict[str, Any]]] = []
+        frames: list[_Read] = []
         for conn in ready:
             client = self.clients.get(conn)
             if client is not None:
@@ -352,7 +374,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
 
     def drain(self) -> None:
         """On stop: store and answer every publish already received."""
-        frames: list[tuple[ClientConnection, dict[str, Any]]] = []
+        frames: list[_Read] = []
         for client in list(self.clients.values()):
             self._read_frames(client, frames, limit=1_000_000)
         if frames:
@@ -372,7 +394,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
     def _read_frames(
         self,
         client: ClientConnection,
-        frames: list[tuple[ClientConnection, dict[str, Any]]],
+        frames: list[_Read],
         limit: int = _FRAMES_PER_CONNECTION,
     ) -> None:
         for _ in range(limit):
@@ -385,6 +407,11 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 return
             frame: dict[str, Any] = {}
             try:
+                if client.trusted and is_checked_frame(data):
+                    # The Kafka child's records, in the store's form already.
+                    frame, checked = decode_checked_frame(data)
+                    frames.append((client, frame, checked))
+                    continue
                 frame = protocol.decode(data)
                 op = protocol.check_client_frame(frame)
                 if op == "bye":
@@ -392,7 +419,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                     return
                 if op != "publish":
                     raise ProtocolError(f"a publisher connection cannot send {op!r}")
-                frames.append((client, frame))
+                frames.append((client, frame, None))
             except SpoolError as exc:
                 logger.warning("closing publisher %s: bad frame: %s", client.client_id, exc)
                 # With the frame's id where it had one: the error answers it.
@@ -400,13 +427,13 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 self._drop(client, f"bad frame: {exc}")
                 return
 
-    def _commit(self, frames: list[tuple[ClientConnection, dict[str, Any]]]) -> None:
+    def _commit(self, frames: list[_Read]) -> None:
         """Check every frame and write each partition's batch (one write); the sync thread
         syncs them while the loop goes on, and :meth:`_settle` answers once it has."""
         now = self.clock.now_ms()
         commit = _Commit()
-        for client, raw in frames:
-            frame = self._plan(client, raw, now, commit)
+        for client, raw, prechecked in frames:
+            frame = self._plan(client, raw, prechecked, now, commit)
             if frame is not None:
                 commit.frames.append(frame)
         self._unsynced.append(commit)
@@ -559,11 +586,26 @@ class PublisherBroker(BrokerChild[ClientConnection]):
                 self._send(frame.client, self._answer(frame))
 
     def _plan(
-        self, client: ClientConnection, raw: dict[str, Any], now: int, commit: _Commit
+        self,
+        client: ClientConnection,
+        raw: dict[str, Any],
+        prechecked: CheckedRecords | None,
+        now: int,
+        commit: _Commit,
     ) -> _Frame | None:
-        """Check one frame's records and put them in their partitions' batches."""
+        """Check one frame's records (unless ``prechecked``: the Kafka child's, in the
+        store's form already) and put them in their partitions' batches."""
+        max_bytes = self.store.config.max_message_bytes
         try:
-            acks, producer_id, topic, asked, records = check_publish_frame(raw)
+            if prechecked is None:
+                acks, producer_id, topic, asked, records = check_publish_frame(raw)
+            else:
+                acks, producer_id, topic, asked = check_publish_head(raw)
+                # Checked by the child against the same limit, unless it changed since.
+                if max(map(len, prechecked.bodies)) + 2 > max_bytes - RECORD_OVERHEAD:  # type: ignore[arg-type]
+                    raise MessageTooLargeError(
+                        f"a record is over the limit of {max_bytes} bytes (max_message_bytes)"
+                    )
             config = self.store.topic_config(topic, create=True)
             if asked is not None and asked >= config.partitions:
                 raise UnknownPartitionError(
@@ -576,8 +618,10 @@ class PublisherBroker(BrokerChild[ClientConnection]):
         frame = _Frame(client, raw.get("id"), acks, producer_id)
         frame.partitions = partitions = config.partitions
         self.stats.frames += 1
+        if prechecked is not None:
+            self.stats.frames_prechecked += 1
         try:
-            checked = check_records(records, producer_id, now, self.store.config.max_message_bytes)
+            checked = prechecked or check_records(records, producer_id, now, max_bytes)
         except Exception as exc:  # a bug must cost one frame, not every publisher
             logger.exception("checking a publish frame failed")
             self._send(
@@ -592,7 +636,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
             for index, refused in checked.errors.items():
                 frame.fail(index, refused)
             self.stats.errors += len(checked.errors)
-        count = len(records)
+        count = len(bodies)
         keyless = asked
         if checked.errors is None and checked.extras is None:
             # The common frame: every record good, one partition, sequences consecutive
@@ -923,6 +967,7 @@ class PublisherBroker(BrokerChild[ClientConnection]):
     def figures(self) -> dict[str, Any]:
         return {
             "frames": self.stats.frames,
+            "frames_prechecked": self.stats.frames_prechecked,
             "messages": self.stats.messages,
             "batches": self.stats.batches,
             "errors": self.stats.errors,

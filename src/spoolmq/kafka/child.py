@@ -17,7 +17,7 @@ import logging
 import os
 import resource
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class KafkaSettings:
     auth_required: bool | None = None
     # Connections served at once; one more is closed at its accept (--kafka-max-connections).
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # The manager's key for this child's link to the PublisherBroker (kafka/link.py); empty:
+    # the link sends plain publish frames. Kept out of repr (and so out of any log).
+    link_key: str = field(default="", repr=False)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_cert is None:
@@ -102,7 +105,7 @@ class KafkaChild(BrokerChild[Any]):
         self._stop = asyncio.Event()
         watcher = GrowthWatcher()
         watcher.start()
-        link = PublisherLink(self.data_dir)
+        link = PublisherLink(self.data_dir, link_key=self.kafka.link_key)
         self.core = KafkaCore(self.store, link, watcher)
         self.server = KafkaServer(
             self.data_dir,

@@ -66,34 +66,63 @@ def core_of(ctx: RequestContext) -> KafkaCore:
 
 
 def record_bodies(
-    records: Iterable[RawRecord], first_sequence: int | None = None, producer_id: str = ""
+    records: Iterable[RawRecord],
+    first_sequence: int | None = None,
+    producer_id: str = "",
+    *,
+    keyed: list[tuple[int, str]] | None = None,
+    headed: list[int] | None = None,
+    braces: bool = True,
 ) -> list[bytes]:
     """Kafka records as publish-frame records in the store's form: each exactly
     ``orjson.dumps`` of its fields (``key`` or ``key_b64``, ``value`` or ``value_b64``,
     ``headers``, in store order, then ``sequence`` and ``producer_id`` when
     ``first_sequence`` numbers them). Built from byte strings: a canonical JSON value goes
     in as its own bytes, not dumped again from its parse. KafkaDecodeError for a header
-    without a name (spoolmq's headers all have one)."""
+    without a name (spoolmq's headers all have one).
+
+    ``keyed`` and ``headed``, when given, get the index and key identity
+    (``spoolmq.store.record.key_identity``) of each record with a key, and the index of
+    each record with headers: what the pre-checked publish frame carries beside them.
+    Without ``braces``, each record comes without its outer ``{`` and ``}``: the stored
+    line's middle, as that frame carries it."""
     bodies: list[bytes] = []
     append = bodies.append
     loads, dumps = orjson.loads, orjson.dumps
+    opening, closing = (b"{", b"}") if braces else (b"", b"")
+    keyless, text_key, bytes_key = (
+        opening + b'"key":null',
+        opening + b'"key":',
+        opening + b'"key_b64":"',
+    )
     # The tail of a numbered record, formatted with its sequence alone.
-    numbered = b',"sequence":%d,"producer_id":' + dumps(producer_id).replace(b"%", b"%%") + b"}"
+    numbered = b',"sequence":%d,"producer_id":' + dumps(producer_id).replace(b"%", b"%%") + closing
     sequence = first_sequence
-    tail = b"}"
+    tail = closing
     for _, _, key, value, headers in records:
         if key is None:
-            head = b'{"key":null'
+            head = keyless
         else:
             try:
-                head = b'{"key":' + dumps(key.decode("utf-8"))
+                text = key.decode("utf-8")
+                head = text_key + dumps(text)
+                identity = "s:" + text
             except UnicodeDecodeError:
-                head = b'{"key_b64":"' + base64.b64encode(key) + b'"'
+                encoded_key = base64.b64encode(key)
+                head = bytes_key + encoded_key + b'"'
+                identity = "b:" + encoded_key.decode("ascii")
+            if keyed is not None:
+                keyed.append((len(bodies), identity))
         if sequence is not None:
             # Kafka sequences wrap at 2^31; spoolmq's do not need to.
             tail = numbered % sequence
             sequence += 1
-        stored = _headers_json(headers) if headers else b"[]"
+        if headers:
+            stored = _headers_json(headers)
+            if headed is not None:
+                headed.append(len(bodies))
+        else:
+            stored = b"[]"
         # A canonical JSON value is exactly what dumping its parse gives (and not null,
         # which must not be confused with Kafka's null value, a tombstone).
         canonical = False

@@ -37,9 +37,14 @@ log = logging.getLogger(__name__)
 class PublisherLink:
     """One native publisher connection, used from one asyncio loop."""
 
-    def __init__(self, data_dir: Path, name: str = "kafka-front") -> None:
+    def __init__(self, data_dir: Path, name: str = "kafka-front", *, link_key: str = "") -> None:
         self.data_dir = data_dir
         self.name = name
+        # With the manager's key (given at spawn), the PublisherBroker takes this link's
+        # frames in the pre-checked form (``encode_checked_frame``), skipping its parse,
+        # check and dump of each record: the child built them in the store's form itself.
+        self.link_key = link_key
+        self.prechecked = bool(link_key)
         self._conn: Connection | None = None
         self._ids = itertools.count(1)
         # The answers awaited on each connection, by frame id: a connection that ends fails
@@ -85,6 +90,8 @@ class PublisherLink:
         path = str(self.data_dir / protocol.SOCKET_FILE)
         try:
             hello = hello_frame("publisher", self.name)
+            if self.link_key:
+                hello["link_key"] = self.link_key
             conn, _ = greet(path, protocol.read_authkey(self.data_dir), hello)
         except Exception as exc:  # BrokerUnavailableError, AuthenticationError, a refusal
             raise BrokerUnavailableError(f"cannot reach the publisher broker: {exc!r}") from None

@@ -39,7 +39,8 @@ from spoolmq.kafka.records import (
     decode_batches,
 )
 from spoolmq.kafka.wire import Reader, Writer
-from spoolmq.protocol.publish import encode_publish_frame, frame_count
+from spoolmq.protocol.frames import MAX_FRAME_BYTES
+from spoolmq.protocol.publish import encode_checked_frame, encode_publish_frame, frame_count
 from spoolmq.store.record import RECORD_OVERHEAD
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -134,13 +135,23 @@ async def handle_produce(ctx: RequestContext, version: int, r: Reader) -> bytes 
 
 class _Frame:
     """One partition's record set (one batch), checked and made into a publish frame's
-    producer id and records."""
+    producer id and records, with what the pre-checked form carries beside them: the
+    first record's sequence, the key identities (None: no key) and the records with
+    headers."""
 
-    __slots__ = ("partition", "producer_id", "records", "topic")
+    __slots__ = (
+        "first_sequence",
+        "headed",
+        "identities",
+        "partition",
+        "producer_id",
+        "records",
+        "topic",
+    )
 
-    def __init__(self, topic: str, partition: int, producer_id: str, records: list[bytes]) -> None:
+    def __init__(self, topic: str, partition: int, built: _Built) -> None:
         self.topic, self.partition = topic, partition
-        self.producer_id, self.records = producer_id, records
+        self.producer_id, self.records, self.first_sequence, self.identities, self.headed = built
 
 
 class _Budget(Budget):
@@ -193,10 +204,10 @@ def _prepare(
     (batch,) = batches
     if batch.transactional or batch.control:
         return _PartitionResult(ErrorCode.INVALID_TXN_STATE)
-    built = _frame_records(batch, topic, partition, max_bytes)
+    built = _frame_records(batch, topic, partition, max_bytes, braces=not core.link.prechecked)
     if isinstance(built, int):
         return _PartitionResult(built)
-    return _Frame(topic, partition, *built)
+    return _Frame(topic, partition, built)
 
 
 # A connection's requests are read and started without waiting for the answers before
@@ -276,17 +287,34 @@ async def _send(
     """Send one partition's frame: its error, or what to wait for (its answer, None with
     ``acks=0``). Connecting takes until the request's ``deadline`` (the event loop's
     clock) at most."""
-    frame_id = core.link.next_id()
-    frame = encode_publish_frame(
-        frame_id,
-        "all" if acks == -1 else str(acks),
-        item.producer_id,
-        item.topic,
-        item.partition,
-        item.records,
-    )
+    link = core.link
+    frame_id = link.next_id()
+    level = "all" if acks == -1 else str(acks)
+    records = item.records
+    frame = None
+    if link.prechecked:  # the records are the stored lines' middles (``_prepare``)
+        frame = encode_checked_frame(
+            frame_id,
+            level,
+            item.producer_id,
+            item.topic,
+            item.partition,
+            records,
+            item.first_sequence,
+            item.identities,
+            item.headed,
+        )
+        if len(frame) > MAX_FRAME_BYTES:  # the identities beside many long keys
+            frame = None
+            records = [b"{%s}" % record for record in records]
+    if frame is None:
+        frame = encode_publish_frame(
+            frame_id, level, item.producer_id, item.topic, item.partition, records
+        )
+        if len(frame) > MAX_FRAME_BYTES:  # the PublisherBroker would end the link
+            return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     try:
-        future = await core.link.send(
+        future = await link.send(
             frame_id,
             frame,
             answer=acks != 0,
@@ -311,26 +339,42 @@ async def _answered(
     return _PartitionResult(ErrorCode.NONE) if answer is None else _result_of(answer)
 
 
+# A batch's producer id and publish-frame records, their first sequence, their key
+# identities (None: no record has a key) and the indexes of those with headers.
+_Built = tuple[str, list[bytes], int | None, list[str | None] | None, list[int]]
+
+
 def _frame_records(
-    batch: RecordBatch, topic: str, partition: int, max_bytes: int
-) -> tuple[str, list[bytes]] | int:
-    """The publish-frame records of one batch and its producer id, or a Kafka error."""
+    batch: RecordBatch, topic: str, partition: int, max_bytes: int, *, braces: bool = True
+) -> _Built | int:
+    """The publish-frame records of one batch, with its producer id and what the
+    pre-checked form carries beside them (``_Built``), or a Kafka error."""
     if batch.producer_id >= 0 and batch.base_sequence >= 0:  # idempotent
         producer = spool_producer_id(batch.producer_id, batch.producer_epoch, topic, partition)
         first_sequence: int | None = batch.base_sequence
     else:
         producer, first_sequence = _PLAIN_PRODUCER, None
+    keyed: list[tuple[int, str]] = []
+    headed: list[int] = []
     try:
-        records = record_bodies(batch.raw, first_sequence, producer)
+        records = record_bodies(
+            batch.raw, first_sequence, producer, keyed=keyed, headed=headed, braces=braces
+        )
     except KafkaDecodeError:  # a header without a name
         return int(ErrorCode.CORRUPT_MESSAGE)
-    if max(map(len, records), default=0) > max_bytes - RECORD_OVERHEAD:
+    # Without braces, each record is two bytes short of what the limit counts.
+    if max(map(len, records), default=0) + (0 if braces else 2) > max_bytes - RECORD_OVERHEAD:
         return int(ErrorCode.MESSAGE_TOO_LARGE)
     if frame_count(records) < len(records):
         # More than one publish frame carries (the PublisherBroker would end the link at
         # its length). A Kafka producer splits a batch refused so and sends it again.
         return int(ErrorCode.MESSAGE_TOO_LARGE)
-    return producer, records
+    identities: list[str | None] | None = None
+    if keyed:
+        identities = [None] * len(records)
+        for index, identity in keyed:
+            identities[index] = identity
+    return producer, records, first_sequence, identities, headed
 
 
 def _result_of(answer: dict[str, Any]) -> _PartitionResult:

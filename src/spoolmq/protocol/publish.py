@@ -14,7 +14,8 @@ The broker parses a frame once (``orjson.loads`` of the whole frame, as every fr
 stores ``orjson.dumps`` of each parsed record, never the bytes the client sent: a client's
 bytes could be split or padded so that they parse as the checked records yet store as
 something else (two records sharing one line, duplicate keys), and comparing them with the
-dump would cost the dump anyway.
+dump would cost the dump anyway. The one exception is the broker's own Kafka child, whose
+records are built in the store's form by spoolmq itself (``encode_checked_frame``, below).
 """
 
 from __future__ import annotations
@@ -276,6 +277,101 @@ def encode_publish_frame(
     return b'%s,"records":[%s]}' % (head[:-1], b",".join(records))
 
 
+# -- the Kafka child's pre-checked form -------------------------------------------------------
+#
+# The Kafka child builds each record in the store's form itself (``kafka.core.record_bodies``:
+# exactly ``orjson.dumps`` of the record), so the PublisherBroker's parse, check and dump of
+# every record would only make the same bytes again. From the child's connection alone (the
+# manager marks it "trusted" once its hello shows the key the manager gave the child at
+# spawn; docs/PROTOCOL.md, "The Kafka child's pre-checked frame") a publish frame may come in
+# this form: a JSON head, then each record's middle (its JSON without the outer braces, as
+# the stored line holds it), each after a newline. A record holds no raw newline (JSON
+# escapes them), so one split gives the records.
+
+CHECKED_OP = "publish_checked"
+_CHECKED_START = b'{"op":"publish_checked",'
+_HEADERS_ONLY: tuple[None, None, None, bool] = (None, None, None, True)
+
+
+def encode_checked_frame(
+    frame_id: int,
+    acks: str,
+    producer_id: str,
+    topic: str,
+    partition: int,
+    records: Sequence[bytes],
+    first_sequence: int | None,
+    identities: Sequence[str | None] | None,
+    headed: Sequence[int] | None,
+) -> bytes:
+    """A publish frame of records in the store's form (each exactly ``orjson.dumps`` of its
+    record without the outer braces), numbered from ``first_sequence`` when not None, with
+    their key identities (None: no record has a key) and the indexes of those with
+    headers."""
+    head = orjson.dumps(
+        {
+            "op": CHECKED_OP,
+            "id": frame_id,
+            "acks": acks,
+            "producer_id": producer_id,
+            "topic": topic,
+            "partition": partition,
+            "count": len(records),
+            "first_sequence": first_sequence,
+            "identities": identities,
+            "headed": headed or None,
+        }
+    )
+    return b"\n".join((head, *records))
+
+
+def is_checked_frame(data: bytes) -> bool:
+    """Whether ``data`` is a frame in the pre-checked form (by its start alone)."""
+    return data.startswith(_CHECKED_START)
+
+
+def decode_checked_frame(data: bytes) -> tuple[dict[str, Any], CheckedRecords]:
+    """The head and records of a pre-checked frame (:func:`encode_checked_frame`), with
+    their bodies (the stored lines' middles), sequences and extras as :func:`check_records`
+    gives them; ProtocolError if its parts do not agree. The records themselves are not
+    checked: only the broker's own Kafka child may send this form."""
+    # One split of the whole frame, the head included: a copy of the records less.
+    bodies: list[bytes | None] = data.split(b"\n")  # type: ignore[assignment]
+    try:
+        head = orjson.loads(bodies[0])  # type: ignore[arg-type]
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"a pre-checked frame's head is not JSON: {exc}") from None
+    if type(head) is not dict or head.get("op") != CHECKED_OP:
+        raise ProtocolError(f"a pre-checked frame's head must be {CHECKED_OP!r}")
+    del bodies[0]
+    count = len(bodies)
+    first, identities, headed = (
+        head.get("first_sequence"),
+        head.get("identities"),
+        head.get("headed"),
+    )
+    if (
+        not count
+        or head.get("count") != count
+        or type(head.get("partition")) is not int
+        or not (first is None or (type(first) is int and first >= 0))
+        or not (identities is None or (type(identities) is list and len(identities) == count))
+        or not (
+            headed is None
+            or (type(headed) is list and all(type(i) is int and 0 <= i < count for i in headed))
+        )
+    ):
+        raise ProtocolError("a pre-checked frame's head does not match its records")
+    if first is None:
+        sequences: list[int | None] = [None] * count
+    else:
+        sequences = list(range(first, first + count))
+    if identities is None:
+        identities = [None] * count
+    extras = None if headed is None else {index: list(_HEADERS_ONLY) for index in headed}
+    return head, CheckedRecords(bodies, list(identities), identities, sequences, extras, None)
+
+
 # -- the broker's end ---------------------------------------------------------------------
 
 
@@ -285,10 +381,17 @@ def check_publish_frame(
     """The ACK level, producer id, topic, partition asked for and records of a publish
     frame; ProtocolError (InvalidArgumentError for the ACK level, InvalidTopicError for the
     topic) if the frame itself is wrong: every record of it then fails alike."""
-    acks = normalize_acks(frame.get("acks", "all"))
+    head = check_publish_head(frame)
     records = frame.get("records")
     if not isinstance(records, list) or not records:
         raise ProtocolError("a publish frame needs a non-empty 'records' list")
+    return (*head, records)
+
+
+def check_publish_head(frame: dict[str, Any]) -> tuple[Acks, str | None, str, int | None]:
+    """The ACK level, producer id, topic and partition asked for of a publish frame, as
+    :func:`check_publish_frame` checks them."""
+    acks = normalize_acks(frame.get("acks", "all"))
     producer_id = frame.get("producer_id")
     if producer_id is not None and (not isinstance(producer_id, str) or not producer_id):
         raise ProtocolError("producer_id must be a non-empty string")
@@ -296,7 +399,7 @@ def check_publish_frame(
     partition = frame.get("partition")
     if partition is not None and (type(partition) is not int or partition < 0):
         raise UnknownPartitionError(f"partition must be a whole number, not {partition!r}")
-    return acks, producer_id, topic, partition, records
+    return acks, producer_id, topic, partition
 
 
 class Checked(NamedTuple):
