@@ -313,3 +313,21 @@ def test_a_damaged_purged_file_costs_the_dlq_gauge_its_purges_not_the_scrape(
     }
     assert value(samples, "spoolmq_dlq_depth_messages", topic="jobs") == 3
     assert value(samples, "spoolmq_broker_up") == 0
+
+
+def test_retention_skips_are_counted_per_topic(data_dir: Path) -> None:
+    """The ConsumerBroker's per-topic figures of messages retention deleted before a group
+    read them (the skip itself is tested end to end in tests/broker/test_e2e_groups.py)
+    become ``spoolmq_messages_skipped_total`` beside the other outcomes."""
+    with Store(data_dir) as store:
+        store.create_topic("t")
+    counts = {"delivered": 5, "acked": 4, "nacked": 0, "dead_lettered": 0, "expired": 0}
+    stats = {"consumer": {"by_topic": {"t": {**counts, "skipped": 146}}}}
+    text = render(data_dir, Snapshot(stats=stats)).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert value(samples, "spoolmq_messages_skipped_total", topic="t") == 146
+    assert value(samples, "spoolmq_messages_acked_total", topic="t") == 4

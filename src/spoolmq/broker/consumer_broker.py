@@ -264,6 +264,7 @@ class ConsumerBroker(BrokerChild[_Consumer]):
         """Record that retention deleted ``skip`` before the group read it."""
         topic, partition, first, begin = skip
         self.counts[EventType.SKIPPED] += begin - first
+        self._count_topic(topic, EventType.SKIPPED, begin - first)
         self.events.add_skipped(group_name, topic, partition, first, begin)
         logger.warning(
             "group %s: offsets %d..%d of %s/%d were deleted by retention before the group "

@@ -240,6 +240,7 @@ def _families(data_dir: Path, snapshot: Snapshot) -> Iterator[Any]:
             ("nacked", "messages NACKed by consumers"),
             ("dead_lettered", "messages moved to a dead-letter topic"),
             ("expired", "messages dropped because their TTL passed before delivery"),
+            ("skipped", "messages deleted by retention before a group read them (per group)"),
         ),
     )
     yield _one_label(
