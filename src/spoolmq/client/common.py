@@ -255,9 +255,12 @@ def delivered_messages(
     A run's messages are made in one comprehension (no generator resumed per message)."""
     runs = frame.get("r")
     try:
-        if sum(run[3] for run in runs) != len(lines):  # type: ignore[union-attr]
+        counts = [run[3] for run in runs]  # type: ignore[union-attr]
+        # Each run at least one message: a count of 0 or less would step back over the
+        # lines and hand one out twice.
+        if sum(counts) != len(lines) or (counts and min(counts) < 1):
             raise ProtocolError("a deliver frame's header and records do not match")
-    except (TypeError, IndexError):
+    except (TypeError, IndexError, ValueError):
         raise ProtocolError("a deliver frame's header has no valid runs") from None
     messages: list[M] = []
     position = 0
