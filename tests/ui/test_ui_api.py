@@ -10,8 +10,11 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -486,3 +489,82 @@ def test_a_delivery_back_from_a_lost_consumer_is_waiting_not_in_flight(tmp_path:
         (2, 0, 2),
         (3, 9_000, 1),
     ]
+
+
+@pytest.fixture
+def letters(tmp_path: Path) -> Iterator[tuple[Path, Client]]:
+    """A topic ``jobs`` with 4 dead letters (keys job-0 .. job-3), and a console on it."""
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("jobs")
+        store.append_batch("jobs.dlq", [_dead_letter(n, f"boom {n}") for n in range(4)])
+    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    with UIProcess(data) as ui:
+        yield data, Client(ui.url, token)
+
+
+@pytest.mark.parametrize(
+    ("filter_", "says"),
+    [
+        ({"partition": 3}, "not 'partition'"),
+        ({"offset": 0}, "not 'offset'"),
+        ({"time": "2026-01-01"}, "not 'time'"),
+        ({"keys": "x"}, "not 'keys'"),
+        ({"key": "job-1", "tags": "vip"}, "not 'tags'"),
+        ("x", "a JSON object"),
+        ([["key", "job-1"]], "a JSON object"),
+    ],
+)
+@pytest.mark.parametrize("action", ["redrive", "purge"])
+def test_a_dead_letter_filter_it_does_not_know_acts_on_nothing(
+    letters: tuple[Path, Client], action: str, filter_: object, says: str
+) -> None:
+    data, client = letters
+    body = {"confirm": True, "all": True, "filter": filter_}
+    status, answer = client.json(f"/api/dlq/jobs/{action}", method="POST", body=body)
+    assert status == 400 and says in answer["error"], answer
+    assert len(client.json("/api/dlq/jobs")[1]["dead_letters"]) == 4
+    with Store(data) as store:
+        assert store.log_end_offset("jobs", 0) == 0  # nothing redriven
+
+
+def test_a_dead_letter_filter_that_matches_nothing_picks_nothing(
+    letters: tuple[Path, Client],
+) -> None:
+    client = letters[1]
+    status, listing = client.json("/api/dlq/jobs?key=nomatch")
+    assert status == 200 and listing["dead_letters"] == []
+    status, answer = client.json("/api/dlq/jobs?keys=nomatch")
+    assert status == 400 and "not 'keys'" in answer["error"]
+    status, answer = client.json("/api/dlq/jobs?partition=0")
+    assert status == 400 and "not 'partition'" in answer["error"]
+    body = {"confirm": True, "all": True, "filter": {"key": "nomatch"}}
+    assert client.json("/api/dlq/jobs/purge", method="POST", body=body) == (200, {"purged": 0})
+    assert client.json("/api/dlq/jobs/redrive", method="POST", body=body)[1]["replayed"] == 0
+    assert len(client.json("/api/dlq/jobs")[1]["dead_letters"]) == 4
+
+
+def test_a_live_dead_letter_view_refuses_a_filter_it_does_not_know(
+    letters: tuple[Path, Client],
+) -> None:
+    status, answer = _opened(letters[1], "/api/live?view=dlq&topic=jobs&keys=x")
+    assert status == 400 and "not 'keys'" in answer["error"]
+
+
+def _opened(client: Client, path: str) -> tuple[int, Any]:
+    """The status and JSON error of a request whose success is an endless stream: a 200
+    is answered with its first line, never read to its end."""
+    request = urllib.request.Request(
+        client.url + path, headers={"Authorization": f"Bearer {client.token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as stream:
+            return stream.status, stream.readline()
+    except urllib.error.HTTPError as error:
+        return error.code, orjson.loads(error.read())
+
+
+def test_a_search_refuses_a_parameter_it_does_not_know(ui: UIProcess, token: str) -> None:
+    status, answer = Client(ui.url, token).json("/api/topics/orders/search?keys=k1")
+    assert status == 400 and "not 'keys'" in answer["error"]

@@ -224,7 +224,7 @@ async def api_groups(request: Request, console: Console) -> Response:
 
 async def api_dlq(request: Request, console: Console) -> Response:
     topic = inputs.check_topic(request.path_params["topic"])
-    query = inputs.Search.parse(request.query_params)
+    query = inputs.Search.dead_letters(request.query_params)
     return _json(await run_in_threadpool(views.dead_letters, console.data, topic, query))
 
 
@@ -261,7 +261,9 @@ async def api_live(request: Request, console: Console) -> Response:
     view = _live_views().get(name)
     if name == "dlq":  # one topic's dead letters, with the page's filter
         topic = inputs.check_topic(request.query_params.get("topic"))
-        query = inputs.Search.parse(request.query_params)
+        query = inputs.Search.dead_letters(
+            {k: v for k, v in request.query_params.items() if k not in ("view", "topic")}
+        )
         await run_in_threadpool(_check_topic_exists, console.data, topic)
 
         def view(data: Path) -> Any:
@@ -346,12 +348,18 @@ def _letter_ids(body: dict[str, Any]) -> list[tuple[int, int]] | None:
     return ids
 
 
+def _letter_filter(body: dict[str, Any]) -> inputs.Search:
+    """The ``filter`` of a redrive or a purge (none: every letter picked)."""
+    given = body.get("filter")
+    return inputs.Search.dead_letters({} if given is None else given)
+
+
 async def api_redrive(request: Request, console: Console) -> Response:
     topic = inputs.check_topic(request.path_params["topic"])
     body = await _body(request)
     ids = _letter_ids(body)
     to_group = None if body.get("to_group") in (None, "") else inputs.group_name(body["to_group"])
-    query = inputs.Search.parse(body.get("filter") or {})
+    query = _letter_filter(body)
     return _json(
         await run_in_threadpool(actions.redrive, console.data, topic, ids, query, to_group)
     )
@@ -363,7 +371,7 @@ async def api_purge(request: Request, console: Console) -> Response:
     if body.get("confirm") is not True:
         raise InvalidArgumentError("a purge needs confirm: true")
     ids = _letter_ids(body)
-    query = inputs.Search.parse(body.get("filter") or {})
+    query = _letter_filter(body)
     return _json(await run_in_threadpool(actions.purge, console.data, topic, ids, query))
 
 

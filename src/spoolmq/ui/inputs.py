@@ -22,6 +22,10 @@ MAX_SCAN = 1_000_000
 DEFAULT_SCAN = 10_000
 MAX_RESULTS = 1000
 _GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+#: What narrows the records kept, in a topic's search and a DLQ's filter alike.
+FILTER_KEYS = ("key", "header", "tag", "field")
+#: What a topic's search takes: the filters, where it starts and its bounds.
+SEARCH_KEYS = (*FILTER_KEYS, "partition", "offset", "time", "max_scan", "max_results")
 
 __all__ = ["check_topic"]
 
@@ -93,6 +97,9 @@ class Search:
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Search:
+        """A topic's search; a name it does not know is refused rather than ignored (a
+        mistyped filter would otherwise keep every record)."""
+        _only(params, SEARCH_KEYS, "a search")
         offset = optional_whole(params.get("offset"), "offset")
         when = moment(params.get("time"))
         start = Start("time", when) if when is not None else Start()
@@ -116,7 +123,29 @@ class Search:
             ),
         )
 
+    @classmethod
+    def dead_letters(cls, params: Any) -> Search:
+        """A DLQ's filter: the filters alone. A redrive or a purge acts on every letter the
+        filter keeps, so a name it does not know (a typo, or ``partition``, ``offset`` and
+        ``time``, which pick records of a topic, not letters) is refused, never dropped."""
+        if not isinstance(params, Mapping):
+            raise InvalidArgumentError(
+                f"a dead-letter filter is a JSON object with {_listed(FILTER_KEYS)}"
+            )
+        _only(params, FILTER_KEYS, "a dead-letter filter")
+        return cls.parse({name: params.get(name) for name in FILTER_KEYS})
+
     @property
     def narrows(self) -> bool:
         """Whether any filter was given (else a search keeps every record)."""
         return not self.filters.empty
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _only(params: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> None:
+    unknown = [str(name) for name in params if name not in allowed]
+    if unknown:
+        raise InvalidArgumentError(f"{what} takes {_listed(allowed)}, not {unknown[0][:40]!r}")
