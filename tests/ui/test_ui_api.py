@@ -568,3 +568,42 @@ def _opened(client: Client, path: str) -> tuple[int, Any]:
 def test_a_search_refuses_a_parameter_it_does_not_know(ui: UIProcess, token: str) -> None:
     status, answer = Client(ui.url, token).json("/api/topics/orders/search?keys=k1")
     assert status == 400 and "not 'keys'" in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "kept_out"),
+    [
+        (["--set-password"], PASSWORD + "\n", "ui_password"),
+        (["token", "create", "t"], "", "ui_tokens.json"),
+        (["token", "list"], "", None),
+        (["--listen", "127.0.0.1:0"], "", None),  # it would serve: refused before
+    ],
+)
+def test_a_data_directory_others_can_write_is_refused(
+    tmp_path: Path, args: list[str], stdin: str, kept_out: str | None
+) -> None:
+    data = tmp_path / "shared"
+    with Store(data):
+        pass
+    if kept_out != "ui_password":  # the console refuses to serve without one
+        spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    os.chmod(data, 0o777)
+    result = spoolmq("ui", *args, "--data", str(data), stdin=stdin, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"spoolmq: {data} can be written by other users (mode drwxrwxrwx); "
+        f"run `chmod 700 {data}` so that nobody else can alter the queue"
+    ]
+    if kept_out is not None:
+        assert not (data / kept_out).exists()
+
+
+def test_a_password_set_before_the_first_broker_makes_its_directories_private(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "new" / "queue_data"
+    result = spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert stat.S_IMODE(data.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data / "ui_password").stat().st_mode) == 0o600

@@ -33,10 +33,10 @@ def need(program: str, package: str) -> str:
     return found
 
 
-def spoolmq(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def spoolmq(*args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "spoolmq", *args],
-        input=stdin, capture_output=True, text=True, timeout=120,
+        input=stdin, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

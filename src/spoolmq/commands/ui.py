@@ -25,6 +25,7 @@ from spoolmq.commands.common import (
 )
 from spoolmq.config import address_family, host_port, listen_error
 from spoolmq.errors import ConfigError, InvalidArgumentError
+from spoolmq.files import check_data_dir
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -52,6 +53,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     # A token is for a store that exists; a password may be set before the first broker.
     data = data_dir(args, must_exist=not args.set_password, store=False)
+    # As every command that opens a store: 0700, or refused when others can write it (they
+    # could plant a password or a token, or alter what the console shows and acts on).
+    check_data_dir(data)
     if args.ui_command == "token":
         return _token(args, data)
     if args.set_password:

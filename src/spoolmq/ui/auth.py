@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from spoolmq.errors import AuthenticationError, InvalidArgumentError
-from spoolmq.files import write_durably
+from spoolmq.files import check_data_dir, write_durably
 
 PASSWORD_FILE = "ui_password"
 TOKENS_FILE = "ui_tokens.json"
@@ -52,7 +52,7 @@ def set_password(data: Path, password: str) -> None:
     salt = secrets.token_bytes(16)
     record = {"scheme": "scrypt", **_SCRYPT, "salt": salt.hex()}
     record["hash"] = _scrypt(password, salt).hex()
-    data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_data_dir(data)  # 0700, or refused if others can write it (as the store does)
     write_durably([(data / PASSWORD_FILE, orjson.dumps(record))])
 
 
@@ -96,7 +96,7 @@ def _load_tokens(data: Path) -> list[dict[str, Any]]:
 
 
 def _save_tokens(data: Path, tokens: list[dict[str, Any]]) -> None:
-    data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_data_dir(data)  # 0700, or refused if others can write it (as the store does)
     write_durably([(data / TOKENS_FILE, orjson.dumps(tokens))])
 
 
