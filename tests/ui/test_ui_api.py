@@ -607,3 +607,39 @@ def test_a_password_set_before_the_first_broker_makes_its_directories_private(
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert stat.S_IMODE(data.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE((data / "ui_password").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("nonce", ["é", "ü" * 40])
+def test_a_login_with_a_non_ascii_nonce_is_refused_not_an_error(ui: UIProcess, nonce: str) -> None:
+    client = Client(ui.url)
+    assert client.request("/login")[0] == 200  # the nonce cookie, which is ASCII
+    status, page, _ = client.request(
+        "/login", method="POST", form={"nonce": nonce, "password": PASSWORD}
+    )
+    assert status == 401 and b"expired" in page
+    status, page, _ = client.request(
+        "/login", method="POST", raw=b"nonce=%ff&password=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )  # fmt: skip
+    assert status == 401 and b"expired" in page
+    status, page, _ = Client(ui.url).request(
+        "/login", method="POST", form={"nonce": "abc", "password": PASSWORD},
+        headers={"Cookie": "spoolmq_login=\xe9"},
+    )  # fmt: skip
+    assert status == 401 and b"expired" in page
+
+
+def test_a_non_ascii_csrf_token_is_refused_not_an_error(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    reset = {"topic": "orders", "to": "earliest"}
+    status, answer = client.json(
+        "/api/groups/billing/reset", method="POST", body=reset, headers={"X-CSRF-Token": "é"}
+    )
+    assert status == 403 and "CSRF" in answer["error"]
+    session = next(c.value for c in client.cookies if c.name == "spoolmq_session")
+    status, _, headers = client.request("/logout", method="POST", form={"csrf": "é"})
+    assert status == 303 and headers["location"] == "/login"
+    # The browser forgets its cookie, but a wrong token ended no session on the server.
+    cookie = {"Cookie": f"spoolmq_session={session}"}
+    assert Client(ui.url).json("/api/topics", headers=cookie)[0] == 200

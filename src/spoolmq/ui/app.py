@@ -425,7 +425,7 @@ async def login(request: Request) -> Response:
     form = await request.form()
     nonce, password = form.get("nonce"), form.get("password")
     cookie = request.cookies.get(LOGIN_COOKIE)
-    if not isinstance(nonce, str) or not cookie or not secrets.compare_digest(nonce, cookie):
+    if not isinstance(nonce, str) or not cookie or not auth.same_secret(nonce, cookie):
         return await login_form(request, error="The login form expired; try again.")
     if not isinstance(password, str) or not await run_in_threadpool(
         auth.check_password, console.data, password
@@ -445,11 +445,7 @@ async def logout(request: Request) -> Response:
     session = console.sessions.get(request.cookies.get(SESSION_COOKIE))
     form = await request.form()
     token = form.get("csrf")
-    if (
-        session is not None
-        and isinstance(token, str)
-        and secrets.compare_digest(token, session.csrf)
-    ):
+    if session is not None and isinstance(token, str) and auth.same_secret(token, session.csrf):
         console.sessions.drop(session.id)
     response = RedirectResponse("/login", 303)
     response.delete_cookie(SESSION_COOKIE)

@@ -174,6 +174,17 @@ class Sessions:
             self._sessions.pop(session_id or "", None)
 
 
+def same_secret(sent: str, expected: str) -> bool:
+    """Whether ``sent`` is ``expected``, in constant time. Compared as UTF-8 bytes:
+    ``compare_digest`` raises TypeError on text with a non-ASCII character, which anyone
+    can send."""
+    return hmac.compare_digest(_utf8(sent), _utf8(expected))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # a lone surrogate too: no error to raise
+
+
 def require_csrf(session: Session, sent: str | None) -> None:
-    if not sent or not hmac.compare_digest(session.csrf, sent):
+    if not sent or not same_secret(sent, session.csrf):
         raise AuthenticationError("missing or wrong CSRF token")
