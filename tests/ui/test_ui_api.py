@@ -5,6 +5,7 @@ every session POST, read-only, and inputs checked as the CLI checks them."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import stat
 import subprocess
@@ -643,3 +644,39 @@ def test_a_non_ascii_csrf_token_is_refused_not_an_error(ui: UIProcess) -> None:
     # The browser forgets its cookie, but a wrong token ended no session on the server.
     cookie = {"Cookie": f"spoolmq_session={session}"}
     assert Client(ui.url).json("/api/topics", headers=cookie)[0] == 200
+
+
+def _live(url: str, headers: dict[str, str]) -> Iterator[tuple[bytes, Any]]:
+    """The events of ``GET /api/live?view=topics`` as (``event:`` line, data) until the
+    stream ends."""
+    request = urllib.request.Request(url + "/api/live?view=topics", headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as stream:
+        while event := stream.readline():
+            data = stream.readline()
+            assert stream.readline() == b"\n"
+            yield event, orjson.loads(data.removeprefix(b"data: "))
+
+
+def test_a_revoked_token_ends_its_live_stream(ui: UIProcess, data: Path) -> None:
+    created = spoolmq("ui", "token", "create", "streaming", "--data", str(data)).stdout
+    token_id, token = created.split()[2], created.strip().splitlines()[-1]
+    events = _live(ui.url, {"Authorization": f"Bearer {token}"})
+    event, topics = next(events)
+    assert event == b"event: topics\n" and topics[0]["name"] == "orders"
+    assert spoolmq("ui", "token", "revoke", token_id, "--data", str(data)).returncode == 0
+    # At most 3 more (the stream never ends by itself): the one that says why, then its end.
+    assert list(itertools.islice(events, 3)) == [
+        (b"event: topics\n", {"error": "unknown or revoked API token"})
+    ]
+
+
+def test_a_logout_ends_the_sessions_live_stream(ui: UIProcess) -> None:
+    client = Client(ui.url)
+    assert client.login() == 303
+    session = next(c.value for c in client.cookies if c.name == "spoolmq_session")
+    events = _live(ui.url, {"Cookie": f"spoolmq_session={session}"})
+    assert next(events)[0] == b"event: topics\n"
+    assert client.request("/logout", method="POST", form={"csrf": client.csrf})[0] == 303
+    assert list(itertools.islice(events, 3)) == [
+        (b"event: topics\n", {"error": "log in first (or send Authorization: Bearer TOKEN)"})
+    ]

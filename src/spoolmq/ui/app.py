@@ -274,15 +274,27 @@ async def api_live(request: Request, console: Console) -> Response:
 
     async def events() -> AsyncIterator[bytes]:
         while not await request.is_disconnected():
+            # The login is checked again each time, so that a revoked token or an ended
+            # session stops the stream at once, as it stops every other request: the last
+            # event says why (a browser's EventSource then asks again, and gets a 401).
+            try:
+                await _authenticate(request, console, action=False)
+            except Refused as exc:
+                yield _event(name, {"error": str(exc)})
+                return
             try:
                 snapshot = await run_in_threadpool(view, console.data)
             except SpoolError as exc:
                 snapshot = {"error": str(exc)}
-            yield f"event: {name}\ndata: ".encode() + orjson.dumps(snapshot) + b"\n\n"
+            yield _event(name, snapshot)
             await asyncio.sleep(LIVE_SECONDS)
 
     headers = {**_HEADERS, "X-Accel-Buffering": "no"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _event(name: str, value: Any) -> bytes:
+    return f"event: {name}\ndata: ".encode() + orjson.dumps(value) + b"\n\n"
 
 
 # -- API: actions --------------------------------------------------------------------------------
