@@ -680,3 +680,37 @@ def test_a_logout_ends_the_sessions_live_stream(ui: UIProcess) -> None:
     assert list(itertools.islice(events, 3)) == [
         (b"event: topics\n", {"error": "log in first (or send Authorization: Bearer TOKEN)"})
     ]
+
+
+def test_a_damaged_record_hides_only_its_partition_from_pending(tmp_path: Path) -> None:
+    from spoolmq.store.state import ScheduledRow
+
+    data = tmp_path / "queue_data"
+    due = int(time.time() * 1000) + 3_600_000
+    with Store(data) as store:
+        for n in range(3):
+            store.append("events", {"n": n, "note": "intact"}, deliver_at=due)
+        later = store.append("later", {"n": 1}, deliver_at=due)
+        store.state.checkpoint(
+            committed={},
+            deliveries=[],
+            scheduled=[ScheduledRow("g", "later", 0, later.offset, due, 1, "busy")],
+            finished=[],
+        )
+    segment = next((data / "logs" / "events" / "0").glob("*.jsonl"))
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"intact", b"broken")  # same length, wrong CRC
+    segment.write_bytes(b"".join(lines))
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
+    with UIProcess(data) as ui:
+        status, pending = Client(ui.url, token).json("/api/pending")
+    assert status == 200, pending
+    assert [(m["topic"], m["offset"]) for m in pending["delayed"]] == [
+        ("events", 0),
+        ("later", later.offset),
+    ]
+    assert [(r["topic"], r["offset"]) for r in pending["scheduled"]] == [("later", later.offset)]
+    [damaged] = pending["damaged"]
+    assert (damaged["topic"], damaged["partition"]) == ("events", 0)
+    assert "CRC" in damaged["error"] or "checksum" in damaged["error"], damaged

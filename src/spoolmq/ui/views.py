@@ -20,7 +20,7 @@ from spoolmq.broker.metrics import Snapshot
 from spoolmq.broker.metrics import render as render_metrics
 from spoolmq.browse import BrowseCounts, Start, browse, json_shown
 from spoolmq.client import Admin
-from spoolmq.errors import SpoolError, UnknownTopicError
+from spoolmq.errors import CorruptRecordError, SpoolError, UnknownTopicError
 from spoolmq.store import Record, Store
 from spoolmq.store.names import dlq_topic, partition_dir
 from spoolmq.types import TopicPartition
@@ -252,7 +252,8 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
     before) and deliveries in flight, as the
     ConsumerBroker last checkpointed them to ``state.db``, and delayed messages (a
     ``deliver_at`` still ahead, not cancelled) among the newest ``limit`` records of each
-    partition."""
+    partition; a partition where a damaged record stops that reading is listed in
+    ``damaged``."""
     now = int(time.time() * 1000)
     with Store(data) as store:
         # A retry with a backoff over 5 s is parked (a ``parked`` row with its attempts).
@@ -276,20 +277,16 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
             (limit,),
         )
         cancels = store.state.cancels()  # a cancelled message waits for nothing
-        delayed = []
+        delayed: list[dict[str, Any]] = []
+        damaged = []
         for name, config in sorted(store.topics().items()):
             for p in range(config.partitions):
-                cancelled = cancels.get(TopicPartition(name, p), {})
-                end = store.log_end_offset(name, p)
-                start = max(store.log_start_offset(name, p), end - limit)
-                with store.reader(name, p, offset=start) as reader:
-                    for record in reader:
-                        if (
-                            record.deliver_at is not None
-                            and record.deliver_at > now
-                            and record.offset not in cancelled
-                        ):
-                            delayed.append({"topic": name, **message(record, p)})
+                try:
+                    _delayed(store, name, p, now, limit, cancels, delayed)
+                except CorruptRecordError as exc:
+                    # One damaged record hides that partition's delayed messages past it,
+                    # not everything else: the answer says which partition and why.
+                    damaged.append({"topic": name, "partition": p, "error": str(exc)})
     keys = ("group", "topic", "partition", "offset")
     return {
         "checkpointed": True,
@@ -307,7 +304,32 @@ def pending(data: Path, *, limit: int = 500) -> dict[str, Any]:
             for r in deliveries
         ],
         "delayed": delayed[:limit],
+        "damaged": damaged,
     }
+
+
+def _delayed(
+    store: Store,
+    topic: str,
+    partition: int,
+    now: int,
+    limit: int,
+    cancels: dict[TopicPartition, dict[int, str | None]],
+    found: list[dict[str, Any]],
+) -> None:
+    """Add to ``found`` the messages among the newest ``limit`` of the partition whose
+    ``deliver_at`` is still ahead and that are not cancelled."""
+    cancelled = cancels.get(TopicPartition(topic, partition), {})
+    end = store.log_end_offset(topic, partition)
+    start = max(store.log_start_offset(topic, partition), end - limit)
+    with store.reader(topic, partition, offset=start) as reader:
+        for record in reader:
+            if (
+                record.deliver_at is not None
+                and record.deliver_at > now
+                and record.offset not in cancelled
+            ):
+                found.append({"topic": topic, **message(record, partition)})
 
 
 # -- dead letters -----------------------------------------------------------------------------

@@ -387,6 +387,7 @@ pages.pending = async () => {
   get("/api/broker").then(brokerState);
   const draw = p => {
     document.getElementById("pending").innerHTML =
+      p.damaged.map(d => `<p class="notice bad">Partition ${esc(d.topic)}/${d.partition}: ${esc(d.error)}</p>`).join("") +
       "<h2>Delayed messages</h2>" + table(["topic", "#partition", "#offset", "deliver at (UTC)", "key", "value"], p.delayed.map(m =>
         `<tr><td>${esc(m.topic)}</td><td class="num">${m.partition}</td><td class="num">${m.offset}</td><td>${esc(when(m.deliver_at))}</td><td>${short(m.key)}</td><td>${value(m.value)}</td></tr>`)) +
       "<h2>Retries scheduled</h2>" + table(["group", "topic", "#partition", "#offset", "due (UTC)", "#attempt", "reason"], p.scheduled.map(r =>
