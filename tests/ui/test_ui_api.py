@@ -352,7 +352,9 @@ def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(tmp_path: Pa
     assert not any(h.startswith("x-dlq-") for h, _ in replayed[0].headers)
 
 
-@pytest.mark.parametrize("listen", ["8080", "localhost:http", "127.0.0.1:70000", ":8080"])
+@pytest.mark.parametrize(
+    "listen", ["8080", "localhost:http", "127.0.0.1:70000", ":8080", "127.0.0.1:²", "127.0.0.1:٣"]
+)
 def test_a_bad_listen_address_is_one_line(data: Path, listen: str) -> None:
     result = spoolmq("ui", "--data", str(data), "--listen", listen)
     assert result.returncode == 2

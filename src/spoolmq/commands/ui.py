@@ -31,12 +31,16 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8080`` for IPv6) with a port 0-65535 (0: any free port)."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise InvalidArgumentError(f"--listen takes HOST:PORT, e.g. {DEFAULT_LISTEN}, not {text!r}")
-    return host, int(port)
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) with a port 0-65535 (0: any free port), read
+    as ``broker --listen`` reads it."""
+    from spoolmq.client.connection import parse_address
+
+    try:
+        return parse_address(text)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"--listen takes HOST:PORT, e.g. {DEFAULT_LISTEN}, not {text!r}"
+        ) from None
 
 
 def _read_password() -> str:
