@@ -716,3 +716,31 @@ def test_a_damaged_record_hides_only_its_partition_from_pending(tmp_path: Path) 
     [damaged] = pending["damaged"]
     assert (damaged["topic"], damaged["partition"]) == ("events", 0)
     assert "CRC" in damaged["error"] or "checksum" in damaged["error"], damaged
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{bad", b'[{"id": "a"}]', b'{"id": "a"}', b'[{"id": "a", "name": "n", "created_ms": true, '
+     b'"sha256": "00"}]'],
+)  # fmt: skip
+def test_a_damaged_tokens_file_is_one_line_and_left_as_it_is(
+    tmp_path: Path, content: bytes
+) -> None:
+    data = tmp_path / "queue_data"
+    with Store(data):
+        pass
+    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
+    tokens = data / "ui_tokens.json"
+    tokens.write_bytes(content)
+    for args in (["list"], ["create", "t"], ["revoke", "a"]):
+        result = spoolmq("ui", "token", *args, "--data", str(data))
+        assert result.returncode == 2, result
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"spoolmq: {tokens} is damaged"), line
+    assert tokens.read_bytes() == content
+    with UIProcess(data) as ui:
+        status, answer = Client(ui.url, "smq_anything").json("/api/topics")
+        assert status == 401 and "ui_tokens.json is damaged" in answer["error"]
+        browser = Client(ui.url)
+        assert browser.login() == 303
+        assert browser.json("/api/topics")[0] == 200

@@ -117,7 +117,15 @@ async def _authenticate(request: Request, console: Console, *, action: bool) -> 
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Refused(401, "send Authorization: Bearer TOKEN (`spoolmq ui token create`)")
-        if not await run_in_threadpool(auth.check_token, console.data, token.strip()):
+        try:
+            known = await run_in_threadpool(auth.check_token, console.data, token.strip())
+        except auth.TokensDamagedError:
+            # No token can be checked; said without the file's path to whoever asks, and
+            # sessions go on working.
+            raise Refused(
+                401, f"the console's API tokens cannot be read ({auth.TOKENS_FILE} is damaged)"
+            ) from None
+        if not known:
             raise Refused(401, "unknown or revoked API token")
     else:
         session = console.sessions.get(request.cookies.get(SESSION_COOKIE))

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from spoolmq.errors import AuthenticationError, InvalidArgumentError
+from spoolmq.errors import AuthenticationError, ConfigError, InvalidArgumentError
 from spoolmq.files import check_data_dir, write_durably
 
 PASSWORD_FILE = "ui_password"
@@ -87,12 +87,40 @@ def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+_TOKEN_FIELDS = {"id": str, "name": str, "created_ms": int, "sha256": str}
+
+
+class TokensDamagedError(ConfigError):
+    """``ui_tokens.json`` is not what ``ui token create`` writes. It is left as it is: a
+    rewrite would lose every token it still holds."""
+
+
 def _load_tokens(data: Path) -> list[dict[str, Any]]:
+    path = data / TOKENS_FILE
     try:
-        tokens: list[dict[str, Any]] = orjson.loads((data / TOKENS_FILE).read_bytes())
+        tokens = orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return []
+    except orjson.JSONDecodeError as exc:
+        raise TokensDamagedError(f"{path} is damaged (not JSON: {exc}); {_MENDING}") from None
+    if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
+        raise TokensDamagedError(
+            f"{path} is damaged (not a list of tokens as `ui token create` writes them); "
+            + _MENDING
+        )
     return tokens
+
+
+_MENDING = (
+    "mend it or move it away (which revokes every token in it), then `spoolmq ui token create`"
+)
+
+
+def _is_token(entry: Any) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(name), kind) and not isinstance(entry.get(name), bool)
+        for name, kind in _TOKEN_FIELDS.items()
+    )
 
 
 def _save_tokens(data: Path, tokens: list[dict[str, Any]]) -> None:
@@ -128,7 +156,8 @@ def revoke_token(data: Path, token_id: str) -> None:
 
 def check_token(data: Path, token: str) -> bool:
     """Whether ``token`` is a live API token. The file is read on each request so that a
-    revoke takes effect at once, without restarting the console."""
+    revoke takes effect at once, without restarting the console; a damaged file is a
+    :class:`TokensDamagedError`."""
     digest = _token_hash(token)
     return any(hmac.compare_digest(digest, t["sha256"]) for t in _load_tokens(data))
 
