@@ -744,3 +744,27 @@ def test_a_damaged_tokens_file_is_one_line_and_left_as_it_is(
         browser = Client(ui.url)
         assert browser.login() == 303
         assert browser.json("/api/topics")[0] == 200
+
+
+def test_a_search_whose_topic_is_deleted_meanwhile_ends_with_an_error(tmp_path: Path) -> None:
+    """The NDJSON lines of ``/api/topics/T/search`` (app._searched over views.search), with
+    the topic deleted by another process after the first match: the scan stopped short,
+    so it ends with an error line, never ``done`` (which would claim a whole scan)."""
+    from spoolmq.ui.app import _searched
+    from spoolmq.ui.inputs import Search
+
+    data = tmp_path / "queue_data"
+    with Store(data) as store:
+        store.create_topic("big", partitions=2, segment_bytes=4096)  # many segments
+        for batch in range(100):
+            store.append_batch("big", [
+                Message(value={"n": n}, partition=n % 2, tags=("x",) if n in (0, 4999) else ())
+                for n in range(batch * 50, batch * 50 + 50)
+            ])  # fmt: skip
+    lines = _searched(data, "big", Search.parse({"tag": "x", "max_scan": "100000"}))
+    assert next(lines)["match"]["value"] == {"n": 0}
+    with Store(data) as other:
+        other.delete_topic("big")
+    rest = list(lines)
+    assert not any("done" in line for line in rest), rest
+    assert "'big' was deleted during the search" in rest[-1]["error"]

@@ -20,7 +20,7 @@ from spoolmq.broker.metrics import Snapshot
 from spoolmq.broker.metrics import render as render_metrics
 from spoolmq.browse import BrowseCounts, Start, browse, json_shown
 from spoolmq.client import Admin
-from spoolmq.errors import CorruptRecordError, SpoolError, UnknownTopicError
+from spoolmq.errors import CorruptRecordError, SpoolError, TopicDeletedError, UnknownTopicError
 from spoolmq.store import Record, Store
 from spoolmq.store.names import dlq_topic, partition_dir
 from spoolmq.types import TopicPartition
@@ -207,6 +207,15 @@ def search(data: Path, topic: str, query: Search) -> Iterator[dict[str, Any]]:
             counts=counts,
         ):
             yield {"match": message(found.record, found.partition)}
+        # A topic deleted during the scan leaves its readers at the end of what they had
+        # open, with no error: the scan stopped short, and must not say it is whole.
+        try:
+            store.current_topic_config(topic)
+        except UnknownTopicError:
+            raise TopicDeletedError(
+                f"topic {topic!r} was deleted during the search, after {counts.scanned} "
+                "message(s) scanned: the rest could not be searched"
+            ) from None
     bounded = counts.truncated or counts.matched >= query.max_results
     yield {"done": True, "scanned": counts.scanned, "matches": counts.matched, "bounded": bounded}
 
