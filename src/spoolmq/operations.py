@@ -234,7 +234,7 @@ def _number(text: str | None) -> int | None:
     return int(text) if text is not None and text.isascii() and text.isdecimal() else None
 
 
-def _check_has_topic(store: Store, topic: str) -> str:
+def dead_letter_topic(store: Store, topic: str) -> str:
     """``topic``'s DLQ name, after making sure one of the two exists: a DLQ command on a
     mistyped topic is an error, not an empty success."""
     name = dlq_topic(topic)
@@ -248,7 +248,7 @@ def dead_letters(store: Store, topic: str) -> list[DeadLetter]:
     """Every dead letter of ``topic`` not purged, oldest first per DLQ partition (none if
     the topic never dead-lettered anything; :class:`UnknownTopicError` if neither ``topic``
     nor its DLQ exists)."""
-    name = _check_has_topic(store, topic)
+    name = dead_letter_topic(store, topic)
     if name not in store.topics():
         return []
     purged = purged_offsets(store, name)
@@ -447,7 +447,7 @@ def purge_dead_letters(
     add up), and every DLQ reader here (``dlq list``, ``dlq replay``, the console) skips
     them. The bytes go when the DLQ topic's retention deletes their segments; offsets
     below the log start are dropped from the file then."""
-    name = _check_has_topic(store, topic)
+    name = dead_letter_topic(store, topic)
     chosen = _select(dead_letters(store, topic), offsets=offsets, before_ms=before_ms)
     if not chosen:
         return 0

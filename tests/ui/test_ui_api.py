@@ -768,3 +768,26 @@ def test_a_search_whose_topic_is_deleted_meanwhile_ends_with_an_error(tmp_path: 
     rest = list(lines)
     assert not any("done" in line for line in rest), rest
     assert "'big' was deleted during the search" in rest[-1]["error"]
+
+
+def test_a_deleted_topics_dead_letters_are_reached_as_the_cli_reaches_them(
+    letters: tuple[Path, Client],
+) -> None:
+    data, client = letters
+    deleted = spoolmq("topics", "delete", "jobs", "--data", str(data))
+    assert deleted.returncode == 0, deleted.stderr
+    status, listing = client.json("/api/dlq/jobs")
+    assert status == 200 and [d["dlq_offset"] for d in listing["dead_letters"]] == [0, 1, 2, 3]
+    status, first = _opened(client, "/api/live?view=dlq&topic=jobs")
+    assert status == 200 and first == b"event: dlq\n"
+    body = {"confirm": True, "all": True, "filter": {"key": "job-0"}}
+    assert client.json("/api/dlq/jobs/purge", method="POST", body=body) == (200, {"purged": 1})
+    assert client.json(
+        "/api/dlq/jobs/purge", method="POST", body={"confirm": True, "letters": [[0, 1]]}
+    ) == (200, {"purged": 1})
+    cli = spoolmq("dlq", "list", "jobs", "--json", "--data", str(data))
+    assert [d["dlq_offset"] for d in orjson.loads(cli.stdout)] == [2, 3]
+    # As `spoolmq dlq replay` does: republished to the topic, made again.
+    redrive = client.json("/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 2]]})
+    assert redrive == (200, {"replayed": 1, "already_replayed": 0, "tasks_queued": 0})
+    assert client.json("/api/dlq/nope")[0] == 404

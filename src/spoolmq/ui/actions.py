@@ -2,7 +2,8 @@
 straight to :mod:`spoolmq.operations` (plan, then apply), as the CLI's do.
 
 Thin on purpose: the work is :mod:`spoolmq.operations`', which ``spoolmq dlq`` shares, so
-the console and the CLI cannot disagree about what a redrive or a purge does. What the
+the console and the CLI cannot disagree about what a redrive or a purge does (nor about
+which topics have dead letters: a deleted topic's DLQ is still reached). What the
 console adds is its own search (key, header, tag, JSON field): the letters it matches are
 handed to the operations as (DLQ partition, DLQ offset) pairs.
 """
@@ -37,7 +38,6 @@ def redrive(
     """Republish dead letters of ``topic`` to it (to every group, or ``to_group`` only):
     the ``letters`` picked, or all that match ``query``."""
     with Store(data) as store:
-        store.topic_config(topic)  # UnknownTopicError for a topic that is not there
         offsets = _picked(store, topic, letters, query)
         if offsets == []:
             return {"replayed": 0, "already_replayed": 0, "tasks_queued": 0}
@@ -52,7 +52,6 @@ def redrive(
 def purge(data: Path, topic: str, letters: Letters | None, query: Search) -> dict[str, Any]:
     """Purge dead letters of ``topic``: the ``letters`` picked, or all that match."""
     with Store(data) as store:
-        store.topic_config(topic)
         offsets = _picked(store, topic, letters, query)
         if offsets == []:
             return {"purged": 0}

@@ -226,6 +226,12 @@ def _check_topic_exists(data: Path, topic: str, partition: int | None = None) ->
             views.existing(store, topic, partition)
 
 
+def _check_has_dead_letters(data: Path, topic: str) -> None:
+    """UnknownTopicError unless ``topic`` or its DLQ exists (a deleted topic's DLQ stays)."""
+    with Store(data) as store:
+        operations.dead_letter_topic(store, topic)
+
+
 async def api_groups(request: Request, console: Console) -> Response:
     return _json(await run_in_threadpool(views.groups, console.data))
 
@@ -272,7 +278,7 @@ async def api_live(request: Request, console: Console) -> Response:
         query = inputs.Search.dead_letters(
             {k: v for k, v in request.query_params.items() if k not in ("view", "topic")}
         )
-        await run_in_threadpool(_check_topic_exists, console.data, topic)
+        await run_in_threadpool(_check_has_dead_letters, console.data, topic)
 
         def view(data: Path) -> Any:
             return views.dead_letters(data, topic, query)
