@@ -791,3 +791,28 @@ def test_a_deleted_topics_dead_letters_are_reached_as_the_cli_reaches_them(
     redrive = client.json("/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 2]]})
     assert redrive == (200, {"replayed": 1, "already_replayed": 0, "tasks_queued": 0})
     assert client.json("/api/dlq/nope")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("POST", "/api/overview", "GET"),
+        ("DELETE", "/api/topics", "GET"),
+        ("GET", "/api/dlq/orders/redrive", "POST"),
+        ("PUT", "/api/groups/billing/reset", "POST"),
+        ("POST", "/metrics", "GET"),
+    ],
+)
+def test_a_method_a_route_does_not_take_is_a_json_405(
+    ui: UIProcess, token: str, method: str, path: str, allowed: str
+) -> None:
+    status, content, headers = Client(ui.url, token).request(path, method=method, raw=b"{}")
+    assert status == 405 and allowed in headers["allow"]
+    assert headers["content-type"] == "application/json"
+    assert orjson.loads(content) == {"error": f"{path} takes {headers['allow']}, not {method}"}
+
+
+def test_read_only_answers_a_post_to_a_reading_route_as_without_it(data: Path, token: str) -> None:
+    with UIProcess(data, "--read-only") as ui:
+        status, answer = Client(ui.url, token).json("/api/overview", method="POST", body={})
+    assert status == 405 and "takes GET" in answer["error"]

@@ -5,7 +5,8 @@ Every page and API route needs a login: a browser session (cookie, set by ``/log
 an API token (``Authorization: Bearer ...``). A POST from a session must carry the
 session's CSRF token in ``X-CSRF-Token`` (the page reads it from its own HTML; another site
 cannot); a token request needs none, since a browser never attaches a bearer token on its
-own. With ``read_only`` every POST under ``/api/`` is refused and the pages hide the buttons.
+own. With ``read_only`` every action (a POST under ``/api/``) is refused and the pages
+hide the buttons; a method a route does not take is a 405 either way.
 Blocking work (files, ``state.db``, the admin socket) runs in Starlette's thread pool.
 """
 
@@ -484,6 +485,20 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return HTMLResponse("not found", 404, headers=_HEADERS)
 
 
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    """A method the route does not take (``POST /api/overview``, ``GET .../redrive``): in
+    the API, ``{"error"}`` as every other refusal, whatever ``--read-only`` says (the
+    route does nothing with that method in either mode)."""
+    allow = getattr(exc, "headers", None) or {}
+    methods = ", ".join(sorted(allow.get("Allow", "").split(", ")))  # a set's order: fix it
+    if request.url.path.startswith("/api/") or request.url.path == "/metrics":
+        answer = _json({"error": f"{request.url.path} takes {methods}, not {request.method}"}, 405)
+    else:
+        answer = HTMLResponse("method not allowed", 405, headers=_HEADERS)
+    answer.headers["Allow"] = methods
+    return answer
+
+
 def create_app(data: Path, *, read_only: bool = False) -> Starlette:
     """The console for the data directory ``data``."""
     console = Console(Path(data), read_only)
@@ -514,6 +529,6 @@ def create_app(data: Path, *, read_only: bool = False) -> Starlette:
         Route("/metrics", api(metrics)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: not_found})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
     app.state.console = console
     return app
