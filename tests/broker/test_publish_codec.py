@@ -381,3 +381,34 @@ def test_a_pre_checked_frame_whose_head_and_records_disagree_is_a_protocol_error
         decode_checked_frame(b'{"op":"publish_checked",\n"key":null')  # a head cut short
     with pytest.raises(ProtocolError):
         decode_checked_frame(orjson.dumps({"op": "publish_checked", "partition": 0, "count": 0}))
+
+
+@pytest.mark.parametrize("common", [True, False])
+def test_a_sequence_past_what_state_db_holds_is_refused_per_record(common: bool) -> None:
+    """A sequence from 2**63 on dumps as JSON (orjson writes up to 2**64 - 1) but cannot go
+    into state.db's producer runs: stored, every producer's runs stopped being saved. It is
+    a per-record error, in the common frame (every record a Publisher's) and in any other."""
+    from spoolmq.errors import InvalidArgumentError
+    from spoolmq.protocol.publish import check_records
+
+    def record(sequence: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {"key": None, "value": 1, "headers": []}
+        if not common:
+            fields["tags"] = ["t"]
+        return fields | {"sequence": sequence, "producer_id": "p"}
+
+    checked = check_records([record(2**63 - 1), record(2**63)], "p", NOW, 1 << 20)
+    assert checked.sequences[0] == 2**63 - 1 and checked.bodies[0] is not None
+    assert checked.errors is not None and set(checked.errors) == {1}
+    assert isinstance(checked.errors[1], InvalidArgumentError)
+    assert checked.bodies[1] is None
+
+
+def test_the_embedded_store_refuses_a_sequence_past_2_63(tmp_path: Any) -> None:
+    from spoolmq.errors import InvalidArgumentError
+    from spoolmq.store import Store
+
+    with Store(tmp_path / "d") as store:
+        with pytest.raises(InvalidArgumentError, match="2\\*\\*63"):
+            store.append("t", 1, producer_id="p", sequence=2**63)
+        assert store.append("t", 1, producer_id="p", sequence=2**63 - 1).offset == 0

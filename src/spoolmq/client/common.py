@@ -36,7 +36,12 @@ from spoolmq.protocol.publish import (
     numbered,
     too_large,
 )
-from spoolmq.store.message import MAX_DELAY_S, PublishOptions, check_at_most_max_delay
+from spoolmq.store.message import (
+    MAX_DELAY_S,
+    MAX_SEQUENCE,
+    PublishOptions,
+    check_at_most_max_delay,
+)
 from spoolmq.store.partitioner import partition_for_key
 
 logger = logging.getLogger("spoolmq.client")
@@ -106,11 +111,6 @@ def producer_id_or_new(producer_id: str | None) -> str:
             f"producer_id {producer_id!r} has characters UTF-8 cannot hold"
         ) from None
     return producer_id
-
-
-# The highest idempotence sequence: stored records are read as signed 64-bit numbers
-# (the Spark job among others).
-MAX_SEQUENCE = 2**63 - 1
 
 
 def check_next_sequence(sequence: int) -> int:

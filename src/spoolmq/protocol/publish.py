@@ -36,10 +36,12 @@ from spoolmq.errors import (
 )
 from spoolmq.protocol.frames import MAX_FRAME_BYTES
 from spoolmq.store.message import (
+    MAX_SEQUENCE,
     PRIORITY_HEADER,
     Acks,
     PublishOptions,
     check_options,
+    check_sequence,
     check_timing,
     normalize_acks,
     schedule,
@@ -426,7 +428,7 @@ def check_record(record: Any, producer_id: str | None, now: int, max_bytes: int)
         and (key is None or type(key) is str)
         and record["headers"] == []
         and type(sequence) is int
-        and sequence >= 0
+        and 0 <= sequence <= MAX_SEQUENCE
         and record["producer_id"] == producer_id
     ) or (
         fields == _COMMON_UNNUMBERED
@@ -495,7 +497,7 @@ def check_records(
                 (key is None or type(key) is str)
                 and record["headers"] == []
                 and type(sequence) is int
-                and sequence >= 0
+                and 0 <= sequence <= MAX_SEQUENCE
                 and record["producer_id"] == producer_id
             ):
                 try:
@@ -552,6 +554,7 @@ def _common_frame(records: list[Any], producer_id: str | None, limit: int) -> Ch
             or list(map(_PRODUCER_ID, records)).count(producer_id) != count
             or list(map(type, sequences)).count(int) != count
             or min(sequences) < 0
+            or max(sequences) > MAX_SEQUENCE
         ):
             return None
         dumped = list(map(orjson.dumps, records))
@@ -624,8 +627,7 @@ def _check_general(record: dict[str, Any], producer_id: str | None) -> tuple[Any
     if ("sequence" in record) != ("producer_id" in record):
         raise ProtocolError("a record has both sequence and producer_id or neither")
     if sequence is not None:
-        if type(sequence) is not int or sequence < 0:
-            raise InvalidArgumentError(f"sequence must be a non-negative integer, not {sequence!r}")
+        check_sequence(sequence)
         if record["producer_id"] != producer_id:
             raise ProtocolError("a record's producer_id must be its frame's")
     return key, sequence

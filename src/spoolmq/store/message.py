@@ -134,6 +134,9 @@ def _is_number(value: Any) -> bool:
 
 #: The longest ``delay`` or ``ttl`` (and NACK delay) a message takes, in seconds: a
 #: thousand years, which epoch milliseconds in 64 bits hold with room to spare.
+# The highest idempotence sequence: state.db keeps sequences as SQLite integers (signed
+# 64-bit), and readers of the stored records (the Spark job among others) read them so.
+MAX_SEQUENCE = 2**63 - 1
 MAX_DELAY_S = 1000 * 365 * 24 * 3600
 #: The latest ``deliver_at`` (epoch ms) a message takes.
 MAX_EPOCH_MS = 2**62
@@ -215,6 +218,14 @@ def schedule(delay: Any, deliver_at: Any, ttl: Any, now: int) -> tuple[int | Non
     return deliver_at, expires_at
 
 
+def check_sequence(sequence: Any) -> None:
+    """An idempotence sequence: None, or a whole number from 0 to ``MAX_SEQUENCE``."""
+    if sequence is not None and (type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE):
+        raise InvalidArgumentError(
+            f"sequence must be a whole number from 0 to 2**63 - 1, not {sequence!r:.60}"
+        )
+
+
 def message_from_options(
     value: Any,
     options: PublishOptions,
@@ -225,6 +236,7 @@ def message_from_options(
 ) -> Message:
     """The Message that ``value`` published with ``options`` at ``now`` stores."""
     check_options(options)
+    check_sequence(sequence)
     deliver_at, expires_at = schedule(
         options.get("delay"), options.get("deliver_at"), options.get("ttl"), now
     )
