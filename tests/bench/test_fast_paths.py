@@ -334,6 +334,8 @@ def test_a_deliver_frames_messages_are_made_run_by_run_in_order() -> None:
         # ... or stepping back over an empty slice: the second line would be handed twice
         [["t", 0, 7, 2, 1, 100], ["t", 0, 9, -1, 1, 102], ["t", 0, 9, 2, 1, 102]],
         [["t", 0, 7, 3, 1, 100], ["t", 0, 10, 0, 1, 103]],  # a run of nothing
+        [{}],  # a run that is not a list
+        [{3: 3}],
         [["t", 0, 7, 3, 1]],  # a run too short
         [["t", 0, 7, 3, 1, 100, 9]],  # or too long
         [["t", 0, "7", 3, 1, 100]],  # not a number

@@ -260,7 +260,7 @@ def delivered_messages(
         # lines and hand one out twice.
         if sum(counts) != len(lines) or (counts and min(counts) < 1):
             raise ProtocolError("a deliver frame's header and records do not match")
-    except (TypeError, IndexError, ValueError):
+    except (TypeError, IndexError, KeyError, ValueError):
         raise ProtocolError("a deliver frame's header has no valid runs") from None
     messages: list[M] = []
     position = 0
