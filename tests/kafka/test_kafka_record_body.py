@@ -229,3 +229,20 @@ def test_the_pre_checked_frame_gives_the_broker_what_checking_the_plain_one_give
     assert checked.extras == expected.extras
     assert checked.errors is expected.errors is None
     assert [k is None for k in checked.keys] == [k is None for k in expected.keys]
+
+
+def test_a_value_too_deep_for_its_record_is_stored_as_bytes() -> None:
+    """orjson writes 254 levels at most: a JSON value that deep is canonical alone but not
+    inside its record, one level deeper (storing it as JSON left a record nothing could
+    write out again). It goes in as bytes, which a Kafka consumer gets back unchanged; one
+    level less is still stored as JSON."""
+    deepest = b"[" * 253 + b"]" * 253
+    too_deep = b"[" * 254 + b"]" * 254
+    (fits, falls_back) = record_bodies([(0, 0, None, deepest, ()), (1, 0, None, too_deep, ())])
+    assert fits == b'{"key":null,"value":' + deepest + b',"headers":[]}'
+    assert orjson.loads(falls_back) == {
+        "key": None,
+        "value_b64": base64.b64encode(too_deep).decode(),
+        "headers": [],
+    }
+    orjson.dumps(orjson.loads(fits))  # the stored record can be written out again

@@ -32,6 +32,10 @@ from spoolmq.types import TopicPartition
 
 # The first bytes a JSON text can start with; anything else is not worth a parse.
 _JSON_START = frozenset(b'{["-0123456789tfn')
+# The shortest value nested as deep as orjson writes (254 levels: ``[[...]]``). Only a
+# value this long may be too deep to be written inside its record, one level deeper; it
+# is then stored as bytes (``value_b64``), as any value that is not JSON the store keeps.
+_DEEP_ENOUGH = 2 * 254
 
 
 @dataclass
@@ -130,8 +134,10 @@ def record_bodies(
             try:
                 parsed = loads(value)
                 canonical = parsed is not None and dumps(parsed) == value
+                if canonical and len(value) >= _DEEP_ENOUGH:
+                    dumps([parsed])  # a level deeper, as in its record: TypeError if too deep
             except (orjson.JSONDecodeError, TypeError):  # not JSON; or not orjson's
-                pass
+                canonical = False
         if value is None:
             append(b"".join((head, b',"value":null,"headers":', stored, tail)))
         elif canonical:
