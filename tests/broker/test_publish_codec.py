@@ -332,8 +332,9 @@ def test_numbering_a_body_later_gives_the_bytes_of_numbering_it_first(
     assert numbered(late, 41, orjson.dumps('p-"1')) == first
 
 
-def _checked(**head: Any) -> bytes:
-    """A pre-checked frame of two records with its head's fields replaced by ``head``."""
+def _checked(*records: bytes, **head: Any) -> bytes:
+    """A pre-checked frame of two records (or ``records``) with its head's fields replaced by
+    ``head``."""
     fields: dict[str, Any] = {
         "op": "publish_checked",
         "id": 1,
@@ -347,7 +348,11 @@ def _checked(**head: Any) -> bytes:
         "headed": None,
     }
     fields.update(head)
-    return b"\n".join((orjson.dumps(fields), b'"key":null,"value":1', b'"key":null,"value":2'))
+    return b"\n".join((orjson.dumps(fields), *(records or _TWO)))
+
+
+_NUMBERED_BY = b',"headers":[],"sequence":%d,"producer_id":"kafka-1.0.t.0"'
+_TWO = (b'"key":null,"value":1' + _NUMBERED_BY % 5, b'"key":null,"value":2' + _NUMBERED_BY % 6)
 
 
 def test_a_pre_checked_frame_whose_head_and_records_disagree_is_a_protocol_error() -> None:
@@ -358,7 +363,7 @@ def test_a_pre_checked_frame_whose_head_and_records_disagree_is_a_protocol_error
 
     head, checked = decode_checked_frame(_checked())
     assert head["topic"] == "t"
-    assert checked.bodies == [b'"key":null,"value":1', b'"key":null,"value":2']
+    assert checked.bodies == list(_TWO)
     assert checked.sequences == [5, 6]
     assert (checked.extras, checked.errors) == (None, None)
     assert decode_checked_frame(_checked(headed=[1]))[1].extras == {1: [None, None, None, True]}
@@ -374,9 +379,27 @@ def test_a_pre_checked_frame_whose_head_and_records_disagree_is_a_protocol_error
         {"headed": [-1]},
         {"headed": ["0"]},
         {"op": "publish"},
+        {"identities": [5, None]},  # the ConsumerBroker's notice takes each for text
+        {"identities": ["x:a", None]},
+        {"first_sequence": 6},  # the records say 5 and 6
+        {"first_sequence": None},
+        {"producer_id": "kafka-2.0.t.0"},
+        {"first_sequence": 2**63 - 1},  # the last would be past 2**63 - 1
     ):
         with pytest.raises(ProtocolError):
             decode_checked_frame(_checked(**bad))
+    for records in (
+        (_TWO[0], b""),  # an empty record: an unreadable line
+        (_TWO[0], b'"value":2,"key":null' + _NUMBERED_BY % 6),  # not a record's start
+        (_TWO[0], b'"key":null,"value":2,"headers":[]'),  # not numbered
+    ):
+        with pytest.raises(ProtocolError):
+            decode_checked_frame(_checked(*records))
+    unnumbered = (b'"key":null,"value":1,"headers":[]', b'"key":"k","value":2,"headers":[]')
+    checked = decode_checked_frame(
+        _checked(*unnumbered, first_sequence=None, identities=[None, "s:k"])
+    )[1]
+    assert checked.sequences == [None, None] and checked.identities == [None, "s:k"]
     with pytest.raises(ProtocolError):
         decode_checked_frame(b'{"op":"publish_checked",\n"key":null')  # a head cut short
     with pytest.raises(ProtocolError):

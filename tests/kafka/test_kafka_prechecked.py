@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kafka_helpers import call, kafka_broker, produce_answer, produce_body
 
-from spoolmq import protocol
+from spoolmq import Consumer, protocol
 from spoolmq.client import Admin
 from spoolmq.kafka.records import OutRecord, encode_batch
 from spoolmq.protocol.publish import encode_checked_frame
@@ -154,3 +154,35 @@ def test_a_broker_without_a_kafka_child_refuses_every_claim(tmp_path: Path) -> N
             conn.close()
     finally:
         broker.stop()
+
+
+def test_a_kafka_priority_header_that_is_not_one_digit_is_kept(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    """A Kafka producer may send any header: the reserved priority header with a value
+    that is not one digit is stored as it came (delivery counts it as 0; docs/FORMAT.md),
+    where a native publisher's is refused."""
+    _, address, data = running
+    records = [
+        OutRecord(0, 1000, None, b'{"n":1}', [("x-spoolmq-priority", b"high")]),
+        OutRecord(1, 1000, None, b'{"n":2}', [("x-spoolmq-priority", b"7")]),
+    ]
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        answer = call(sock, 0, 3, produce_body("mixed", 0, encode_batch(records)))
+        assert produce_answer(answer) == (0, 0)
+    with Store(data) as store:
+        stored = store.reader("mixed", 0).poll_batch(10)
+    assert [(r.value, list(map(tuple, r.headers))) for r in stored] == [
+        ({"n": 1}, [("x-spoolmq-priority", "high")]),
+        ({"n": 2}, [("x-spoolmq-priority", "7")]),
+    ]
+    # And both are delivered (the ConsumerBroker was told they have headers).
+    seen: set[int] = set()
+    with Consumer("mixed", group="priorities", data=data) as consumer:
+        while {1, 2} - seen:
+            message = consumer.receive(timeout=WAIT)
+            assert message is not None, f"only {sorted(seen)} of n 1 and 2 were delivered"
+            if message.partition == 0:
+                seen.add(message.value["n"])
+            message.ack()

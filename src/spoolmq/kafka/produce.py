@@ -290,8 +290,6 @@ async def _send(
     link = core.link
     frame_id = link.next_id()
     level = "all" if acks == -1 else str(acks)
-    records = item.records
-    frame = None
     if link.prechecked:  # the records are the stored lines' middles (``_prepare``)
         frame = encode_checked_frame(
             frame_id,
@@ -299,20 +297,20 @@ async def _send(
             item.producer_id,
             item.topic,
             item.partition,
-            records,
+            item.records,
             item.first_sequence,
             item.identities,
             item.headed,
         )
-        if len(frame) > MAX_FRAME_BYTES:  # the identities beside many long keys
-            frame = None
-            records = [b"{%s}" % record for record in records]
-    if frame is None:
+    else:
         frame = encode_publish_frame(
-            frame_id, level, item.producer_id, item.topic, item.partition, records
+            frame_id, level, item.producer_id, item.topic, item.partition, item.records
         )
-        if len(frame) > MAX_FRAME_BYTES:  # the PublisherBroker would end the link
-            return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
+    if len(frame) > MAX_FRAME_BYTES:
+        # The PublisherBroker would end the link at its length (the identities beside
+        # many long keys can make the pre-checked form the longer). A Kafka producer
+        # splits a batch refused so and sends it again.
+        return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     try:
         future = await link.send(
             frame_id,

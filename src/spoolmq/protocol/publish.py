@@ -293,6 +293,10 @@ def encode_publish_frame(
 CHECKED_OP = "publish_checked"
 _CHECKED_START = b'{"op":"publish_checked",'
 _HEADERS_ONLY: tuple[None, None, None, bool] = (None, None, None, True)
+_IDENTITY = ("s:", "b:")  # ``key_identity``'s prefixes
+_RECORD_START = (b'"key":', b'"key_b64":')
+_SEQUENCE_FIELD = b',"sequence":'
+_NUMBERED = b',"sequence":%d,"producer_id":%s'
 
 
 def encode_checked_frame(
@@ -327,6 +331,22 @@ def encode_checked_frame(
     return b"\n".join((head, *records))
 
 
+def _ends_agree(bodies: list[Any], first: int | None, producer_id: str) -> bool:
+    """Whether the first and the last record start as a record does and end with the
+    sequence and producer id the head gives them (or with neither): a check of the child's
+    own work at both ends of the frame, not of every record."""
+    ends = (bodies[0], bodies[-1])
+    if not all(body.startswith(_RECORD_START) for body in ends):
+        return False
+    if first is None:
+        return not any(_SEQUENCE_FIELD in body for body in ends)
+    owner = orjson.dumps(producer_id)
+    last = first + len(bodies) - 1
+    return bool(
+        ends[0].endswith(_NUMBERED % (first, owner)) and ends[1].endswith(_NUMBERED % (last, owner))
+    )
+
+
 def is_checked_frame(data: bytes) -> bool:
     """Whether ``data`` is a frame in the pre-checked form (by its start alone)."""
     return data.startswith(_CHECKED_START)
@@ -352,16 +372,27 @@ def decode_checked_frame(data: bytes) -> tuple[dict[str, Any], CheckedRecords]:
         head.get("identities"),
         head.get("headed"),
     )
+    producer_id = head.get("producer_id")
     if (
         not count
         or head.get("count") != count
         or type(head.get("partition")) is not int
-        or not (first is None or (type(first) is int and first >= 0))
-        or not (identities is None or (type(identities) is list and len(identities) == count))
+        or type(producer_id) is not str
+        or not (first is None or (type(first) is int and 0 <= first <= MAX_SEQUENCE - count + 1))
+        or not (
+            identities is None
+            or (
+                type(identities) is list
+                and len(identities) == count
+                and all(i is None or (type(i) is str and i[:2] in _IDENTITY) for i in identities)
+            )
+        )
         or not (
             headed is None
             or (type(headed) is list and all(type(i) is int and 0 <= i < count for i in headed))
         )
+        or bodies.count(b"")
+        or not _ends_agree(bodies, first, producer_id)
     ):
         raise ProtocolError("a pre-checked frame's head does not match its records")
     if first is None:
