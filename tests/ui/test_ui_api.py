@@ -721,7 +721,7 @@ def test_a_damaged_record_hides_only_its_partition_from_pending(tmp_path: Path) 
 @pytest.mark.parametrize(
     "content",
     [b"{bad", b'[{"id": "a"}]', b'{"id": "a"}', b'[{"id": "a", "name": "n", "created_ms": true, '
-     b'"sha256": "00"}]'],
+     b'"sha256": "00"}]', b'[{"id": "a", "name": "n", "created_ms": 1, "sha256": "\xc3\xa9"}]'],
 )  # fmt: skip
 def test_a_damaged_tokens_file_is_one_line_and_left_as_it_is(
     tmp_path: Path, content: bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -88,6 +89,7 @@ def _token_hash(token: str) -> str:
 
 
 _TOKEN_FIELDS = {"id": str, "name": str, "created_ms": int, "sha256": str}
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class TokensDamagedError(ConfigError):
@@ -117,9 +119,13 @@ _MENDING = (
 
 
 def _is_token(entry: Any) -> bool:
-    return isinstance(entry, dict) and all(
-        isinstance(entry.get(name), kind) and not isinstance(entry.get(name), bool)
-        for name, kind in _TOKEN_FIELDS.items()
+    return (
+        isinstance(entry, dict)
+        and all(
+            isinstance(entry.get(name), kind) and not isinstance(entry.get(name), bool)
+            for name, kind in _TOKEN_FIELDS.items()
+        )
+        and _SHA256_HEX.fullmatch(entry["sha256"]) is not None  # as _token_hash writes it
     )
 
 
