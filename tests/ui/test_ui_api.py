@@ -517,6 +517,8 @@ def letters(tmp_path: Path) -> Iterator[tuple[Path, Client]]:
         ({"key": "job-1", "tags": "vip"}, "not 'tags'"),
         ("x", "a JSON object"),
         ([["key", "job-1"]], "a JSON object"),
+        ({"key": ""}, "key is empty"),  # narrows nothing: "all matching" would be all
+        ({"tag": None}, "tag is empty"),
     ],
 )
 @pytest.mark.parametrize("action", ["redrive", "purge"])

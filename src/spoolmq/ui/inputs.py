@@ -133,6 +133,12 @@ class Search:
                 f"a dead-letter filter is a JSON object with {_listed(FILTER_KEYS)}"
             )
         _only(params, FILTER_KEYS, "a dead-letter filter")
+        for name, value in params.items():
+            # Given but empty would narrow nothing, and "all matching" would be every letter.
+            if value is None or value == "":
+                raise InvalidArgumentError(
+                    f"the dead-letter filter's {name} is empty: give a value or leave it out"
+                )
         return cls.parse({name: params.get(name) for name in FILTER_KEYS})
 
     @property
