@@ -11,10 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from ui_helpers import PASSWORD, UIProcess, need, spoolmq
 
 from spoolmq.client import Consumer, Publisher
+from spoolmq.store import Message, Store
 from spoolmq.testing import BrokerProcess, wait_until
 
 WAIT = 60  # seconds: a generous bound on a shared 2-core machine, never a sleep
@@ -183,6 +185,34 @@ def test_redrive_a_dead_letter_and_see_it_consumed(ui: UIProcess, browser: Any, 
         again = consumer.receive(timeout=WAIT)
         assert again is not None and again.value == {"job": "flaky"} and again.offset == 1
         again.ack()
+    no_script_errors(browser)
+
+
+def test_purge_the_dead_letters_a_filter_shows_with_the_confirm(
+    ui: UIProcess, browser: Any, data: Path
+) -> None:
+    """The Purge button: after the browser's confirm, the letters the page's filter shows
+    are purged (the others stay), and the list shows what is left."""
+    with Store(data) as store:
+        store.append_batch(
+            "purgeable.dlq",
+            [
+                Message(value={"n": n}, key=f"k{n % 2}", headers={"x-dlq-reason": f"r{n}"})
+                for n in range(4)
+            ],
+        )
+    open_page(browser, ui.url, "/dlq/purgeable")
+    until(browser, lambda d: "4 dead letter(s)" in text_of(d, "#dlq-info"), "the letters")
+    element(browser, "#dlq-filter input[name=key]").send_keys("k1")
+    element(browser, "#dlq-filter button").click()
+    until(browser, lambda d: "2 dead letter(s)" in text_of(d, "#dlq-info"), "the filter")
+    element(browser, "#purge").click()
+    alert = browser.switch_to.alert
+    assert "the filter shows" in alert.text
+    alert.accept()
+    until(browser, lambda d: "Purged: 2" in text_of(d, "#dlq-result"), "the purge")
+    listed = spoolmq("dlq", "list", "purgeable", "--json", "--data", str(data))
+    assert [d["key"] for d in orjson.loads(listed.stdout)] == ["k0", "k0"]
     no_script_errors(browser)
 
 

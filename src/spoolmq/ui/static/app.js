@@ -375,9 +375,15 @@ pages.dlq = async () => {
     act({ letters });
   };
   document.getElementById("redrive-all").onclick = () => act({ all: true });
+  // Purge the letters ticked, or else every letter the filter shows (all of them without one).
   document.getElementById("purge").onclick = async () => {
-    if (!confirm(`Delete every dead letter of ${topic}? This cannot be undone.`)) return;
-    try { const r = await post(base + "/purge", { confirm: true }); document.getElementById("dlq-result").textContent = `purged ${n(r.purged)}`; load(); }
+    const letters = [...document.querySelectorAll("input.pick:checked")].map(c => [Number(c.dataset.partition), Number(c.dataset.offset)]);
+    const matching = Object.fromEntries(params(filter));
+    const what = letters.length ? `the ${letters.length} dead letter(s) picked`
+      : Object.keys(matching).length ? `every dead letter of ${topic} the filter shows` : `every dead letter of ${topic}`;
+    if (!confirm(`Delete ${what}? This cannot be undone.`)) return;
+    const body = letters.length ? { confirm: true, letters } : { confirm: true, all: true, filter: matching };
+    try { const r = await post(base + "/purge", body); document.getElementById("dlq-result").innerHTML = `<span class="good purge-done">Purged: ${n(r.purged)}</span>`; load(); }
     catch (e) { showError(e.message); }
   };
 };
