@@ -814,6 +814,19 @@ def test_a_method_a_route_does_not_take_is_a_json_405(
     assert orjson.loads(content) == {"error": f"{path} takes {headers['allow']}, not {method}"}
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("PUT", "/login", "GET, HEAD, POST"), ("POST", "/static/app.js", "GET, HEAD")],
+)
+def test_a_405_names_every_method_of_its_path(
+    ui: UIProcess, token: str, method: str, path: str, allowed: str
+) -> None:
+    """``/login`` has a route for GET and one for POST: its Allow names both (it named the
+    one route that matched first); a static file takes GET and HEAD."""
+    status, _, headers = Client(ui.url, token).request(path, method=method, raw=b"{}")
+    assert (status, headers["allow"]) == (405, allowed)
+
+
 def test_read_only_answers_a_post_to_a_reading_route_as_without_it(data: Path, token: str) -> None:
     with UIProcess(data, "--read-only") as ui:
         status, answer = Client(ui.url, token).json("/api/overview", method="POST", body={})

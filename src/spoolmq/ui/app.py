@@ -489,14 +489,26 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
     """A method the route does not take (``POST /api/overview``, ``GET .../redrive``): in
     the API, ``{"error"}`` as every other refusal, whatever ``--read-only`` says (the
     route does nothing with that method in either mode)."""
-    allow = getattr(exc, "headers", None) or {}
-    methods = ", ".join(sorted(allow.get("Allow", "").split(", ")))  # a set's order: fix it
+    methods = ", ".join(sorted(_allowed(request)))
     if request.url.path.startswith("/api/") or request.url.path == "/metrics":
         answer = _json({"error": f"{request.url.path} takes {methods}, not {request.method}"}, 405)
     else:
         answer = HTMLResponse("method not allowed", 405, headers=_HEADERS)
     answer.headers["Allow"] = methods
     return answer
+
+
+def _allowed(request: Request) -> set[str]:
+    """Every method some route takes at the request's path (a path may have a route per
+    method, as ``/login`` has; the static files take GET and HEAD)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.fullmatch(path):
+            methods |= route.methods
+        elif isinstance(route, Mount) and path.startswith(route.path + "/"):
+            methods |= {"GET", "HEAD"}
+    return methods
 
 
 def create_app(data: Path, *, read_only: bool = False) -> Starlette:
