@@ -80,3 +80,16 @@ def test_concurrent_adds_lose_nothing(tmp_path: Path) -> None:
         _, err = proc.communicate("pw\n", timeout=120)
         assert proc.returncode == 0, err
     assert sorted(load_users(data)) == names
+
+
+def test_a_data_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    """As every command that opens a store: someone who can write the directory could
+    plant a user of their own for the Kafka listener."""
+    data = tmp_path / "shared"
+    data.mkdir()
+    data.chmod(0o777)
+    for args in (["add", "alice"], ["list"], ["remove", "alice"]):
+        result = users(data, *args, stdin="s3cret-pass\ns3cret-pass\n")
+        assert result.returncode == 2, result
+        assert "can be written by other users" in result.stderr, result.stderr
+    assert list(data.iterdir()) == []

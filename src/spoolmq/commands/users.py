@@ -39,7 +39,7 @@ def read_password() -> str:
 
 
 def cmd_users(args: argparse.Namespace) -> int:
-    from spoolmq.files import make_private_dirs
+    from spoolmq.files import check_data_dir
     from spoolmq.kafka.scram import (
         MECHANISM,
         Credential,
@@ -49,6 +49,9 @@ def cmd_users(args: argparse.Namespace) -> int:
     )
 
     data = data_dir(args, must_exist=args.action != "add", store=False)
+    # As every command that opens a store: 0700 (made so if new), or refused when others
+    # can write it (they could plant a user of their own for the Kafka listener).
+    check_data_dir(data)
     if args.action == "list":
         users = load_users(data)
         if args.json:
@@ -64,7 +67,6 @@ def cmd_users(args: argparse.Namespace) -> int:
         )
     name = check_user_name(args.name)
     if args.action == "add":
-        make_private_dirs(data)
         # Read the password before taking the lock: a person typing must not hold it.
         credential = Credential.derive(read_password())
 
