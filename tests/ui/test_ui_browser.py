@@ -216,6 +216,30 @@ def test_purge_the_dead_letters_a_filter_shows_with_the_confirm(
     no_script_errors(browser)
 
 
+def test_a_page_whose_login_ends_says_so_instead_of_failing(ui: UIProcess, browser: Any) -> None:
+    """The pages' live views end with an ``{"error"}`` event when their login is gone (here
+    the browser's session logged out by another client): the page shows it, where its
+    script used to fail on it (an uncaught TypeError)."""
+    import urllib.parse
+    import urllib.request
+
+    open_page(browser, ui.url, "/pending")
+    until(browser, lambda d: "In flight" in text_of(d, "#pending"), "the page")
+    no_script_errors(browser)
+    session = browser.get_cookie("spoolmq_session")["value"]
+    csrf = browser.execute_script("return document.body.dataset.csrf")
+    request = urllib.request.Request(
+        ui.url + "/logout",
+        data=urllib.parse.urlencode({"csrf": csrf}).encode(),
+        headers={"Cookie": f"spoolmq_session={session}"},
+    )
+    with urllib.request.urlopen(request, timeout=WAIT):  # follows the redirect to /login
+        pass
+    until(browser, lambda d: text_of(d, "#error") != "", "the error shown")
+    uncaught = [e["message"] for e in browser.get_log("browser") if "Uncaught" in e["message"]]
+    assert uncaught == []
+
+
 def test_reset_a_group_with_the_confirm(ui: UIProcess, browser: Any, data: Path) -> None:
     with Consumer("orders", "billing", data=data) as consumer:
         for _ in range(22):

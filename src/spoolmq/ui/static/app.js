@@ -59,9 +59,15 @@ async function post(path, payload) {
   if (!response.ok) throw new Error(data.error || response.statusText);
   return data;
 }
+// A page's live view: each snapshot to its handler; an {"error"} (a store error, or the
+// login gone: the server then ends the stream) is shown instead of drawn.
 function live(view, handler) {
   const source = new EventSource("/api/live?view=" + view);
-  source.addEventListener(view, e => handler(JSON.parse(e.data)));
+  source.addEventListener(view, e => {
+    const data = JSON.parse(e.data);
+    if (data && data.error) { showError(data.error); return; }
+    handler(data);
+  });
   return source;
 }
 function table(headers, rows, id) {
