@@ -831,3 +831,11 @@ def test_read_only_answers_a_post_to_a_reading_route_as_without_it(data: Path, t
     with UIProcess(data, "--read-only") as ui:
         status, answer = Client(ui.url, token).json("/api/overview", method="POST", body={})
     assert status == 405 and "takes GET" in answer["error"]
+
+
+def test_a_search_from_an_offset_and_a_time_is_refused(ui: UIProcess, token: str) -> None:
+    """One start or the other: the offset used to win without a word."""
+    status, answer = Client(ui.url, token).json(
+        "/api/topics/orders/search?offset=0&time=2026-01-01T00:00:00Z"
+    )
+    assert status == 400 and "an offset or a time, not both" in answer["error"]

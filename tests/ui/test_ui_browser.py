@@ -166,6 +166,30 @@ def test_search_a_key_and_find_it(ui: UIProcess, browser: Any) -> None:
     no_script_errors(browser)
 
 
+def test_search_from_a_time_finds_only_what_came_after(
+    ui: UIProcess, browser: Any, data: Path
+) -> None:
+    """The search form's time field (the README: a search runs "from an offset or a
+    time"): two messages, then a time after them, then one more, all with one key."""
+    import datetime
+    import time
+
+    with Publisher(data=data) as publisher:
+        before = [publisher.publish("orders", {"when": "before"}, key="timed") for _ in range(2)]
+        last = max(p.timestamp for p in before)
+        wait_until(lambda: time.time() * 1000 > last + 5, WAIT, "the clock past them")
+        publisher.publish("orders", {"when": "after"}, key="timed")
+    since = datetime.datetime.fromtimestamp((last + 1) / 1000, datetime.UTC)
+    open_page(browser, ui.url, "/topics/orders")
+    element(browser, "#search-key").send_keys("timed")
+    element(browser, "#search-time").send_keys(since.isoformat(timespec="milliseconds"))
+    browser.find_element("id", "search-button").click()
+    until(browser, lambda d: "1 match(es)" in text_of(d, "#search-info"), "the search")
+    rows = browser.find_elements("css selector", "#search-results tr.message")
+    assert len(rows) == 1 and "after" in rows[0].text
+    no_script_errors(browser)
+
+
 def test_redrive_a_dead_letter_and_see_it_consumed(ui: UIProcess, browser: Any, data: Path) -> None:
     with Publisher(data=data) as publisher:
         publisher.publish("jobs", {"job": "flaky"}, key="job-1")

@@ -102,6 +102,8 @@ class Search:
         _only(params, SEARCH_KEYS, "a search")
         offset = optional_whole(params.get("offset"), "offset")
         when = moment(params.get("time"))
+        if offset is not None and when is not None:
+            raise InvalidArgumentError("a search starts from an offset or a time, not both")
         start = Start("time", when) if when is not None else Start()
         if offset is not None:
             start = Start("offset", offset)

@@ -211,6 +211,7 @@ pages.topic = async () => {
       <label>JSON field (path=value) <input name="field" placeholder="customer.id=7"></label>
       <label>Partition <select name="partition"><option value="">all</option>${info.partitions.map(p => `<option>${p.partition}</option>`).join("")}</select></label>
       <label>From offset <input name="offset" size="8"></label>
+      <label>or from time (ISO, UTC) <input name="time" id="search-time" placeholder="2026-11-23T21:00:00Z" size="22"></label>
       <label>Scan at most <input name="max_scan" value="10000" size="8"></label>
       <button type="submit" id="search-button">Search</button></form>
     <p id="search-info" class="muted"></p><div id="results"></div>`;
