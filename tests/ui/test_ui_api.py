@@ -305,46 +305,37 @@ def _dead_letter(n: int, reason: str) -> Message:
     )  # fmt: skip
 
 
-def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(tmp_path: Path) -> None:
-    data = tmp_path / "queue_data"
-    with Store(data) as store:
-        store.create_topic("jobs")
-        store.append_batch("jobs.dlq", [_dead_letter(n, f"boom {n}") for n in range(4)])
-    token = spoolmq("ui", "token", "create", "t", "--data", str(data)).stdout.split()[-1]
-    spoolmq("ui", "--set-password", "--data", str(data), stdin=PASSWORD + "\n")
-    with UIProcess(data) as ui:
-        client = Client(ui.url, token)
-        status, listing = client.json("/api/dlq/jobs")
-        assert status == 200 and len(listing["dead_letters"]) == 4
-        assert listing["dead_letters"][1]["origin"] == {
-            "topic": "jobs",
-            "partition": 0,
-            "offset": 1,
-        }
-        assert listing["dead_letters"][1]["attempts"] == 3
-        status, found = client.json("/api/dlq/jobs?key=job-2")
-        assert [d["dlq_offset"] for d in found["dead_letters"]] == [2]
+def test_dead_letters_are_redriven_and_purged_by_pick_and_by_search(
+    letters: tuple[Path, Client],
+) -> None:
+    data, client = letters
+    status, listing = client.json("/api/dlq/jobs")
+    assert status == 200 and len(listing["dead_letters"]) == 4
+    assert listing["dead_letters"][1]["origin"] == {
+        "topic": "jobs",
+        "partition": 0,
+        "offset": 1,
+    }
+    assert listing["dead_letters"][1]["attempts"] == 3
+    status, found = client.json("/api/dlq/jobs?key=job-2")
+    assert [d["dlq_offset"] for d in found["dead_letters"]] == [2]
 
-        status, done = client.json(
-            "/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 1]]}
-        )
-        assert status == 200 and done == {"replayed": 1, "already_replayed": 0, "tasks_queued": 0}
-        body = {"all": True, "filter": {"key": "job-3"}, "to_group": "workers"}
-        assert client.json("/api/dlq/jobs/redrive", method="POST", body=body)[1]["replayed"] == 1
-        body = {"all": True, "to_group": "wrokers"}  # a typo: no group of that name reads jobs
-        status, answer = client.json("/api/dlq/jobs/redrive", method="POST", body=body)
-        assert status == 400 and "no group of that name reads 'jobs'" in answer["error"]
-        status, answer = client.json(
-            "/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 9]]}
-        )
-        assert status == 400 and "no dead letter" in answer["error"]
-        assert client.json("/api/dlq/jobs/redrive", method="POST", body={})[0] == 400
+    status, done = client.json("/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 1]]})
+    assert status == 200 and done == {"replayed": 1, "already_replayed": 0, "tasks_queued": 0}
+    body = {"all": True, "filter": {"key": "job-3"}, "to_group": "workers"}
+    assert client.json("/api/dlq/jobs/redrive", method="POST", body=body)[1]["replayed"] == 1
+    body = {"all": True, "to_group": "wrokers"}  # a typo: no group of that name reads jobs
+    status, answer = client.json("/api/dlq/jobs/redrive", method="POST", body=body)
+    assert status == 400 and "no group of that name reads 'jobs'" in answer["error"]
+    status, answer = client.json("/api/dlq/jobs/redrive", method="POST", body={"letters": [[0, 9]]})
+    assert status == 400 and "no dead letter" in answer["error"]
+    assert client.json("/api/dlq/jobs/redrive", method="POST", body={})[0] == 400
 
-        assert client.json("/api/dlq/jobs/purge", method="POST", body={"all": True})[0] == 400
-        body = {"confirm": True, "all": True, "filter": {"key": "job-0"}}
-        assert client.json("/api/dlq/jobs/purge", method="POST", body=body)[1] == {"purged": 1}
-        left = client.json("/api/dlq/jobs")[1]["dead_letters"]
-        assert [d["dlq_offset"] for d in left] == [1, 2, 3]
+    assert client.json("/api/dlq/jobs/purge", method="POST", body={"all": True})[0] == 400
+    body = {"confirm": True, "all": True, "filter": {"key": "job-0"}}
+    assert client.json("/api/dlq/jobs/purge", method="POST", body=body)[1] == {"purged": 1}
+    left = client.json("/api/dlq/jobs")[1]["dead_letters"]
+    assert [d["dlq_offset"] for d in left] == [1, 2, 3]
     with Store(data) as store:
         replayed = list(store.reader("jobs", 0))
     assert [r.value for r in replayed] == [{"job": 1}, {"job": 3}]
