@@ -258,3 +258,74 @@ def test_check_beside_a_writer_finds_nothing(data_dir: Path) -> None:
         finally:
             thread.join()
     assert found and [problems for problems in found if problems] == []
+
+
+def test_check_waits_out_a_writer_stopped_mid_batch(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer in another process has written half a batch and is not scheduled again
+    until ``check`` has looked: the half batch is the writer's, not a torn tail."""
+    import fcntl
+    import threading
+
+    from spoolmq.store.writer import PartitionLock
+
+    with Store(data_dir) as store:
+        store.create_topic("busy", partitions=1)
+        store.append_batch("busy", [Message({"n": n}) for n in range(50)], acks="0")
+        store.append_batch("busy", [Message({"n": n}) for n in range(50, 100)], acks="0")
+    (segment,) = segment_files(data_dir, "busy")
+    data = segment.read_bytes()
+    first_batch_end = data.index(b"\n", data.index(b'"offset":49')) + 1
+    last_batch = data[first_batch_end:]
+    with segment.open("r+b") as file:
+        file.truncate(first_batch_end)
+
+    checker = Store(data_dir)
+    waiting = threading.Event()
+    real_enter = PartitionLock.__enter__
+
+    def enter(lock: PartitionLock) -> None:
+        waiting.set()
+        real_enter(lock)
+
+    monkeypatch.setattr(PartitionLock, "__enter__", enter)
+    lock_fd = os.open(segment.parent / ".lock", os.O_RDWR)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    with segment.open("ab") as file:
+        file.write(last_batch[: len(last_batch) // 2])
+
+    def finish_the_batch() -> None:
+        waiting.wait(timeout=10)
+        with segment.open("ab") as file:
+            file.write(last_batch[len(last_batch) // 2 :])
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+
+    writer = threading.Thread(target=finish_the_batch)
+    writer.start()
+    try:
+        problems = checker.check("busy")
+    finally:
+        writer.join()
+        checker.close()
+    assert problems == []
+    with Store(data_dir) as store:
+        assert store.log_end_offset("busy", 0) == 100
+
+
+def test_check_still_finds_a_torn_tail_under_the_writer_lock(data_dir: Path) -> None:
+    """What a writer that died mid-batch left stays torn once the lock is free."""
+    with Store(data_dir) as store:
+        store.create_topic("busy", partitions=1)
+        store.append_batch("busy", [Message({"n": n}) for n in range(50)], acks="0")
+        whole = sum(f.stat().st_size for f in segment_files(data_dir, "busy"))
+        store.append_batch("busy", [Message({"n": n}) for n in range(50, 100)], acks="0")
+    (segment,) = segment_files(data_dir, "busy")
+    with segment.open("r+b") as file:
+        file.truncate((whole + segment.stat().st_size) // 2)
+    with Store(data_dir) as store:
+        problems = store.check("busy")
+    assert [(p.position >= whole, p.problem.startswith("torn tail")) for p in problems] == [
+        (True, True)
+    ]

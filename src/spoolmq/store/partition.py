@@ -98,6 +98,13 @@ class PartitionLog:
 
     # -- writing ---------------------------------------------------------------------
 
+    @property
+    def writer_lock(self) -> PartitionLock:
+        """The partition's writer lock. While it is held no writer, in this process or
+        another, is in the middle of a batch: what the active segment holds then ends
+        where a batch ends, unless a writer died mid-batch."""
+        return self._writer.lock
+
     def append(self, messages: Sequence[EncodedMessage], acks: Acks = "all") -> list[Appended]:
         """Append ``messages`` as one batch (one write, one fsync for ``acks="all"``).
 

@@ -577,17 +577,20 @@ class Store:
                     try:
                         size = os.fstat(fd).st_size
                         scan = scan_batches(fd, path, 0, expected, size=size)
-                        # A broker may have been mid-append at the last segment's end when
-                        # its size was read: a torn tail there that the segment has grown
-                        # past since is looked at again (a crash's torn tail is cut by the
-                        # next writer before it appends, so that one never grows).
-                        for _ in range(5):
-                            torn = scan.bad_position >= 0 and not scan.corrupt_inside
-                            grown = os.fstat(fd).st_size
-                            if not torn or base != bases[-1] or grown == size:
-                                break
-                            size = grown
-                            scan = scan_batches(fd, path, 0, expected, size=size)
+                        torn = scan.bad_position >= 0 and not scan.corrupt_inside
+                        if torn and base == bases[-1]:
+                            # A writer may be mid-batch at the active segment's end (a
+                            # write is seen a page at a time, and a busy machine can stop
+                            # the writer between two pages for as long as it likes). Under
+                            # the writer lock no writer is: a torn tail still there is
+                            # what a writer that died mid-batch left.
+                            # The scan goes on from the torn batch: what it reports is
+                            # all in absolute positions and offsets.
+                            with partition_log.writer_lock:
+                                size = os.fstat(fd).st_size
+                                scan = scan_batches(
+                                    fd, path, scan.bad_position, scan.next_offset, size=size
+                                )
                     except CorruptRecordError as exc:  # pragma: no cover - scan reports instead
                         problems.append(CheckProblem(name, number, path, exc.position, str(exc)))
                         continue
