@@ -1,4 +1,4 @@
-"""A Kafka record's publish-frame record (``record_bodies``, built from byte strings) against
+"""A Kafka record's publish-frame record (``batch_bodies``, built from byte strings) against
 the rules of docs/KAFKA.md applied the plain way: a dict of the stored fields dumped by
 orjson. The two must be the same bytes for every key, value and header, since the broker
 stores what the frame says and a Kafka consumer must get the producer's bytes back."""
@@ -15,7 +15,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from json_strategies import JSON_VALUES, TEXT
-from spoolmq.kafka.core import record_bodies
+from spoolmq.errors import KafkaDecodeError
+from spoolmq.kafka.core import batch_bodies
+from spoolmq.kafka.records import OutRecord, _decode_records, decode_batches, encode_batch
+from spoolmq.kafka.wire import Reader
 
 VALUES = (
     st.none()
@@ -25,6 +28,25 @@ VALUES = (
 )
 KEYS = st.none() | st.binary(max_size=40) | TEXT.map(str.encode)
 HEADERS = st.lists(st.tuples(TEXT.filter(bool), st.none() | st.binary()), max_size=3)
+
+
+Entry = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def payload_of(entries: list[Entry], timestamps: list[int] | None = None) -> tuple[bytes, int]:
+    """The records block of a batch a producer would send, and its count."""
+    out = [
+        OutRecord(i, (timestamps or [1000] * len(entries))[i], key, value, headers)
+        for i, (key, value, headers) in enumerate(entries)
+    ]
+    (batch,) = decode_batches(encode_batch(out), 1 << 30, produced=True, records=False)
+    return batch.payload, batch.count
+
+
+def record_bodies(
+    entries: list[Entry], first: int | None = None, producer: str = ""
+) -> list[bytes]:
+    return batch_bodies(*payload_of(entries), first, producer)
 
 
 def reference(
@@ -80,7 +102,7 @@ def _is_utf8(data: bytes) -> bool:
 def test_the_record_is_what_the_fields_dump_to(
     key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]], seq: int | None
 ) -> None:
-    (body,) = record_bodies([(0, 0, key, value, headers)], seq, "kafka-7.0.orders.2")
+    (body,) = record_bodies([(key, value, headers)], seq, "kafka-7.0.orders.2")
     assert body == reference(key, value, headers, seq)
     stored = orjson.loads(body)
     if value is not None and "value" in stored:
@@ -96,8 +118,7 @@ def test_a_batch_s_records_are_numbered_from_its_first_sequence(
     entries: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
     first: int | None,
 ) -> None:
-    raw = [(i, 0, key, value, headers) for i, (key, value, headers) in enumerate(entries)]
-    bodies = record_bodies(raw, first, "kafka-7.0.orders.2")
+    bodies = record_bodies(entries, first, "kafka-7.0.orders.2")
     assert bodies == [
         reference(key, value, headers, None if first is None else first + i)
         for i, (key, value, headers) in enumerate(entries)
@@ -106,7 +127,7 @@ def test_a_batch_s_records_are_numbered_from_its_first_sequence(
 
 def test_a_producer_id_is_stored_as_given_whatever_its_characters() -> None:
     for producer in ("p%d%s%%", 'quo"te\\', "ключ"):
-        bodies = record_bodies([(0, 0, None, b"1", ()), (1, 0, None, b"2", ())], 9, producer)
+        bodies = record_bodies([(None, b"1", []), (None, b"2", [])], 9, producer)
         assert [orjson.loads(b) for b in bodies] == [
             {"key": None, "value": n, "headers": [], "sequence": 9 + n - 1, "producer_id": producer}
             for n in (1, 2)
@@ -114,12 +135,10 @@ def test_a_producer_id_is_stored_as_given_whatever_its_characters() -> None:
 
 
 def _decoded(values: list[bytes], headers: list[tuple[str, bytes | None]], **ids: int) -> Any:
-    from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
-
     batch = encode_batch(
         [OutRecord(i, 1000, None, v, headers) for i, v in enumerate(values)], **ids
     )
-    return decode_batches(batch, 1 << 20, produced=True)[0]
+    return decode_batches(batch, 1 << 20, produced=True, records=False)[0]
 
 
 def test_a_batch_becomes_its_producer_s_frame_records_or_one_error() -> None:
@@ -190,7 +209,6 @@ def test_the_pre_checked_frame_gives_the_broker_what_checking_the_plain_one_give
     bodies, key identities, sequences and extras, so what is stored and what the
     ConsumerBroker is told do not depend on the form."""
     from spoolmq.kafka.produce import _frame_records
-    from spoolmq.kafka.records import OutRecord, decode_batches, encode_batch
     from spoolmq.protocol.publish import (
         check_records,
         decode_checked_frame,
@@ -202,7 +220,7 @@ def test_the_pre_checked_frame_gives_the_broker_what_checking_the_plain_one_give
     out = [
         OutRecord(i, 1000, key, value, headers) for i, (key, value, headers) in enumerate(entries)
     ]
-    (batch,) = decode_batches(encode_batch(out, **ids), 1 << 20, produced=True)
+    (batch,) = decode_batches(encode_batch(out, **ids), 1 << 20, produced=True, records=False)
     built = _frame_records(batch, "orders", 2, 1 << 20)
     bare = _frame_records(batch, "orders", 2, 1 << 20, braces=False)
     assert not isinstance(built, int) and not isinstance(bare, int)
@@ -238,7 +256,7 @@ def test_a_value_too_deep_for_its_record_is_stored_as_bytes() -> None:
     level less is still stored as JSON."""
     deepest = b"[" * 253 + b"]" * 253
     too_deep = b"[" * 254 + b"]" * 254
-    (fits, falls_back) = record_bodies([(0, 0, None, deepest, ()), (1, 0, None, too_deep, ())])
+    (fits, falls_back) = record_bodies([(None, deepest, []), (None, too_deep, [])])
     assert fits == b'{"key":null,"value":' + deepest + b',"headers":[]}'
     assert orjson.loads(falls_back) == {
         "key": None,
@@ -246,3 +264,64 @@ def test_a_value_too_deep_for_its_record_is_stored_as_bytes() -> None:
         "headers": [],
     }
     orjson.dumps(orjson.loads(fits))  # the stored record can be written out again
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    # values past 8 KiB have lengths of three bytes
+    st.lists(
+        st.tuples(KEYS, VALUES | st.binary(min_size=8190, max_size=8300), HEADERS),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.integers(-(2**40), 2**40), min_size=8, max_size=8),
+    # (a record, a byte from its start, the new byte): its length, deltas, key and value
+    # lengths and the first bytes of its fields are where the two readers could part
+    st.lists(
+        st.tuples(
+            st.integers(0, 7),
+            st.integers(0, 15) | st.integers(0, 10_000),
+            st.sampled_from([0x00, 0x01, 0x02, 0x03, 0x7F, 0x80, 0x81, 0xFF]) | st.integers(0, 255),
+        ),
+        max_size=4,
+    ),
+    st.integers(-3, 3),
+)
+@example([(None, b"1", [])], [1000] * 8, [], 0)
+# a record of 7 bytes: length, attributes, two deltas, null key (0x01), value length, value,
+# no headers (0x00); said to be 6 long, its fields run a byte past it
+@example([(None, b"1", [])], [1000] * 8, [(0, 0, 0x0C)], 0)
+@example([(None, b"1", [])], [1000] * 8, [(0, 4, 0x03)], 0)  # a key length of -2
+@example([(None, b"1", [])], [1000] * 8, [(0, 5, 0x03)], 0)  # a value length of -2
+def test_one_pass_accepts_and_refuses_what_decoding_the_records_does(
+    entries: list[Entry],
+    timestamps: list[int],
+    changes: list[tuple[int, int, int]],
+    count_change: int,
+) -> None:
+    """Produce reads a batch's records as it makes their publish-frame records, with its
+    own inline varints. On any bytes (a producer's, with long and short timestamp deltas,
+    then bytes changed and the count moved), it must refuse what the plain decoding of
+    the records refuses and make, of what that accepts, the records the fields give."""
+    data, count = payload_of(entries, timestamps[: len(entries)])
+    starts, r = [], Reader(data)
+    while r.remaining:
+        starts.append(r.position)
+        r.raw(r.varint())
+    damaged = bytearray(data)
+    for record, position, byte in changes:
+        damaged[(starts[record % len(starts)] + position) % len(damaged)] = byte
+    count = max(count + count_change, 1)
+    try:
+        decoded: list[Any] | None = _decode_records(bytes(damaged), count)
+    except KafkaDecodeError:
+        decoded = None
+    if decoded is None or any(name == "" for _, _, _, _, hs in decoded for name, _ in hs):
+        with pytest.raises(KafkaDecodeError):
+            batch_bodies(bytes(damaged), count, 5, "kafka-7.0.orders.2")
+        return
+    bodies = batch_bodies(bytes(damaged), count, 5, "kafka-7.0.orders.2")
+    assert bodies == [
+        reference(key, value, list(headers), 5 + i)
+        for i, (_, _, key, value, headers) in enumerate(decoded)
+    ]

@@ -127,9 +127,16 @@ def test_a_null_key_or_value_may_have_its_length_written_longer(minus_one: bytes
     ],
 )
 def test_a_damaged_record_is_a_decode_error(payload: bytes, count: int, says: str) -> None:
+    """The same error from decoding the records and from Produce's one pass over them,
+    which makes their publish-frame records as it reads them."""
+    from spoolmq.kafka.core import batch_bodies
+
     batch = _with_payload(built([(0, None, b"v", [])]), payload, count)
     with pytest.raises(KafkaDecodeError, match=says):
         decode_batches(batch, MAX)
+    (undecoded,) = decode_batches(batch, MAX, records=False)
+    with pytest.raises(KafkaDecodeError, match=says):
+        batch_bodies(undecoded.payload, undecoded.count)
 
 
 Out = tuple[int, int, bytes | None, bytes | None, list[Header]]

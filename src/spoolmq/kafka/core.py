@@ -14,7 +14,7 @@ bytes the producer sent.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,10 @@ import orjson
 from spoolmq.errors import KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ErrorCode, RequestContext
 from spoolmq.kafka.link import PublisherLink
-from spoolmq.kafka.records import RawRecord
+from spoolmq.kafka.records import read_headers, read_var_bytes, read_zigzag
 from spoolmq.kafka.watch import GrowthWatcher
+from spoolmq.kafka.wire import MAX_VARINT32_BYTES as VARINT32
+from spoolmq.kafka.wire import MAX_VARINT_BYTES as VARINT64
 from spoolmq.store import Store
 from spoolmq.store.names import partition_dir
 from spoolmq.types import TopicPartition
@@ -69,8 +71,9 @@ def core_of(ctx: RequestContext) -> KafkaCore:
 # -- bytes <-> stored fields --------------------------------------------------------------
 
 
-def record_bodies(
-    records: Iterable[RawRecord],
+def batch_bodies(
+    data: bytes,
+    count: int,
     first_sequence: int | None = None,
     producer_id: str = "",
     *,
@@ -78,12 +81,20 @@ def record_bodies(
     headed: list[int] | None = None,
     braces: bool = True,
 ) -> list[bytes]:
-    """Kafka records as publish-frame records in the store's form: each exactly
-    ``orjson.dumps`` of its fields (``key`` or ``key_b64``, ``value`` or ``value_b64``,
-    ``headers``, in store order, then ``sequence`` and ``producer_id`` when
-    ``first_sequence`` numbers them). Built from byte strings: a canonical JSON value goes
-    in as its own bytes, not dumped again from its parse. KafkaDecodeError for a header
-    without a name (spoolmq's headers all have one).
+    """The ``count`` Kafka records of a batch's (inflated) payload ``data`` as publish-frame
+    records in the store's form: each exactly ``orjson.dumps`` of its fields (``key`` or
+    ``key_b64``, ``value`` or ``value_b64``, ``headers``, in store order, then ``sequence``
+    and ``producer_id`` when ``first_sequence`` numbers them). Built from byte strings: a
+    canonical JSON value goes in as its own bytes, not dumped again from its parse.
+
+    One pass over the bytes, reading each record and making its publish-frame record at
+    once: this is Produce's per-record work in the Kafka child, so nothing is made per
+    record that is not sent (no tuple, no object), positions are plain integers, and the
+    usual one- and two-byte varints (lengths below 8 KiB, deltas, a null key, no headers)
+    are read inline. It accepts and refuses the bytes ``records._decode_records`` does:
+    every length is checked against the record's own before anything is sliced, and
+    KafkaDecodeError says what is wrong (a header without a name among them: spoolmq's
+    headers all have one).
 
     ``keyed`` and ``headed``, when given, get the index and key identity
     (``spoolmq.store.record.key_identity``) of each record with a key, and the index of
@@ -92,7 +103,8 @@ def record_bodies(
     line's middle, as that frame carries it."""
     bodies: list[bytes] = []
     append = bodies.append
-    loads, dumps = orjson.loads, orjson.dumps
+    loads, dumps, b64encode = orjson.loads, orjson.dumps, base64.b64encode
+    json_start = _JSON_START
     opening, closing = (b"{", b"}") if braces else (b"", b"")
     keyless, text_key, bytes_key = (
         opening + b'"key":null',
@@ -103,48 +115,108 @@ def record_bodies(
     numbered = b',"sequence":%d,"producer_id":' + dumps(producer_id).replace(b"%", b"%%") + closing
     sequence = first_sequence
     tail = closing
-    for _, _, key, value, headers in records:
-        if key is None:
-            head = keyless
-        else:
-            try:
-                text = key.decode("utf-8")
-                head = text_key + dumps(text)
-                identity = "s:" + text
-            except UnicodeDecodeError:
-                encoded_key = base64.b64encode(key)
-                head = bytes_key + encoded_key + b'"'
-                identity = "b:" + encoded_key.decode("ascii")
-            if keyed is not None:
-                keyed.append((len(bodies), identity))
-        if sequence is not None:
-            # Kafka sequences wrap at 2^31; spoolmq's do not need to.
-            tail = numbered % sequence
-            sequence += 1
-        if headers:
-            stored = _headers_json(headers)
-            if headed is not None:
-                headed.append(len(bodies))
-        else:
-            stored = b"[]"
-        # A canonical JSON value is exactly what dumping its parse gives (and not null,
-        # which must not be confused with Kafka's null value, a tombstone).
-        canonical = False
-        if value and value[0] in _JSON_START:
-            try:
-                parsed = loads(value)
-                canonical = parsed is not None and dumps(parsed) == value
-                if canonical and len(value) >= _DEEP_ENOUGH:
-                    dumps([parsed])  # a level deeper, as in its record: TypeError if too deep
-            except (orjson.JSONDecodeError, TypeError):  # not JSON; or not orjson's
-                canonical = False
-        if value is None:
-            append(b"".join((head, b',"value":null,"headers":', stored, tail)))
-        elif canonical:
-            append(b"".join((head, b',"value":', value, b',"headers":', stored, tail)))
-        else:
-            encoded = base64.b64encode(value)
-            append(b"".join((head, b',"value_b64":"', encoded, b'","headers":', stored, tail)))
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(count):
+            # The record's length, then its attributes byte (unused in v2) and its
+            # timestamp and offset deltas (unused: the store stamps and numbers records).
+            byte = data[pos]
+            if byte < 0x80:
+                length, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+            elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
+                length, pos = (n >> 1) ^ -(n & 1), pos + 2
+            else:
+                length, pos = read_zigzag(data, pos, VARINT32)
+            if length < 0 or length > end - pos:
+                raise KafkaDecodeError(f"record length {length} at offset {pos}")
+            record_end = pos + length
+            pos += 1
+            if data[pos] < 0x80:
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                pos += 2
+            else:
+                pos = read_zigzag(data, pos, VARINT64)[1]
+            if data[pos] < 0x80:
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                pos += 2
+            else:
+                pos = read_zigzag(data, pos, VARINT32)[1]
+            # The key: null (zigzag -1), text, or bytes.
+            if data[pos] == 1:
+                head, pos = keyless, pos + 1
+            else:
+                key, pos = read_var_bytes(data, pos, record_end, "key")
+                if key is None:
+                    head = keyless
+                else:
+                    try:
+                        text = key.decode("utf-8")
+                        head = text_key + dumps(text)
+                        identity = "s:" + text
+                    except UnicodeDecodeError:
+                        encoded_key = b64encode(key)
+                        head = bytes_key + encoded_key + b'"'
+                        identity = "b:" + encoded_key.decode("ascii")
+                    if keyed is not None:
+                        keyed.append((len(bodies), identity))
+            # The value: null (a tombstone), or its bytes.
+            byte = data[pos]
+            if byte == 1:
+                value, pos = None, pos + 1
+            else:
+                if byte < 0x80:
+                    size, pos = (byte >> 1) ^ -(byte & 1), pos + 1
+                elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
+                    size, pos = (n >> 1) ^ -(n & 1), pos + 2
+                else:
+                    size, pos = read_zigzag(data, pos, VARINT32)
+                if size == -1:  # null, its -1 written longer than it needs (Kafka reads it)
+                    value = None
+                elif not 0 <= size <= record_end - pos:
+                    raise KafkaDecodeError(f"value length {size} at offset {pos}")
+                else:
+                    value, pos = data[pos : pos + size], pos + size
+            # The headers: none (a zero count), or each name and value.
+            if data[pos] == 0:
+                stored, pos = b"[]", pos + 1
+            else:
+                headers, pos = read_headers(data, pos, record_end)
+                if headers:
+                    stored = _headers_json(headers)
+                    if headed is not None:
+                        headed.append(len(bodies))
+                else:
+                    stored = b"[]"
+            if pos > record_end:
+                raise KafkaDecodeError(f"a record runs past its length at offset {pos}")
+            pos = record_end  # bytes a record has beyond its fields are not read
+            if sequence is not None:
+                # Kafka sequences wrap at 2^31; spoolmq's do not need to.
+                tail = numbered % sequence
+                sequence += 1
+            # A canonical JSON value is exactly what dumping its parse gives (and not
+            # null, which must not be confused with Kafka's null value, a tombstone).
+            canonical = False
+            if value and value[0] in json_start:
+                try:
+                    parsed = loads(value)
+                    canonical = parsed is not None and dumps(parsed) == value
+                    if canonical and len(value) >= _DEEP_ENOUGH:
+                        dumps([parsed])  # a level deeper, as in its record: TypeError if too deep
+                except (orjson.JSONDecodeError, TypeError):  # not JSON; or not orjson's
+                    canonical = False
+            if value is None:
+                append(b"".join((head, b',"value":null,"headers":', stored, tail)))
+            elif canonical:
+                append(b"".join((head, b',"value":', value, b',"headers":', stored, tail)))
+            else:
+                encoded = b64encode(value)
+                append(b"".join((head, b',"value_b64":"', encoded, b'","headers":', stored, tail)))
+    except IndexError:
+        raise KafkaDecodeError("a record runs past the end of its batch") from None
     return bodies
 
 

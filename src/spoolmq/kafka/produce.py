@@ -28,7 +28,7 @@ from typing import Any
 
 from spoolmq.errors import BrokerUnavailableError, KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ApiHandler, ApiKey, ErrorCode, RequestContext
-from spoolmq.kafka.core import KafkaCore, core_of, error_code_for, record_bodies
+from spoolmq.kafka.core import KafkaCore, batch_bodies, core_of, error_code_for
 from spoolmq.kafka.records import (
     Budget,
     ExtraBatch,
@@ -187,7 +187,8 @@ def _prepare(
     max_bytes = store.config.max_message_bytes
     try:
         # One batch a partition, as Kafka takes from Produce v3 on (clients send one).
-        batches = decode_batches(data or b"", budget, produced=True)
+        # Its records are read as their publish-frame records are made (_frame_records).
+        batches = decode_batches(data or b"", budget, produced=True, records=False)
     except TooManyRecords:  # nothing inflated: refused from the header
         return _PartitionResult(ErrorCode.MESSAGE_TOO_LARGE)
     except KafkaDecodeError as exc:
@@ -206,6 +207,8 @@ def _prepare(
         return _PartitionResult(ErrorCode.INVALID_TXN_STATE)
     built = _frame_records(batch, topic, partition, max_bytes, braces=not core.link.prechecked)
     if isinstance(built, int):
+        if built == ErrorCode.CORRUPT_MESSAGE:
+            budget.inflate = 0  # records that do not decode end the inflating too
         return _PartitionResult(built)
     return _Frame(topic, partition, built)
 
@@ -355,10 +358,16 @@ def _frame_records(
     keyed: list[tuple[int, str]] = []
     headed: list[int] = []
     try:
-        records = record_bodies(
-            batch.raw, first_sequence, producer, keyed=keyed, headed=headed, braces=braces
+        records = batch_bodies(
+            batch.payload,
+            batch.count,
+            first_sequence,
+            producer,
+            keyed=keyed,
+            headed=headed,
+            braces=braces,
         )
-    except KafkaDecodeError:  # a header without a name
+    except KafkaDecodeError:  # records that do not decode, a header without a name
         return int(ErrorCode.CORRUPT_MESSAGE)
     # Without braces, each record is two bytes short of what the limit counts.
     if max(map(len, records), default=0) + (0 if braces else 2) > max_bytes - RECORD_OVERHEAD:

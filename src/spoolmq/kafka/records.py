@@ -120,6 +120,11 @@ class RecordBatch:
     base_sequence: int
     raw: list[RawRecord]
     inflated: int = 0  # the bytes its compressed block inflated to (0: not compressed)
+    # Its records' bytes (inflated) and count, as they came: for Produce, which reads the
+    # records as it makes their publish-frame records (``kafka.core.batch_bodies``) and
+    # decodes with ``records=False`` (``raw`` is then empty).
+    payload: bytes = b""
+    count: int = 0
 
     @property
     def records(self) -> list[KafkaRecord]:
@@ -175,6 +180,7 @@ def decode_batches(
     max_records: int = 2**31 - 1,
     *,
     produced: bool = False,
+    records: bool = True,
 ) -> list[RecordBatch]:
     """Every batch of a Produce record set; KafkaDecodeError if any is damaged, if its
     compressed blocks inflate past ``max_bytes`` together (InflatesTooLarge), or if its
@@ -184,7 +190,8 @@ def decode_batches(
     from (and shared with the record sets decoded after this one). ``produced``: checked
     as Kafka checks a producer's record set from Produce v3 on, one batch (ExtraBatch,
     before the second is decoded) whose count is its last offset delta plus one (a
-    fetched batch of a compacted log may have gaps).
+    fetched batch of a compacted log may have gaps). Without ``records``, each batch's
+    records are left in its ``payload`` for the caller to read, and checked there.
 
     Old message sets (magic 0/1) are refused: Produce v3+ carries magic 2 only.
     """
@@ -203,14 +210,17 @@ def decode_batches(
             raise ExtraBatch("more than one record batch for a partition")
         body = data[start : start + LENGTH_OVERHEAD + length]
         r.raw(length)
-        batches.append(decode_batch(body, budget, produced=produced))
+        batches.append(decode_batch(body, budget, produced=produced, records=records))
     return batches
 
 
-def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> RecordBatch:
+def decode_batch(
+    body: bytes, budget: Budget, *, produced: bool = False, records: bool = True
+) -> RecordBatch:
     """One whole batch (its length already checked against the record set), drawn from
     ``budget``; one that holds no record is refused. ``produced``: its last offset delta
-    must be its count less one, as a Kafka broker requires of a producer's batch."""
+    must be its count less one, as a Kafka broker requires of a producer's batch. Without
+    ``records`` they are not decoded (``payload`` holds them)."""
     (
         base_offset,
         _length,
@@ -247,7 +257,6 @@ def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> Reco
     # A record takes at least 7 bytes (length, attributes, 3 deltas/lengths, headers).
     if count * 7 > len(payload):
         raise KafkaDecodeError(f"{count} records cannot fit in {len(payload)} bytes")
-    records = _decode_records(payload, count)
     return RecordBatch(
         base_offset,
         attributes,
@@ -257,19 +266,22 @@ def decode_batch(body: bytes, budget: Budget, *, produced: bool = False) -> Reco
         producer_id,
         producer_epoch,
         base_sequence,
-        records,
+        _decode_records(payload, count) if records else [],
         inflated,
+        payload,
+        count,
     )
 
 
-def _zigzag(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
+def read_zigzag(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
     """The zigzag varint at ``pos`` (at most ``max_bytes`` long) and the position after
-    it. IndexError past the end of ``data``."""
+    it. IndexError past the end of ``data``. Callers on a hot path read the one- and
+    two-byte forms inline and call this for longer ones."""
     byte = data[pos]
-    if byte < 0x80:  # one byte: the deltas and short lengths of a record
+    if byte < 0x80:
         return (byte >> 1) ^ -(byte & 1), pos + 1
     result = (byte & 0x7F) | (data[pos + 1] << 7)
-    if result < 0x4000:  # two bytes: lengths up to 8 KiB
+    if result < 0x4000:
         return (result >> 1) ^ -(result & 1), pos + 2
     result &= 0x3FFF
     shift = 14
@@ -282,10 +294,10 @@ def _zigzag(data: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
     raise KafkaDecodeError(f"varint longer than {max_bytes} bytes at offset {pos}")
 
 
-def _var_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
+def read_var_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
     """A record's key or value at ``pos`` (a length, -1 for null, then the bytes, which
     must end by ``end``) and the position after it."""
-    size, pos = _zigzag(data, pos, _VARINT32)
+    size, pos = read_zigzag(data, pos, _VARINT32)
     if size == -1:
         return None, pos
     if not 0 <= size <= end - pos:
@@ -294,79 +306,42 @@ def _var_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None
 
 
 def _decode_records(data: bytes, count: int) -> list[RawRecord]:
-    """The ``count`` records of a batch's (inflated) payload, in one pass over its bytes:
-    Produce's per-record work, so positions are plain integers, every length is checked
-    against the record's own length before anything is sliced, and the usual one- and
-    two-byte varints (deltas, lengths below 8 KiB, a null key, no headers) are read inline
-    (a call each was a good part of a record's cost)."""
+    """The ``count`` records of a batch's (inflated) payload: each record's length is
+    checked against what is left, and its fields against its length, before anything is
+    sliced. The plain form of what Produce does in one pass with the records' publish-frame
+    form (``kafka.core.batch_bodies``), which must accept and refuse the same bytes."""
     records: list[RawRecord] = []
-    append = records.append
-    pos = 0
-    end = len(data)
+    pos, end = 0, len(data)
     try:
         for _ in range(count):
-            byte = data[pos]
-            if byte < 0x80:
-                length, pos = (byte >> 1) ^ -(byte & 1), pos + 1
-            elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
-                length, pos = (n >> 1) ^ -(n & 1), pos + 2
-            else:
-                length, pos = _zigzag(data, pos, _VARINT32)
+            length, pos = read_zigzag(data, pos, _VARINT32)
             if length < 0 or length > end - pos:
                 raise KafkaDecodeError(f"record length {length} at offset {pos}")
             record_end = pos + length
-            # pos + 1: the attributes byte, unused in v2.
-            byte = data[pos + 1]
-            if byte < 0x80:
-                delta, pos = (byte >> 1) ^ -(byte & 1), pos + 2
-            elif (n := (byte & 0x7F) | (data[pos + 2] << 7)) < 0x4000:
-                delta, pos = (n >> 1) ^ -(n & 1), pos + 3
-            else:
-                delta, pos = _zigzag(data, pos + 1, _VARINT64)
-            byte = data[pos]
-            if byte < 0x80:
-                offset_delta, pos = (byte >> 1) ^ -(byte & 1), pos + 1
-            elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
-                offset_delta, pos = (n >> 1) ^ -(n & 1), pos + 2
-            else:
-                offset_delta, pos = _zigzag(data, pos, _VARINT32)
-            if data[pos] == 1:  # zigzag -1: a null key
-                key, pos = None, pos + 1
-            else:
-                key, pos = _var_bytes(data, pos, record_end, "key")
-            byte = data[pos]
-            if byte == 1:  # a null value (a tombstone)
-                value, pos = None, pos + 1
-            else:
-                if byte < 0x80:
-                    size, pos = (byte >> 1) ^ -(byte & 1), pos + 1
-                elif (n := (byte & 0x7F) | (data[pos + 1] << 7)) < 0x4000:
-                    size, pos = (n >> 1) ^ -(n & 1), pos + 2
-                else:
-                    size, pos = _zigzag(data, pos, _VARINT32)
-                if size == -1:  # null, its -1 written longer than it needs (Kafka reads it)
-                    value = None
-                elif not 0 <= size <= record_end - pos:
-                    raise KafkaDecodeError(f"value length {size} at offset {pos}")
-                else:
-                    value, pos = data[pos : pos + size], pos + size
+            # pos: the attributes byte, unused in v2
+            timestamp_delta, pos = read_zigzag(data, pos + 1, _VARINT64)
+            offset_delta, pos = read_zigzag(data, pos, _VARINT32)
+            key, pos = read_var_bytes(data, pos, record_end, "key")
+            value, pos = read_var_bytes(data, pos, record_end, "value")
+            headers: Sequence[tuple[str, bytes | None]] = _NO_HEADERS
             if data[pos] == 0:
-                headers: Sequence[tuple[str, bytes | None]] = _NO_HEADERS
                 pos += 1
             else:
-                headers, pos = _headers(data, pos, record_end)
+                headers, pos = read_headers(data, pos, record_end)
             if pos > record_end:
                 raise KafkaDecodeError(f"a record runs past its length at offset {pos}")
             pos = record_end  # bytes a record has beyond its fields are not read
-            append((offset_delta, delta, key, value, headers))
+            records.append((offset_delta, timestamp_delta, key, value, headers))
     except IndexError:
         raise KafkaDecodeError("a record runs past the end of its batch") from None
     return records
 
 
-def _headers(data: bytes, pos: int, record_end: int) -> tuple[list[tuple[str, bytes | None]], int]:
+def read_headers(
+    data: bytes, pos: int, record_end: int
+) -> tuple[list[tuple[str, bytes | None]], int]:
     """A record's headers at ``pos`` (their count first) and the position after them."""
-    n, pos = _zigzag(data, pos, _VARINT32)
+    n, pos = read_zigzag(data, pos, _VARINT32)
     if n < 0 or n * 2 > record_end - pos:
         raise KafkaDecodeError(f"{n} headers cannot fit in {record_end - pos} bytes")
     r = Reader(data[pos:record_end])
