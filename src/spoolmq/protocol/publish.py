@@ -281,7 +281,7 @@ def encode_publish_frame(
 
 # -- the Kafka child's pre-checked form -------------------------------------------------------
 #
-# The Kafka child builds each record in the store's form itself (``kafka.core.record_bodies``:
+# The Kafka child builds each record in the store's form itself (``kafka.core.batch_bodies``:
 # exactly ``orjson.dumps`` of the record), so the PublisherBroker's parse, check and dump of
 # every record would only make the same bytes again. From the child's connection alone (the
 # manager marks it "trusted" once its hello shows the key the manager gave the child at
