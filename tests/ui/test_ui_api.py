@@ -541,6 +541,29 @@ def test_a_dead_letter_filter_that_matches_nothing_picks_nothing(
     assert len(client.json("/api/dlq/jobs")[1]["dead_letters"]) == 4
 
 
+@pytest.mark.parametrize("action", ["redrive", "purge"])
+def test_letters_given_with_a_filter_are_those_it_matches(
+    letters: tuple[Path, Client], action: str
+) -> None:
+    """Picked letters and a filter: only the picked ones the filter matches are acted on
+    (the filter is not passed over); picked letters and ``all`` is a 400."""
+    data, client = letters
+    picked = {"confirm": True, "letters": [[0, 1], [0, 2]]}
+    both = {**picked, "all": True}
+    status, answer = client.json(f"/api/dlq/jobs/{action}", method="POST", body=both)
+    assert status == 400 and "not both" in answer["error"], answer
+    body = {**picked, "filter": {"key": "job-2"}}
+    status, answer = client.json(f"/api/dlq/jobs/{action}", method="POST", body=body)
+    assert status == 200, answer
+    left = [d["dlq_offset"] for d in client.json("/api/dlq/jobs")[1]["dead_letters"]]
+    with Store(data) as store:
+        redriven = [r.value for r in store.reader("jobs", 0)]
+    if action == "purge":
+        assert (answer, left, redriven) == ({"purged": 1}, [0, 1, 3], [])
+    else:
+        assert answer["replayed"] == 1 and redriven == [{"job": 2}] and left == [0, 1, 2, 3]
+
+
 def test_a_live_dead_letter_view_refuses_a_filter_it_does_not_know(
     letters: tuple[Path, Client],
 ) -> None:

@@ -21,14 +21,18 @@ Letters = list[tuple[int, int]]
 
 
 def _picked(store: Store, topic: str, letters: Letters | None, query: Search) -> Letters | None:
-    """The pairs to act on: those given, else (None: all) those the search matches;
-    None again when nothing narrows the choice, so the operation takes every letter."""
-    if letters is not None or not query.narrows:
+    """The pairs to act on: those the search matches, of the ``letters`` given (None: of
+    all); None again when nothing narrows the choice, so the operation takes every letter.
+    A filter given with letters is never passed over: a letter it does not match is left
+    alone."""
+    if not query.narrows:
         return letters
+    given = None if letters is None else set(letters)
     return [
         (d.dlq_partition, d.dlq_offset)
         for d in operations.dead_letters(store, topic)
-        if query.filters.matches(d.record)
+        if (given is None or (d.dlq_partition, d.dlq_offset) in given)
+        and query.filters.matches(d.record)
     ]
 
 
