@@ -139,6 +139,31 @@ def test_kafka_python_bytes_keys_headers_round_trip_and_cross_traffic(
     assert tail == [(b"p-1", b'{"from":"spoolmq"}', [("h", b"v")]), (None, b"\x00raw bytes", [])]
 
 
+def test_a_kafka_consumer_reads_the_log_as_it_is(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    """The task-queue delivery features are spoolmq's consumers' (docs/KAFKA.md, "What a
+    Kafka consumer sees"): a Kafka consumer fetches the log as Kafka's do, so a message
+    delayed by an hour or past its TTL is fetched at once, and the reserved headers come
+    as headers."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    _, address, data = running
+    with Publisher(data) as publisher:
+        publisher.publish("as-is", {"n": 1}, delay=3600)
+        publisher.publish("as-is", {"n": 2}, priority=9, ttl=0.001)
+    consumer = KafkaConsumer(bootstrap_servers=address, consumer_timeout_ms=20000)
+    consumer.assign([TopicPartition("as-is", 0)])
+    consumer.seek_to_beginning()
+    got = []
+    for message in consumer:
+        got.append((message.value, list(message.headers)))
+        if len(got) == 2:
+            break
+    consumer.close()
+    assert got == [(b'{"n":1}', []), (b'{"n":2}', [("x-spoolmq-priority", b"9")])]
+
+
 def test_a_key_goes_to_the_same_partition_from_both_clients(
     running: tuple[BrokerProcess, str, Path],
 ) -> None:
