@@ -329,3 +329,32 @@ def test_check_still_finds_a_torn_tail_under_the_writer_lock(data_dir: Path) -> 
     assert [(p.position >= whole, p.problem.startswith("torn tail")) for p in problems] == [
         (True, True)
     ]
+
+
+def test_check_reports_a_tail_it_cannot_confirm_and_goes_on(data_dir: Path) -> None:
+    """A writer that holds a partition's lock past ``lock_timeout_s``: that partition's torn
+    tail is reported as not confirmed, and the next partition is still checked."""
+    import fcntl
+
+    with Store(data_dir) as store:
+        store.create_topic("busy", partitions=2)
+        for partition in (0, 1):
+            for first in (0, 50):
+                batch = [Message({"n": n}, partition=partition) for n in range(first, first + 50)]
+                store.append_batch("busy", batch, acks="0")
+    for partition in (0, 1):
+        segment = segment_files(data_dir, "busy", partition)[-1]
+        with segment.open("r+b") as file:
+            file.truncate(segment.stat().st_size - 30)
+    lock_fd = os.open(segment_files(data_dir, "busy", 0)[-1].parent / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        with Store(data_dir, config={"lock_timeout_s": 0.2}) as checker:
+            problems = checker.check("busy")
+    finally:
+        os.close(lock_fd)
+    assert [(p.partition, p.problem.startswith("torn tail")) for p in problems] == [
+        (0, True),
+        (1, True),
+    ]
+    assert "not confirmed" in problems[0].problem and "not confirmed" not in problems[1].problem

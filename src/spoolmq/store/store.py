@@ -28,6 +28,7 @@ from spoolmq.errors import (
     CorruptRecordError,
     InvalidArgumentError,
     SpoolError,
+    StorageError,
     UnknownPartitionError,
     UnknownTopicError,
 )
@@ -561,7 +562,10 @@ class Store:
     # -- checking ----------------------------------------------------------------------------
 
     def check(self, topic: str | None = None) -> list[CheckProblem]:
-        """Verify every record's checksum and offset order; report every problem found."""
+        """Verify every record's checksum and offset order; report every problem found.
+        Safe beside writers in other processes and threads (a torn tail at the end of a
+        partition is confirmed under its writer lock), but not from a thread that holds a
+        partition's writer lock itself."""
         self._check_open()
         problems: list[CheckProblem] = []
         names = [topic] if topic is not None else list(self.topics())
@@ -585,12 +589,16 @@ class Store:
                             # the writer lock no writer is: a torn tail still there is
                             # what a writer that died mid-batch left.
                             # The scan goes on from the torn batch: what it reports is
-                            # all in absolute positions and offsets.
-                            with partition_log.writer_lock:
-                                size = os.fstat(fd).st_size
-                                scan = scan_batches(
-                                    fd, path, scan.bad_position, scan.next_offset, size=size
-                                )
+                            # all in absolute positions and offsets. A lock not had in
+                            # lock_timeout_s leaves the tail reported, saying so.
+                            try:
+                                with partition_log.writer_lock:
+                                    size = os.fstat(fd).st_size
+                                    scan = scan_batches(
+                                        fd, path, scan.bad_position, scan.next_offset, size=size
+                                    )
+                            except StorageError as exc:
+                                scan.problem += f" (not confirmed: {exc})"
                     except CorruptRecordError as exc:  # pragma: no cover - scan reports instead
                         problems.append(CheckProblem(name, number, path, exc.position, str(exc)))
                         continue
