@@ -362,6 +362,7 @@ def _values(count: int, pad: int = 0) -> list[bytes]:
         "records",
         "inflated bytes",
         "a damaged block ends the inflating",
+        "records that do not decode end the inflating",
         "a record set that fails late has used its records",
     ],
 )
@@ -391,6 +392,20 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
         packed = records.compress(COMPRESSION_ZSTD, b"".join(_values(50, 1000)))
         return batch_around(packed[: len(packed) // 2], 50, COMPRESSION_ZSTD)  # cut short
 
+    def cut_short() -> bytes:
+        """8 records whose last one is cut short: CORRUPT once the 8 are drawn."""
+        parts: list[bytes] = []
+        for i, value in enumerate(_values(8)):
+            records.encode_record(parts, i, 0, None, value, [])
+        return records.batch_of(
+            [b"".join(parts)[:-1]],
+            base=0,
+            last_offset_delta=7,
+            first_timestamp=1000,
+            max_timestamp=1000,
+            count=8,
+        )
+
     big = _values(60, 1000)  # ~60 kB inflated
     if case == "records":
         # 6, then 6 more (past 10, refused from the header: nothing inflated, so the
@@ -405,22 +420,13 @@ def test_the_partitions_of_a_request_share_its_bounds_and_count_in_its_room(
     elif case == "a damaged block ends the inflating":
         sets = [damaged(), batch(big, COMPRESSION_ZSTD), batch(_values(3))]
         codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
+    elif case == "records that do not decode end the inflating":
+        sets = [cut_short(), batch(big, COMPRESSION_ZSTD), batch(_values(3))]
+        codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
     else:
-        # 8 records whose last one is cut short (CORRUPT once the 8 are drawn), then 6
-        # that no longer fit in 10, then 2 that do.
+        # the 8 records cut short, then 6 that no longer fit in 10, then 2 that do.
         monkeypatch.setattr(produce, "MAX_RECORDS_PER_REQUEST", 10)
-        parts: list[bytes] = []
-        for i, value in enumerate(_values(8)):
-            records.encode_record(parts, i, 0, None, value, [])
-        cut = records.batch_of(
-            [b"".join(parts)[:-1]],
-            base=0,
-            last_offset_delta=7,
-            first_timestamp=1000,
-            max_timestamp=1000,
-            count=8,
-        )
-        sets = [cut, batch(_values(6)), batch(_values(2))]
+        sets = [cut_short(), batch(_values(6)), batch(_values(2))]
         codes = [ErrorCode.CORRUPT_MESSAGE, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.NONE]
     w = Writer().nullable_string(None).int16(-1).int32(30_000).int32(1).string("t")
     w.int32(len(sets))

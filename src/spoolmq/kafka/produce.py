@@ -173,10 +173,13 @@ def _prepare(
 ) -> _Frame | _PartitionResult:
     """Decode and check one partition's record set within what is left of the request's
     ``budget`` (and take its share): its frame, or the error it gets (nothing of it is
-    stored then). A record set that does not decode, or inflates past the budget, ends
-    the inflating for the rest of the request: a request cannot make the child inflate
-    (and then drop) the budget's worth once per partition it lists. One refused for its
-    records' count, from a batch header, has inflated nothing and ends nothing."""
+    stored then). A record set that does not decode (its records included, or a header
+    without a name), or inflates past the budget, ends the inflating for the rest of the
+    request: a request cannot make the child inflate (and then drop) the budget's worth
+    once per partition it lists. One refused for its records' count, from a batch header,
+    has inflated nothing and ends nothing. A transactional or control batch is refused
+    before its records are read (INVALID_TXN_STATE, whatever they hold); what it inflated
+    was drawn from the budget all the same."""
     store = core.store
     try:
         config = store.topic_config(topic)
