@@ -19,6 +19,7 @@ from spoolmq.errors import KafkaDecodeError
 from spoolmq.kafka.core import batch_bodies
 from spoolmq.kafka.records import OutRecord, _decode_records, decode_batches, encode_batch
 from spoolmq.kafka.wire import Reader
+from spoolmq.store.message import PRIORITY_HEADER
 
 VALUES = (
     st.none()
@@ -28,6 +29,14 @@ VALUES = (
 )
 KEYS = st.none() | st.binary(max_size=40) | TEXT.map(str.encode)
 HEADERS = st.lists(st.tuples(TEXT.filter(bool), st.none() | st.binary()), max_size=3)
+# Without the reserved priority header, where the two forms of the publish frame part on
+# purpose: Hypothesis draws string constants from the code under test, that name too.
+UNRESERVED_HEADERS = st.lists(
+    st.tuples(
+        TEXT.filter(lambda name: bool(name) and name != PRIORITY_HEADER), st.none() | st.binary()
+    ),
+    max_size=3,
+)
 
 
 Entry = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
@@ -197,7 +206,7 @@ def test_a_batch_more_than_one_publish_frame_carries_is_message_too_large(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.tuples(KEYS, VALUES, HEADERS), min_size=1, max_size=20),
+    st.lists(st.tuples(KEYS, VALUES, UNRESERVED_HEADERS), min_size=1, max_size=20),
     st.none() | st.integers(0, 2**31 - 1),  # a Kafka batch's base sequence is an int32
 )
 def test_the_pre_checked_frame_gives_the_broker_what_checking_the_plain_one_gives(
@@ -325,3 +334,25 @@ def test_one_pass_accepts_and_refuses_what_decoding_the_records_does(
         reference(key, value, list(headers), 5 + i)
         for i, (_, _, key, value, headers) in enumerate(decoded)
     ]
+
+
+def test_a_kafka_priority_header_that_is_not_one_digit_is_kept_as_a_header() -> None:
+    """Where the two forms part on purpose (docs/FORMAT.md, "Reserved headers"): a Kafka
+    record's ``x-spoolmq-priority`` header that is not one digit is kept as a plain header
+    (the message has priority 0), where a native publisher's record with it is refused."""
+    from spoolmq.errors import SpoolError
+    from spoolmq.protocol.publish import check_records, decode_checked_frame, encode_checked_frame
+
+    entries: list[Entry] = [(None, b"1", [(PRIORITY_HEADER, b"")]), (None, b"2", [])]
+    data, count = payload_of(entries)
+    headed: list[int] = []
+    bare = batch_bodies(data, count, 0, "p", headed=headed, braces=False)
+    _, checked = decode_checked_frame(
+        encode_checked_frame(1, "all", "p", "orders", 0, bare, 0, None, headed)
+    )
+    assert [orjson.loads(b"{" + b + b"}")["headers"] for b in checked.bodies] == [
+        [[PRIORITY_HEADER, ""]],
+        [],
+    ]
+    plain = check_records([orjson.loads(b"{" + b + b"}") for b in bare], "p", 0, 1 << 20)
+    assert plain.errors is not None and isinstance(plain.errors[0], SpoolError)
