@@ -552,7 +552,7 @@ def test_letters_given_with_a_filter_are_those_it_matches(
     both = {**picked, "all": True}
     status, answer = client.json(f"/api/dlq/jobs/{action}", method="POST", body=both)
     assert status == 400 and "not both" in answer["error"], answer
-    body = {**picked, "filter": {"key": "job-2"}}
+    body = {**picked, "all": False, "filter": {"key": "job-2"}}
     status, answer = client.json(f"/api/dlq/jobs/{action}", method="POST", body=body)
     assert status == 200, answer
     left = [d["dlq_offset"] for d in client.json("/api/dlq/jobs")[1]["dead_letters"]]

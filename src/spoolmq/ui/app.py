@@ -365,7 +365,7 @@ def _letter_ids(body: dict[str, Any]) -> list[tuple[int, int]] | None:
         if body.get("all") is not True:
             raise InvalidArgumentError("pick letters ([[partition, offset], ...]) or all: true")
         return None
-    if "all" in body:
+    if body.get("all") is True:
         raise InvalidArgumentError("pick letters or all: true, not both")
     if not isinstance(picked, list) or not picked or len(picked) > 100_000:
         raise InvalidArgumentError("letters must be a non-empty list of [partition, offset]")
