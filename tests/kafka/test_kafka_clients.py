@@ -235,6 +235,36 @@ def test_confluent_kafka_produces_with_each_codec(
     assert got == [(f"k{i}".encode(), v, [("i", str(i).encode())]) for i, v in enumerate(values)]
 
 
+def test_a_header_with_an_empty_name_fails_its_message_at_once(
+    running: tuple[BrokerProcess, str, Path],
+) -> None:
+    """Kafka allows a header with an empty name; spoolmq's headers all have one. The batch
+    is answered INVALID_RECORD, which librdkafka does not retry: its message fails at once
+    (CORRUPT_MESSAGE was retried until message.timeout.ms, holding back the messages behind
+    it), and the next message is stored."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka import Producer as CKProducer
+
+    _, address, data = running
+    producer = CKProducer(
+        {"bootstrap.servers": address, "acks": "all", "message.timeout.ms": 120_000}
+    )
+    results: list[tuple[bytes, object]] = []
+
+    def delivered(err: object, msg: object) -> None:
+        results.append((msg.value(), err))  # type: ignore[attr-defined]
+
+    producer.produce("unnamed", value=b"bad", headers=[("", b"x")], on_delivery=delivered)
+    assert producer.flush(60) == 0
+    producer.produce("unnamed", value=b"good", on_delivery=delivered)
+    assert producer.flush(60) == 0
+    (bad, bad_error), (good, good_error) = results
+    assert (bad, good, good_error) == (b"bad", b"good", None)
+    assert bad_error is not None and bad_error.code() == KafkaError.INVALID_RECORD  # type: ignore[attr-defined]
+    with Store(data) as store:
+        assert [r.value for r in store.reader("unnamed", 0)] == [b"good"]
+
+
 def test_a_transactional_producer_is_refused_at_once(
     running: tuple[BrokerProcess, str, Path],
 ) -> None:

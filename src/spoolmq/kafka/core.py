@@ -24,7 +24,7 @@ import orjson
 from spoolmq.errors import KafkaDecodeError, SpoolError
 from spoolmq.kafka.api import ErrorCode, RequestContext
 from spoolmq.kafka.link import PublisherLink
-from spoolmq.kafka.records import read_headers, read_var_bytes, read_zigzag
+from spoolmq.kafka.records import UnstorableRecord, read_headers, read_var_bytes, read_zigzag
 from spoolmq.kafka.watch import GrowthWatcher
 from spoolmq.kafka.wire import MAX_VARINT32_BYTES as VARINT32
 from spoolmq.kafka.wire import MAX_VARINT_BYTES as VARINT64
@@ -93,8 +93,8 @@ def batch_bodies(
     usual one- and two-byte varints (lengths below 8 KiB, deltas, a null key, no headers)
     are read inline. It accepts and refuses the bytes ``records._decode_records`` does:
     every length is checked against the record's own before anything is sliced, and
-    KafkaDecodeError says what is wrong (a header without a name among them: spoolmq's
-    headers all have one).
+    KafkaDecodeError says what is wrong (UnstorableRecord for a header with an empty name:
+    spoolmq's headers all have one).
 
     ``keyed`` and ``headed``, when given, get the index and key identity
     (``spoolmq.store.record.key_identity``) of each record with a key, and the index of
@@ -224,7 +224,7 @@ def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
     entries: list[list[str]] = []
     for name, value in headers:
         if not name:
-            raise KafkaDecodeError("a header without a name")
+            raise UnstorableRecord("a header with an empty name")
         if value is None:
             entries.append([name, ""])
             continue

@@ -35,6 +35,7 @@ from spoolmq.kafka.records import (
     InflatesTooLarge,
     RecordBatch,
     TooManyRecords,
+    UnstorableRecord,
     UnsupportedCompression,
     decode_batches,
 )
@@ -173,8 +174,8 @@ def _prepare(
 ) -> _Frame | _PartitionResult:
     """Decode and check one partition's record set within what is left of the request's
     ``budget`` (and take its share): its frame, or the error it gets (nothing of it is
-    stored then). A record set that does not decode (its records included, or a header
-    without a name), or inflates past the budget, ends the inflating for the rest of the
+    stored then). A record set that does not decode (its records included), or inflates
+    past the budget, ends the inflating for the rest of the
     request: a request cannot make the child inflate (and then drop) the budget's worth
     once per partition it lists. One refused for its records' count, from a batch header,
     has inflated nothing and ends nothing. A transactional or control batch is refused
@@ -370,7 +371,9 @@ def _frame_records(
             headed=headed,
             braces=braces,
         )
-    except KafkaDecodeError:  # records that do not decode, a header without a name
+    except UnstorableRecord:  # a header with an empty name: not retried by the producer
+        return int(ErrorCode.INVALID_RECORD)
+    except KafkaDecodeError:  # records that do not decode
         return int(ErrorCode.CORRUPT_MESSAGE)
     # Without braces, each record is two bytes short of what the limit counts.
     if max(map(len, records), default=0) + (0 if braces else 2) > max_bytes - RECORD_OVERHEAD:

@@ -161,6 +161,12 @@ class ExtraBatch(KafkaDecodeError):
     """A second batch where one is allowed (answered, not dropped)."""
 
 
+class UnstorableRecord(KafkaDecodeError):
+    """A record that decodes but that spoolmq cannot store: a header whose name is empty
+    (Kafka allows one; spoolmq's headers all have a name). Answered INVALID_RECORD, which
+    producers do not retry, where CORRUPT_MESSAGE would be retried until they time out."""
+
+
 class Budget:
     """What a request's record sets may still inflate to and hold, drawn as their batches
     decode, whatever the outcome: a batch's records are drawn from its header before they
